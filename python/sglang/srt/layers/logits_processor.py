@@ -1,0 +1,70 @@
+"""Hidden states -> next-token logits, and the output record the sampler fills in."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+
+@dataclass
+class LogitsProcessorOutput:
+    next_token_logits: torch.Tensor  # [B, V] float32
+    hidden_states: Optional[torch.Tensor] = None  # [B, H], kept only when asked for
+
+    # Filled by Sampler.forward / compute_logprobs_only.
+    next_token_logprobs: Optional[torch.Tensor] = None  # [B]
+    next_token_top_logprobs_val: Optional[torch.Tensor] = None  # [B, max_k]
+    next_token_top_logprobs_idx: Optional[torch.Tensor] = None  # [B, max_k]
+    next_token_token_ids_logprobs_val: Optional[torch.Tensor] = None  # [B, L]
+    next_token_token_ids_logprobs_idx: Optional[list[list[int]]] = None
+    # Rows whose request must fail: NaN/+inf/all -inf logits or a custom processor error.
+    # Their sampled id is -1.
+    invalid_rows: Optional[torch.Tensor] = None  # [B] bool
+    row_errors: dict[int, str] = field(default_factory=dict)  # row -> message, host-known causes
+
+
+class LogitsProcessor(nn.Module):
+    """lm_head projection, optional TP all-gather of vocab shards, logit scale, final soft-capping."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        *,
+        logit_scale: Optional[float] = None,
+        final_logit_softcapping: Optional[float] = None,
+        tp_all_gather: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+    ) -> None:
+        super().__init__()
+        if final_logit_softcapping is not None and final_logit_softcapping <= 0:
+            raise ValueError(f"final_logit_softcapping must be > 0, got {final_logit_softcapping}.")
+        self.vocab_size = vocab_size
+        self.logit_scale = logit_scale
+        self.final_logit_softcapping = final_logit_softcapping
+        self.tp_all_gather = tp_all_gather
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        lm_head_weight: torch.Tensor,
+        lm_head_bias: Optional[torch.Tensor] = None,
+        *,
+        keep_hidden_states: bool = False,
+    ) -> LogitsProcessorOutput:
+        """hidden_states [B, H] (the last position of each row); lm_head_weight [V_shard, H]."""
+        logits = torch.nn.functional.linear(hidden_states, lm_head_weight, lm_head_bias).float()  # [B, V_shard]
+        if self.tp_all_gather is not None:
+            logits = self.tp_all_gather(logits)  # [B, V_padded]: every rank holds the full vocab
+        # Vocab shards may be padded to a multiple of the TP size; padding is never a token.
+        logits = logits[:, : self.vocab_size]
+        if self.logit_scale is not None:
+            logits = logits * self.logit_scale
+        if self.final_logit_softcapping is not None:
+            cap = self.final_logit_softcapping
+            logits = torch.tanh(logits / cap) * cap
+        return LogitsProcessorOutput(
+            next_token_logits=logits.contiguous(),
+            hidden_states=hidden_states if keep_hidden_states else None,
+        )

@@ -1,0 +1,110 @@
+"""Built-in sampling backends: the unseeded filtered draw for a batch of temperature-scaled logits.
+
+Greedy rows, seeded rows (hash-Gumbel), logprobs and the NaN guard are the Sampler's job and
+the same for every backend; a backend only draws the unseeded rows. Every backend samples
+from the support defined in sampling_ops (ties at the k-th value kept, joint top-p, min-p).
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from typing import Optional
+
+import torch
+
+from sglang.srt.layers.sampling_ops import Support, compute_support, draw_unseeded, inverse_cdf_draw, uniform_open_closed
+
+
+class SamplingBackend(ABC):
+    name: str
+
+    @abstractmethod
+    def sample(self, scaled: torch.Tensor, info, generator: Optional[torch.Generator]) -> torch.Tensor:
+        """Token ids [B] int64 drawn from each row's filtered softmax of `scaled` ([B, V] float32)."""
+
+
+def batch_support(scaled: torch.Tensor, info) -> Optional[Support]:
+    """The batch's support thresholds, or None when no row filters anything."""
+    if not (info.need_top_k_sampling or info.need_top_p_sampling or info.need_min_p_sampling):
+        return None
+    return compute_support(
+        scaled,
+        info.top_ks,
+        info.top_ps,
+        info.min_ps,
+        window=info.max_top_k,
+        need_top_p=info.need_top_p_sampling,
+        need_min_p=info.need_min_p_sampling,
+    )
+
+
+class PytorchBackend(SamplingBackend):
+    """Plain torch: thresholds from a top-k window (or a sort when some row has no top-k), then one
+    inverse-CDF draw per row."""
+
+    name = "pytorch"
+
+    def sample(self, scaled: torch.Tensor, info, generator: Optional[torch.Generator]) -> torch.Tensor:
+        return draw_unseeded(scaled, batch_support(scaled, info), generator)
+
+
+class FlashInferBackend(SamplingBackend):
+    """flashinfer.sampling kernels: joint top-k/top-p from probs; min-p rows sample from probs
+    restricted to our support so the set matches every other backend."""
+
+    name = "flashinfer"
+
+    def __init__(self) -> None:
+        try:
+            self._ops = importlib.import_module("flashinfer.sampling")
+        except ImportError as err:
+            raise RuntimeError(
+                "--sampling-backend flashinfer needs the flashinfer-python package "
+                f"(pip install flashinfer-python), which is not importable here: {err}. "
+                "Use --sampling-backend pytorch instead."
+            ) from err
+
+    def sample(self, scaled: torch.Tensor, info, generator: Optional[torch.Generator]) -> torch.Tensor:
+        probs = torch.softmax(scaled, dim=-1)  # [B, V] float32
+        if info.need_min_p_sampling:
+            support = batch_support(scaled, info)
+            probs = torch.where(scaled >= support.threshold, probs, torch.zeros_like(probs))
+            ids = self._ops.sampling_from_probs(probs, generator=generator)
+        elif info.need_top_k_sampling or info.need_top_p_sampling:
+            ids = self._ops.top_k_top_p_sampling_from_probs(
+                probs, info.top_ks, info.top_ps, filter_apply_order="joint", generator=generator
+            )
+        else:
+            ids = self._ops.sampling_from_probs(probs, generator=generator)
+        return ids.long()
+
+
+class AscendBackend(SamplingBackend):
+    """torch_npu's fused top-k/top-p when importable and every row is eligible (1 <= top_k <= 1024);
+    otherwise the same logits path in plain torch."""
+
+    name = "ascend"
+
+    def __init__(self) -> None:
+        try:
+            torch_npu = importlib.import_module("torch_npu")
+        except ImportError:
+            torch_npu = None
+        self._npu_top_k_top_p = getattr(torch_npu, "npu_top_k_top_p", None)
+        self._fallback = PytorchBackend()
+
+    def sample(self, scaled: torch.Tensor, info, generator: Optional[torch.Generator]) -> torch.Tensor:
+        if self._npu_top_k_top_p is None or not info.npu_top_k_top_p_eligible:
+            return self._fallback.sample(scaled, info, generator)
+        filtered = self._npu_top_k_top_p(scaled, info.top_ps, info.top_ks)  # [B, V], dropped -> -inf
+        threshold = filtered.amax(dim=-1, keepdim=True) + torch.log(info.min_ps).unsqueeze(1)
+        u = uniform_open_closed(scaled.shape[0], scaled.device, generator)
+        return inverse_cdf_draw(filtered, threshold, u)
+
+
+BUILT_IN_BACKENDS: dict[str, type[SamplingBackend]] = {
+    PytorchBackend.name: PytorchBackend,
+    FlashInferBackend.name: FlashInferBackend,
+    AscendBackend.name: AscendBackend,
+}

@@ -1,0 +1,154 @@
+"""Plain-torch sampling primitives shared by every backend.
+
+The support set of a row is defined once, here, as a threshold in temperature-scaled logit
+space: token i is kept iff scaled[i] >= threshold. The threshold is the largest of
+
+  top-k  the k-th largest scaled logit (so every token tied with it is kept; k >= V: none),
+  top-p  the smallest value whose strictly-larger mass is < top_p (joint semantics: the mass
+         is measured on the full softmax, before top-k; ties are kept together),
+  min-p  max + log(min_p) (p_i >= min_p * p_max).
+
+Every backend samples from exactly this set, so supports agree across backends. The
+threshold is computed from a descending top-W window when every row has a small top_k (no
+full sort), otherwise from a full sort. The threshold is exact in both cases; the window may
+miss tokens tied with the k-th value beyond it, which `Support.window_complete` reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from sglang.srt.layers.utils.hash import hash_gumbel
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class Support:
+    """The kept set of each row, as a threshold plus the sorted values it was computed from."""
+
+    threshold: torch.Tensor  # [B, 1] float32, scaled-logit space
+    vals: torch.Tensor  # [B, W] float32, descending
+    idx: torch.Tensor  # [B, W] int64, token ids of vals
+    vocab_size: int
+
+    @property
+    def is_full(self) -> bool:
+        return self.vals.shape[1] == self.vocab_size
+
+    def window_complete(self) -> torch.Tensor:
+        """[B] bool: every kept token of the row is inside the window."""
+        if self.is_full:
+            return torch.ones(self.vals.shape[0], dtype=torch.bool, device=self.vals.device)
+        return self.vals[:, -1] < self.threshold[:, 0]
+
+
+def compute_support(
+    scaled: torch.Tensor,
+    top_ks: torch.Tensor,
+    top_ps: torch.Tensor,
+    min_ps: torch.Tensor,
+    *,
+    window: Optional[int],
+    need_top_p: bool,
+    need_min_p: bool,
+) -> Support:
+    """Thresholds for top-k / top-p / min-p over `scaled` ([B, V] float32).
+
+    `window` is an upper bound on every row's top_k (a host-side batch flag), or None when some
+    row has no top-k; top_ks values >= V mean "no top-k".
+    """
+    vocab = scaled.shape[1]
+    if window is not None and window + 1 < vocab:
+        # One extra column shows whether ties with the k-th value run past the window.
+        vals, idx = torch.topk(scaled, window + 1, dim=-1)  # [B, W] descending
+    else:
+        vals, idx = torch.sort(scaled, dim=-1, descending=True)  # [B, V]
+    threshold = _top_k_threshold(vals, top_ks, vocab)
+    if need_top_p:
+        threshold = torch.maximum(threshold, _top_p_threshold(scaled, vals, top_ps))
+    if need_min_p:
+        threshold = torch.maximum(threshold, vals[:, :1] + torch.log(min_ps).unsqueeze(1))
+    return Support(threshold=threshold, vals=vals, idx=idx, vocab_size=vocab)
+
+
+def _top_k_threshold(vals: torch.Tensor, top_ks: torch.Tensor, vocab: int) -> torch.Tensor:
+    k = top_ks.to(torch.int64).clamp(1, vals.shape[1]).unsqueeze(1)  # [B, 1]
+    kth = vals.gather(1, k - 1)  # [B, 1]
+    return torch.where(top_ks.unsqueeze(1) >= vocab, torch.full_like(kth, NEG_INF), kth)
+
+
+def _top_p_threshold(scaled: torch.Tensor, vals: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
+    lse = torch.logsumexp(scaled, dim=-1, keepdim=True).double()  # [B, 1], full-vocab mass
+    probs = torch.exp(vals.double() - lse)  # [B, W] float64
+    before = torch.cumsum(probs, dim=-1) - probs  # mass ranked strictly before each column
+    # Ties share the mass before their group's first column, so tied tokens stay together.
+    col = torch.arange(vals.shape[1], device=vals.device).expand_as(vals)
+    starts = torch.ones_like(vals, dtype=torch.bool)
+    starts[:, 1:] = vals[:, 1:] != vals[:, :-1]
+    group_start = torch.cummax(torch.where(starts, col, torch.zeros_like(col)), dim=-1).values
+    mass_greater = before.gather(1, group_start)  # [B, W]
+    # At least the first column (mass 0 < top_p), also on a NaN row the sampler will flag.
+    kept = (mass_greater < top_ps.double().unsqueeze(1)).sum(-1, keepdim=True).clamp_(min=1)
+    tp = vals.gather(1, kept - 1)  # [B, 1]
+    return torch.where(top_ps.unsqueeze(1) >= 1.0, torch.full_like(tp, NEG_INF), tp)
+
+
+def uniform_open_closed(rows: int, device: torch.device, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """[rows, 1] float32 in (0, 1]: never 0, so an inverse-CDF draw never lands on a masked token."""
+    return 1.0 - torch.rand(rows, 1, device=device, generator=generator)
+
+
+def inverse_cdf_draw(values: torch.Tensor, threshold: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Column index [B] drawn with probability ∝ exp(value) among columns with value >= threshold."""
+    vmax = values.amax(dim=-1, keepdim=True)
+    weights = torch.where(values >= threshold, torch.exp(values - vmax), torch.zeros_like(values))
+    cdf = torch.cumsum(weights, dim=-1)  # [B, N], non-decreasing
+    target = u * cdf[:, -1:]
+    # The first column whose cdf reaches target > 0 has positive weight, so it is kept.
+    col = torch.searchsorted(cdf, target, right=False).clamp_(max=values.shape[1] - 1)
+    return col.squeeze(1)
+
+
+def draw_unseeded(
+    scaled: torch.Tensor, support: Optional[Support], generator: Optional[torch.Generator]
+) -> torch.Tensor:
+    """Token ids [B] int64 from the filtered softmax, one uniform per row."""
+    u = uniform_open_closed(scaled.shape[0], scaled.device, generator)
+    if support is None:
+        return inverse_cdf_draw(scaled, torch.full_like(u, NEG_INF), u)
+    if not support.is_full and not scaled.is_cuda and bool(support.window_complete().all()):
+        # CPU only: the check is free there, and the draw then stays inside the small window.
+        col = inverse_cdf_draw(support.vals, support.threshold, u)
+        return support.idx.gather(1, col.unsqueeze(1)).squeeze(1)
+    return inverse_cdf_draw(scaled, support.threshold, u)
+
+
+def draw_seeded(
+    scaled: torch.Tensor,
+    support: Optional[Support],
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """Token ids [B] int64 by Gumbel-max with noise hash(seed, position, token id).
+
+    The noise is keyed by token id, not rank, so the result depends only on (seed, position,
+    logits) whichever path computed the support.
+    """
+    threshold = support.threshold if support is not None else torch.full_like(scaled[:, :1], NEG_INF)
+    if support is not None and not support.is_full and not scaled.is_cuda and bool(support.window_complete().all()):
+        cols = support.idx  # [B, W] token ids
+        values = support.vals
+    else:
+        cols = torch.arange(scaled.shape[1], device=scaled.device)  # [V]
+        values = scaled
+    noise = hash_gumbel(seeds, positions, cols)  # [B, N] float64
+    scores = torch.where(values >= threshold, values.double() + noise, torch.full_like(noise, NEG_INF))
+    best = scores.argmax(dim=-1, keepdim=True)  # [B, 1]
+    if cols.dim() == 1:
+        return best.squeeze(1)
+    return cols.gather(1, best).squeeze(1)
+

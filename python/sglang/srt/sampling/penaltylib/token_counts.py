@@ -1,0 +1,116 @@
+"""Sparse per-row token histories: the distinct tokens a row has seen and how often.
+
+Penalties only touch the tokens a row has actually seen, so a padded [B, L] list of distinct
+ids (L = the longest row's distinct count, far below the vocabulary) replaces dense [B, V]
+accumulators. Every method after construction is batched tensor work with no host sync, so
+it can run on the decode hot path.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+import torch
+
+PAD_ID = -1
+_MIN_CAPACITY = 16
+
+
+class TokenCounts:
+    """Distinct tokens per row, left-packed, with occurrence counts.
+
+    Row b holds its distinct tokens in slots [0, lengths[b]); later slots are PAD_ID with count 0.
+    `width` is a host-side upper bound on max(lengths) (it grows by one per `add`, because
+    knowing whether any row really gained a token would need a device sync).
+    """
+
+    def __init__(self, ids: torch.Tensor, counts: torch.Tensor, lengths: torch.Tensor, width: int) -> None:
+        self._ids = ids  # [B, capacity] int64, PAD_ID beyond each row's length
+        self._counts = counts  # [B, capacity] float32, 0 beyond each row's length
+        self._lengths = lengths  # [B, 1] int64
+        self.width = width
+
+    @classmethod
+    def from_lists(cls, histories: list[list[int]], device: torch.device | str) -> TokenCounts:
+        """Build from host token lists (negative ids are ignored)."""
+        rows = [Counter(t for t in history if t >= 0) for history in histories]
+        width = max((len(row) for row in rows), default=0)
+        capacity = max(_MIN_CAPACITY, width)
+        ids = torch.full((len(rows), capacity), PAD_ID, dtype=torch.int64)  # [B, C]
+        counts = torch.zeros((len(rows), capacity), dtype=torch.float32)  # [B, C]
+        for b, row in enumerate(rows):
+            if row:
+                ids[b, : len(row)] = torch.tensor(list(row.keys()), dtype=torch.int64)
+                counts[b, : len(row)] = torch.tensor(list(row.values()), dtype=torch.float32)
+        lengths = torch.tensor([[len(row)] for row in rows], dtype=torch.int64).reshape(-1, 1)  # [B, 1]
+        return cls(ids.to(device), counts.to(device), lengths.to(device), width)
+
+    @property
+    def ids(self) -> torch.Tensor:
+        """[B, width] int64 distinct ids, PAD_ID where unused."""
+        return self._ids[:, : self.width]
+
+    @property
+    def counts(self) -> torch.Tensor:
+        """[B, width] float32 occurrence counts, 0 where unused."""
+        return self._counts[:, : self.width]
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """[B, 1] int64 number of distinct ids per row."""
+        return self._lengths
+
+    @property
+    def capacity(self) -> int:
+        return self._ids.shape[1]
+
+    def __len__(self) -> int:
+        return self._ids.shape[0]
+
+    def add(self, tokens: torch.Tensor) -> None:
+        """Record one token per row; negative ids (rows the sampler flagged invalid) are skipped."""
+        tok = tokens.to(device=self._ids.device, dtype=torch.int64).reshape(-1, 1)  # [B, 1]
+        valid = tok >= 0  # [B, 1]; also keeps -1 from matching PAD_ID slots
+        match = (self.ids == tok) & valid  # [B, width]
+        self.counts.add_(match)
+        is_new = valid & ~match.any(dim=1, keepdim=True)  # [B, 1]
+        self._reserve(self.width + 1)
+        # Rows without a new token write PAD_ID/0 into their first free slot, which already holds that.
+        self._ids.scatter_(1, self._lengths, torch.where(is_new, tok, PAD_ID))
+        self._counts.scatter_(1, self._lengths, is_new.to(torch.float32))
+        self._lengths.add_(is_new)
+        self.width += 1
+
+    def filter(self, keep: torch.Tensor) -> None:
+        """Keep rows `keep` (int64 indices, in that order)."""
+        keep = keep.to(self._ids.device)
+        self._ids = self._ids.index_select(0, keep)
+        self._counts = self._counts.index_select(0, keep)
+        self._lengths = self._lengths.index_select(0, keep)
+
+    def merge(self, other: TokenCounts) -> None:
+        """Append `other`'s rows after this one's."""
+        capacity = max(self.capacity, other.capacity)
+        ids, counts = _pad_columns(self._ids, self._counts, capacity)
+        other_ids, other_counts = _pad_columns(other._ids, other._counts, capacity)
+        self._ids = torch.cat([ids, other_ids])
+        self._counts = torch.cat([counts, other_counts])
+        self._lengths = torch.cat([self._lengths, other._lengths])
+        self.width = max(self.width, other.width)
+
+    def _reserve(self, needed: int) -> None:
+        # Doubling keeps re-allocation to O(log steps) over a request's life.
+        if needed > self.capacity:
+            capacity = max(needed, 2 * self.capacity, _MIN_CAPACITY)
+            self._ids, self._counts = _pad_columns(self._ids, self._counts, capacity)
+
+
+def _pad_columns(
+    ids: torch.Tensor, counts: torch.Tensor, capacity: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    extra = capacity - ids.shape[1]
+    if extra <= 0:
+        return ids, counts
+    rows = ids.shape[0]
+    pad_ids = torch.full((rows, extra), PAD_ID, dtype=ids.dtype, device=ids.device)  # [B, extra]
+    pad_counts = torch.zeros((rows, extra), dtype=counts.dtype, device=counts.device)  # [B, extra]
+    return torch.cat([ids, pad_ids], dim=1), torch.cat([counts, pad_counts], dim=1)

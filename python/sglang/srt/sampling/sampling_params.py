@@ -1,0 +1,544 @@
+"""Per-request sampling parameters: construction defaults, normalization and validation.
+
+Lifecycle (tokenizer manager): `from_dict` (HTTP contract gate: unknown keys and wrong JSON
+types) -> constructor (defaults, greedy rewrite) -> `normalize(tokenizer)` (stop strings and
+regexes) -> `verify(vocab_size)` (value ranges). Every rejection is a ValueError whose message
+names the parameter and what it accepts, so the HTTP layer can return it verbatim as a 400.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+from dataclasses import InitVar, dataclass, fields
+from typing import Any, Optional, Union
+
+try:
+    import re._parser as _regex_parser
+    import re._constants as _regex_constants
+except ImportError:  # Python 3.10 keeps the parser under its old public names
+    import sre_constants as _regex_constants
+    import sre_parse as _regex_parser
+
+logger = logging.getLogger(__name__)
+
+_SAMPLING_EPS = 1e-6
+TOP_K_ALL = 1 << 30
+MAX_STOP_COUNT = 32
+MAX_STOP_REGEX_COUNT = 32
+MAX_STOP_REGEX_LEN = 256
+MAX_LEN = 2**30
+LOGIT_BIAS_MAX = 100.0
+
+_SEED_MIN = -(2**63)
+_SEED_MAX = 2**63 - 1
+_REASONING_END_IDS_KEY = "__sglang_reasoning_end_token_ids"
+_MAX_REASONING_END_IDS = 32
+_GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
+
+
+def _is_int(x: Any) -> bool:
+    # bool is an int subclass, but `true` is never a meaningful count, id or seed.
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_real(x: Any) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _is_finite_real(x: Any) -> bool:
+    if not _is_real(x):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+@dataclass(kw_only=True)
+class SamplingParams:
+    """Sampling parameters of one request (SGLang field names, order and defaults)."""
+
+    max_new_tokens: Optional[int] = 128
+    stop: Optional[Union[str, list[str]]] = None
+    stop_token_ids: Optional[set[int]] = None
+    stop_regex: Optional[Union[str, list[str]]] = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = TOP_K_ALL
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_new_tokens: int = 0
+    n: int = 1
+    beam_width: Optional[int] = None
+    json_schema: Optional[str] = None
+    regex: Optional[str] = None
+    ebnf: Optional[str] = None
+    structural_tag: Optional[str] = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    stream_interval: Optional[int] = None
+    logit_bias: Optional[dict[str, float]] = None
+    sampling_seed: Optional[int] = None
+    custom_params: Optional[dict[str, Any]] = None
+    watermark: Optional[Any] = None
+    # Internal state, filled by __post_init__ / normalize.
+    stop_strs: Optional[list[str]] = None
+    stop_regex_strs: Optional[list[str]] = None
+    stop_str_max_len: int = 0
+    stop_regex_max_len: int = 0
+    is_normalized: bool = False
+    # OpenAI-style alias of sampling_seed; not stored as a field of its own.
+    seed: InitVar[Optional[int]] = None
+
+    def __post_init__(self, seed: Optional[int]) -> None:
+        self._merge_seed_alias(seed)
+        if self.is_normalized:  # rebuilt from a normalized copy: keep its derived state
+            return
+        self.stop_strs = self.stop
+        self.stop_regex_strs = self.stop_regex
+        self.stop_token_ids = _to_token_id_set(self.stop_token_ids)
+        self._fill_none_defaults()
+        for name in _GRAMMAR_FIELDS:
+            if getattr(self, name) == "":
+                setattr(self, name, None)
+        t = self.temperature
+        if _is_real(t) and 0 <= t < _SAMPLING_EPS:
+            self.temperature = 1.0
+            self.top_k = 1
+        if self.top_k == -1:
+            self.top_k = TOP_K_ALL
+
+    def _merge_seed_alias(self, seed: Optional[int]) -> None:
+        if seed is None:
+            return
+        if self.sampling_seed is not None and self.sampling_seed != seed:
+            raise ValueError(
+                f"seed and sampling_seed are both set and differ ({seed} vs {self.sampling_seed}); "
+                "set only one of them."
+            )
+        self.sampling_seed = seed
+
+    def _fill_none_defaults(self) -> None:
+        for name, default in _NONE_DEFAULTS.items():
+            if getattr(self, name) is None:
+                setattr(self, name, default)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.top_k <= 1
+
+    # ------------------------------------------------------------------ normalize
+
+    def normalize(self, tokenizer: Any) -> None:
+        """Resolve stop strings / regexes into lists and their token-length bounds.
+
+        `tokenizer` needs `encode(text, add_special_tokens=False) -> list[int]`; None means the
+        server runs with skip_tokenizer_init, where text stop conditions cannot be matched.
+        """
+        if self.is_normalized:
+            return
+        stop_strs = _as_str_list(self.stop_strs, "stop")
+        if len(stop_strs) > MAX_STOP_COUNT:
+            raise ValueError(f"at most {MAX_STOP_COUNT} stop strings are allowed, got {len(stop_strs)}")
+        stop_regex_strs = _as_str_list(self.stop_regex_strs, "stop_regex")
+        self.stop_regex_max_len = _stop_regex_max_len(stop_regex_strs)
+        if tokenizer is None:
+            self._check_tokenizer_free(stop_strs, stop_regex_strs)
+        # Without a tokenizer the check above guarantees stop_strs is empty.
+        self.stop_str_max_len = max(
+            (len(tokenizer.encode(s, add_special_tokens=False)) for s in stop_strs), default=0
+        )
+        self.stop_strs = stop_strs
+        self.stop_regex_strs = stop_regex_strs
+        self.stop = None
+        self.stop_regex = None
+        self.is_normalized = True
+
+    def _check_tokenizer_free(self, stop_strs: list[str], stop_regex_strs: list[str]) -> None:
+        suffix = "is unavailable when skip_tokenizer_init=True"
+        if stop_strs:
+            raise ValueError(
+                f"stop={stop_strs!r} {suffix} (requires tokenizer to decode tokens to text for matching)."
+            )
+        if stop_regex_strs:
+            raise ValueError(
+                f"stop_regex={stop_regex_strs!r} {suffix} "
+                "(requires tokenizer to decode tokens to text for matching)."
+            )
+        if _is_int(self.min_new_tokens) and self.min_new_tokens > 0:
+            raise ValueError(
+                f"min_new_tokens={self.min_new_tokens} {suffix} (requires tokenizer for eos_token_id)."
+            )
+
+    # ------------------------------------------------------------------ verify
+
+    def verify(self, vocab_size: int) -> None:
+        """Raise ValueError for the first invalid parameter (SGLang's order, then ours)."""
+        self._verify_sglang_rules(vocab_size)
+        self._verify_product_rules(vocab_size)
+
+    def _verify_sglang_rules(self, vocab_size: int) -> None:
+        bw = self.beam_width
+        if bw is not None and not (_is_int(bw) and bw >= 1):
+            raise ValueError(f"beam_width must be at least 1, got {bw}.")
+        t = self.temperature
+        if not (_is_finite_real(t) and t >= 0):
+            raise ValueError(f"temperature must be a non-negative finite number, got {t}.")
+        if not (_is_real(self.top_p) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if not (_is_real(self.min_p) and 0 <= self.min_p <= 1):
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
+        if not (_is_int(self.top_k) and self.top_k >= 1):
+            raise ValueError(f"top_k must be -1 (disable) or at least 1, got {self.top_k}.")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not (_is_real(value) and -2 <= value <= 2):
+                raise ValueError(f"{name} must be in [-2, 2], got {value}.")
+        rp = self.repetition_penalty
+        if not (_is_real(rp) and 0 < rp <= 2):
+            raise ValueError(f"repetition_penalty must be in (0, 2] (1.0 = no penalty), got {rp}.")
+        self._verify_token_budget()
+        self._verify_logit_bias(vocab_size)
+        _verify_seed(self.sampling_seed)
+        self._verify_reasoning_end_ids(vocab_size)
+        if sum(getattr(self, name) is not None for name in _GRAMMAR_FIELDS) > 1:
+            raise ValueError("Only one of json_schema, regex, ebnf, or structural_tag can be set.")
+
+    def _verify_token_budget(self) -> None:
+        lo, hi = self.min_new_tokens, self.max_new_tokens
+        if not (_is_int(lo) and lo >= 0):
+            raise ValueError(f"min_new_tokens must be in [0, max_new_tokens], got {lo}.")
+        if hi is None:  # "rest of the context": the scheduler bounds it
+            return
+        if not (_is_int(hi) and hi >= 0):
+            raise ValueError(f"max_new_tokens must be at least 0, got {hi}.")
+        if lo > hi:
+            raise ValueError(f"min_new_tokens must be in [0, max_new_tokens({hi})], got {lo}.")
+
+    def _verify_logit_bias(self, vocab_size: int) -> None:
+        if self.logit_bias is None:
+            return
+        if not isinstance(self.logit_bias, dict):
+            raise ValueError(
+                f"logit_bias must be an object mapping token ids in [0, {vocab_size - 1}] to biases in "
+                f"[-{LOGIT_BIAS_MAX:g}, {LOGIT_BIAS_MAX:g}], got {type(self.logit_bias).__name__}."
+            )
+        for key, value in self.logit_bias.items():
+            token_id = _parse_token_id_key(key)
+            if token_id is None or not 0 <= token_id < vocab_size:
+                raise ValueError(f"logit_bias must have keys in [0, {vocab_size - 1}], got {key}.")
+            if not (_is_finite_real(value) and -LOGIT_BIAS_MAX <= value <= LOGIT_BIAS_MAX):
+                raise ValueError(
+                    f"logit_bias must have values in [-{LOGIT_BIAS_MAX:g}, {LOGIT_BIAS_MAX:g}], "
+                    f"got {value} for key {key}."
+                )
+
+    def _verify_reasoning_end_ids(self, vocab_size: int) -> None:
+        if not isinstance(self.custom_params, dict) or _REASONING_END_IDS_KEY not in self.custom_params:
+            return
+        ids = self.custom_params[_REASONING_END_IDS_KEY]
+        valid = (
+            isinstance(ids, list)
+            and 1 <= len(ids) <= _MAX_REASONING_END_IDS
+            and all(_is_int(t) and 0 <= t < vocab_size for t in ids)
+        )
+        if not valid:
+            raise ValueError(
+                "request reasoning end token IDs must be a non-empty, vocabulary-bounded "
+                f"list of at most {_MAX_REASONING_END_IDS} integers"
+            )
+
+    def _verify_product_rules(self, vocab_size: int) -> None:
+        if not (_is_int(self.n) and self.n >= 1):
+            raise ValueError(f"n must be at least 1, got {self.n}.")
+        for token_id in self.stop_token_ids or ():
+            if not (_is_int(token_id) and 0 <= token_id < vocab_size):
+                raise ValueError(f"stop_token_ids must have values in [0, {vocab_size - 1}], got {token_id}.")
+        si = self.stream_interval
+        if si is not None and not (_is_int(si) and si >= 1):
+            raise ValueError(f"stream_interval must be at least 1, got {si}.")
+        for name in _GRAMMAR_FIELDS:
+            if getattr(self, name) is not None:
+                raise ValueError(
+                    f"{name} is not supported by this server yet "
+                    "(grammar-constrained decoding is not implemented)."
+                )
+        if self.beam_width is not None and self.beam_width > 1:
+            raise ValueError(
+                f"beam_width must be 1 or null (beam search is not supported by this server yet), "
+                f"got {self.beam_width}."
+            )
+        if self.watermark is not None:
+            raise ValueError("watermark must be null (watermarking is not supported by this server yet).")
+
+    # ------------------------------------------------------------------ wire format
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SamplingParams:
+        """Build from a JSON `sampling_params` object, rejecting unknown keys and wrong types.
+
+        `null` means "use the default". Value ranges are left to `verify`.
+        """
+        if not isinstance(d, dict):
+            raise ValueError(f"sampling_params must be an object, got {_json_type(d)}.")
+        for key, value in d.items():
+            check = _FIELD_CHECKS.get(key)
+            if check is None:
+                expected = ", ".join(f"`{k}`" for k in _FIELD_CHECKS)
+                raise ValueError(f"unknown field `{key}`, expected one of {expected}")
+            if value is not None:
+                check(key, value)
+        return cls(**{k: v for k, v in d.items() if k != "choice"})
+
+    def to_dict(self) -> dict[str, Any]:
+        """Public fields as JSON-safe values; `SamplingParams(**p.to_dict())` is equivalent to p."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name in _PUBLIC_FIELDS}
+        out["stop"] = _public_stop(self.stop, self.stop_strs)
+        out["stop_regex"] = _public_stop(self.stop_regex, self.stop_regex_strs)
+        if self.stop_token_ids is not None:
+            out["stop_token_ids"] = sorted(self.stop_token_ids)
+        for name in ("logit_bias", "custom_params"):
+            if out[name] is not None:  # a copy, so the caller cannot mutate this request
+                out[name] = dict(out[name])
+        return out
+
+
+# A read-only mirror, so `params.seed` never reports a stale None (the InitVar is not stored).
+SamplingParams.seed = property(lambda self: self.sampling_seed)  # type: ignore[assignment]
+
+_NONE_DEFAULTS: dict[str, Any] = {
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "min_p": 0.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_new_tokens": 0,
+    "n": 1,
+    "ignore_eos": False,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "no_stop_trim": False,
+    "top_k": -1,
+}
+
+_INTERNAL_FIELDS = frozenset(
+    {"stop_strs", "stop_regex_strs", "stop_str_max_len", "stop_regex_max_len", "is_normalized"}
+)
+_PUBLIC_FIELDS = frozenset(f.name for f in fields(SamplingParams)) - _INTERNAL_FIELDS
+
+
+def _public_stop(raw: Any, normalized: Optional[list[str]]) -> Any:
+    # After normalize the stop conditions live only in the internal list.
+    value = raw if raw is not None else (normalized or None)
+    return list(value) if isinstance(value, list) else value
+
+
+def _to_token_id_set(ids: Any) -> Optional[set[int]]:
+    if not ids:
+        return None
+    try:
+        out = {int(t) for t in ids if t is not None}
+    except (TypeError, ValueError):
+        raise ValueError(f"stop_token_ids must be a list of integer token ids, got {ids!r}.") from None
+    return out or None
+
+
+def _as_str_list(value: Any, name: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (list, tuple)) and all(isinstance(s, str) for s in value):
+        return list(value)
+    raise ValueError(f"{name} must be a string or a list of strings, got {value!r}.")
+
+
+def _stop_regex_max_len(patterns: list[str]) -> int:
+    if len(patterns) > MAX_STOP_REGEX_COUNT:
+        raise ValueError(
+            f"at most {MAX_STOP_REGEX_COUNT} stop_regex patterns are allowed, got {len(patterns)}"
+        )
+    longest = 0
+    for pattern in patterns:
+        size = len(pattern.encode("utf-8"))
+        if size > MAX_STOP_REGEX_LEN:
+            raise ValueError(f"stop_regex is {size} bytes, over the {MAX_STOP_REGEX_LEN}-byte limit")
+        try:
+            longest = max(longest, get_max_seq_length(pattern))
+        except _regex_constants.error as e:
+            raise ValueError(f"stop_regex {pattern!r} is not a valid regular expression: {e}") from None
+    return longest
+
+
+def _parse_token_id_key(key: Any) -> Optional[int]:
+    """Token id from a logit_bias key (JSON object keys are strings), or None if it is not one."""
+    if _is_int(key):
+        return int(key)
+    if isinstance(key, str):
+        try:
+            return int(key)
+        except ValueError:
+            return None
+    return None
+
+
+def _verify_seed(seed: Any) -> None:
+    if seed is None:
+        return
+    if not _is_int(seed):
+        raise ValueError(f"sampling_seed must be an integer, got {type(seed).__name__}.")
+    if not _SEED_MIN <= seed <= _SEED_MAX:
+        raise ValueError(f"sampling_seed must be in [-2**63, 2**63 - 1], got {seed}.")
+
+
+# ---------------------------------------------------------------------- regex length bound
+
+_C = _regex_constants
+_SINGLE_CHAR_OPS = {_C.LITERAL, _C.NOT_LITERAL, _C.IN, _C.ANY}
+# Possessive repeats and atomic groups only exist from Python 3.11 on.
+_REPEAT_OPS = {_C.MAX_REPEAT, _C.MIN_REPEAT, getattr(_C, "POSSESSIVE_REPEAT", _C.MAX_REPEAT)}
+
+
+def get_max_seq_length(regex: str) -> int:
+    """Upper bound on the characters a match of `regex` spans; MAX_LEN stands for unbounded.
+
+    The stop-regex matcher uses it to decide how much decoded tail it must keep.
+    """
+    return _seq_max_len(_regex_parser.parse(regex))
+
+
+def _seq_max_len(items: Any) -> int:
+    return sum(_item_max_len(op, av) for op, av in items)
+
+
+def _item_max_len(op: Any, av: Any) -> int:
+    if op in _SINGLE_CHAR_OPS:
+        return 1
+    if op == _C.AT:
+        return 0
+    if op == _C.SUBPATTERN:
+        return _seq_max_len(av[-1])
+    if op == getattr(_C, "ATOMIC_GROUP", None):
+        return _seq_max_len(av)
+    if op == _C.BRANCH:
+        return max((_seq_max_len(branch) for branch in av[1]), default=0)
+    if op in _REPEAT_OPS:
+        _, hi, inner = av
+        if hi == _C.MAXREPEAT:
+            return MAX_LEN
+        return hi * _seq_max_len(inner)
+    # Lookarounds, backreferences, conditionals: no cheap bound, so assume unbounded.
+    logger.warning("stop_regex construct %s has no length bound; treating it as unbounded", op)
+    return MAX_LEN
+
+
+# ---------------------------------------------------------------------- from_dict type gate
+
+# bool before int: bool is an int subclass.
+_JSON_TYPE_NAMES = {
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    str: "string",
+    list: "array",
+    dict: "object",
+}
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    for py_type, name in _JSON_TYPE_NAMES.items():
+        if isinstance(value, py_type):
+            return name
+    return type(value).__name__
+
+
+def _type_error(key: str, expected: str, value: Any) -> ValueError:
+    return ValueError(f"invalid type for `{key}`: expected {expected}, got {_json_type(value)}.")
+
+
+def _check_int(key: str, value: Any) -> None:
+    if not _is_int(value):
+        raise _type_error(key, "an integer", value)
+
+
+def _check_float(key: str, value: Any) -> None:
+    if not _is_real(value):
+        raise _type_error(key, "a number", value)
+
+
+def _check_bool(key: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise _type_error(key, "a boolean", value)
+
+
+def _check_str(key: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise _type_error(key, "a string", value)
+
+
+def _check_str_or_str_list(key: str, value: Any) -> None:
+    if isinstance(value, str):
+        return
+    if not (isinstance(value, list) and all(isinstance(s, str) for s in value)):
+        raise _type_error(key, "a string or an array of strings", value)
+
+
+def _check_int_list(key: str, value: Any) -> None:
+    if not (isinstance(value, list) and all(_is_int(t) for t in value)):
+        raise _type_error(key, "an array of integers", value)
+
+
+def _check_object(key: str, value: Any) -> None:
+    if not isinstance(value, dict):
+        raise _type_error(key, "an object", value)
+
+
+def _check_logit_bias(key: str, value: Any) -> None:
+    if not (isinstance(value, dict) and all(_is_real(v) for v in value.values())):
+        raise _type_error(key, "an object mapping token id strings to numbers", value)
+
+
+def _reject_choice(key: str, value: Any) -> None:
+    raise ValueError(f"`{key}` is not supported by this server yet; it must be null or absent.")
+
+
+_FIELD_CHECKS = {
+    "max_new_tokens": _check_int,
+    "stop": _check_str_or_str_list,
+    "stop_token_ids": _check_int_list,
+    "stop_regex": _check_str_or_str_list,
+    "temperature": _check_float,
+    "top_p": _check_float,
+    "top_k": _check_int,
+    "min_p": _check_float,
+    "frequency_penalty": _check_float,
+    "presence_penalty": _check_float,
+    "repetition_penalty": _check_float,
+    "min_new_tokens": _check_int,
+    "n": _check_int,
+    "json_schema": _check_str,
+    "regex": _check_str,
+    "ebnf": _check_str,
+    "structural_tag": _check_str,
+    "ignore_eos": _check_bool,
+    "skip_special_tokens": _check_bool,
+    "spaces_between_special_tokens": _check_bool,
+    "no_stop_trim": _check_bool,
+    "stream_interval": _check_int,
+    "logit_bias": _check_logit_bias,
+    "sampling_seed": _check_int,
+    "custom_params": _check_object,
+    "beam_width": _check_int,
+    "watermark": _check_object,
+    "choice": _reject_choice,
+    "seed": _check_int,
+}

@@ -1,0 +1,18 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="sglang-sampling-engine",
+    version="0.1.0",
+    description="SGLang-style LLM serving engine built around its sampling subsystem",
+    python_requires=">=3.10",
+    package_dir={"sglang": "python/sglang", "sgl_kernel_ext": "sgl_kernel_ext"},
+    packages=["sglang", "sgl_kernel_ext"]
+    + ["sglang." + p for p in find_packages("python/sglang")]
+    + ["sgl_kernel_ext." + p for p in find_packages("sgl_kernel_ext")],
+    install_requires=["torch", "numpy", "dill", "orjson"],
+    extras_require={
+        "test": ["pytest", "hypothesis", "scipy"],
+        "bench": ["transformers", "tqdm", "matplotlib"],
+        "gpu": ["flashinfer-python", "triton"],
+    },
+)
