@@ -81,9 +81,12 @@ class Sampler(nn.Module):
         invalid = self._invalid_rows(logits, row_errors)
 
         greedy_ids = logits.argmax(dim=-1) if info.is_any_greedy else None
+        raw_logprobs = clamped_log_softmax(logits) if return_logprob and self.logprobs_mode == "raw" else None
         scaled = logits
         if info.need_temperature_scaling and (return_logprob or not info.is_all_greedy):
-            scaled = logits / info.temperatures  # [B, V]
+            # In place, as SGLang does: next_token_logits holds the scaled logits afterwards,
+            # and a second [B, V] buffer would cost more than the division.
+            scaled = logits.div_(info.temperatures)
         if info.is_all_greedy:
             next_ids = greedy_ids
         else:
@@ -93,7 +96,7 @@ class Sampler(nn.Module):
         next_ids = torch.where(invalid, torch.full_like(next_ids, -1), next_ids)
 
         if return_logprob:
-            logprobs = self._logprobs(logits, scaled, info)
+            logprobs = raw_logprobs if raw_logprobs is not None else self._logprobs(scaled, info)
             fill_logprobs(logits_output, logprobs, next_ids, top_logprobs_nums, token_ids_logprobs)
         logits_output.invalid_rows = invalid
         logits_output.row_errors = row_errors
@@ -178,9 +181,7 @@ class Sampler(nn.Module):
         seeded_ids = draw_seeded(seeded_scaled, support, seeds, positions.index_select(0, rows).to(torch.int64))
         return next_ids.index_copy(0, rows, seeded_ids)
 
-    def _logprobs(self, logits: torch.Tensor, scaled: torch.Tensor, info) -> torch.Tensor:
-        if self.logprobs_mode == "raw":
-            return clamped_log_softmax(logits)
+    def _logprobs(self, scaled: torch.Tensor, info) -> torch.Tensor:
         if self.logprobs_mode == "scaled":
             return clamped_log_softmax(scaled)
         support = compute_support(
