@@ -1,18 +1,28 @@
-"""Req and ScheduleBatch: the per-request and per-batch state the scheduler owns.
-
-This module holds only what the sampling subsystem reads; the engine grows it (KV slots,
-prefix info, logprob bookkeeping) without changing these fields.
-"""
+"""Req and ScheduleBatch: the per-request and per-batch state the scheduler owns."""
 
 from __future__ import annotations
 
+import re
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 
-from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.sampling.sampling_params import MAX_LEN, SamplingParams
+
+# The scheduler sees -1 for a row the sampler flagged (NaN/inf logits, failed processor).
+INVALID_TOKEN_ID = -1
+
+
+@dataclass
+class LogprobRequest:
+    """What logprobs a request asked for."""
+
+    top_logprobs_num: int = 0
+    token_ids_logprob: Optional[list[int]] = None
+    # First prompt position whose logprob is returned; the prompt length means outputs only.
+    logprob_start_len: int = -1
 
 
 class Req:
@@ -26,6 +36,8 @@ class Req:
         eos_token_ids: Optional[set[int]] = None,
         custom_logit_processor: Optional[str] = None,
         tokenizer: Any = None,
+        logprob: Optional[LogprobRequest] = None,
+        stream: bool = False,
     ) -> None:
         self.rid = rid
         self.origin_input_ids = list(origin_input_ids)
@@ -34,7 +46,10 @@ class Req:
         self.eos_token_ids = set(eos_token_ids or ())
         self.custom_logit_processor = custom_logit_processor
         self.tokenizer = tokenizer
+        self.logprob = logprob
+        self.stream = stream
         self.finished_reason: Optional[dict] = None
+        self.matched_text: Optional[str] = None
         # A processor sees its request through "__req__"; a proxy so the params do not keep
         # a finished request alive.
         params = sampling_params.custom_params
@@ -43,16 +58,101 @@ class Req:
             params["__req__"] = weakref.proxy(self)
         self.custom_params: Optional[dict] = params if isinstance(params, dict) else None
 
+        # Engine bookkeeping.
+        self.req_pool_idx: Optional[int] = None
+        self.kv_len = 0  # tokens whose K/V are in the cache
+        self.sent_output_len = 0  # output ids already sent to the detokenizer
+        self.finish_sent = False
+        self.pending_logprobs = _PendingLogprobs()
+
+    @property
+    def return_logprob(self) -> bool:
+        return self.logprob is not None
+
+    @property
+    def fill_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
     def stop_token_ids(self) -> set[int]:
         """Every id that ends this request: request stop ids, model/generation-config EOS, tokenizer EOS."""
-        ids = set(self.sampling_params.stop_token_ids or ())
-        ids |= self.eos_token_ids
+        return set(self.sampling_params.stop_token_ids or ()) | self.eos_ids()
+
+    def eos_ids(self) -> set[int]:
+        ids = set(self.eos_token_ids)
         if self.tokenizer is not None:
             ids |= set(getattr(self.tokenizer, "additional_stop_token_ids", None) or ())
             eos = getattr(self.tokenizer, "eos_token_id", None)
             if eos is not None:
                 ids.add(eos)
         return ids
+
+    def abort(self, message: str, status_code: int = 400, err_type: str = "BadRequestError") -> None:
+        self.finished_reason = {"type": "abort", "message": message, "status_code": status_code, "err_type": err_type}
+
+    def check_finished(self) -> None:
+        """Decide whether the last appended token ends the request (SGLang's order: stop strings and
+        regexes, stop tokens, length). min_new_tokens holds every stop condition back."""
+        if self.finished():
+            return
+        params = self.sampling_params
+        last = self.output_ids[-1]
+        if len(self.output_ids) >= params.min_new_tokens:
+            if self._check_stop_text() or self._check_stop_token(last):
+                return
+        if params.max_new_tokens is not None and len(self.output_ids) >= params.max_new_tokens:
+            self.finished_reason = {"type": "length", "length": params.max_new_tokens}
+
+    def _check_stop_token(self, token: int) -> bool:
+        params = self.sampling_params
+        # ignore_eos ignores EOS only: explicit stop_token_ids still stop.
+        stops = set(params.stop_token_ids or ())
+        if not params.ignore_eos:
+            stops |= self.eos_ids()
+        if token in stops:
+            self.finished_reason = {"type": "stop", "matched": token}
+            return True
+        return False
+
+    def _check_stop_text(self) -> bool:
+        params = self.sampling_params
+        if self.tokenizer is None or not (params.stop_strs or params.stop_regex_strs):
+            return False
+        if params.stop_strs:
+            tail = self._decode_tail(params.stop_str_max_len)
+            for stop in params.stop_strs:
+                if stop and stop in tail:
+                    self.finished_reason = {"type": "stop", "matched": stop}
+                    self.matched_text = stop
+                    return True
+        if params.stop_regex_strs:
+            tail = self._decode_tail(params.stop_regex_max_len)
+            for pattern in params.stop_regex_strs:
+                match = re.search(pattern, tail)
+                if match:
+                    self.finished_reason = {"type": "stop", "matched": pattern}
+                    self.matched_text = match.group(0)
+                    return True
+        return False
+
+    def _decode_tail(self, max_len_tokens: int) -> str:
+        # One extra token: a stop string can start inside the token before its last one.
+        n = len(self.output_ids) if max_len_tokens >= MAX_LEN else max_len_tokens + 1
+        return self.tokenizer.decode(self.output_ids[-n:], skip_special_tokens=False)
+
+
+@dataclass
+class _PendingLogprobs:
+    """Logprobs computed but not yet sent to the detokenizer."""
+
+    output_token: list[list[Any]] = field(default_factory=list)
+    output_top: list[list[list[Any]]] = field(default_factory=list)
+    output_token_ids: list[list[list[Any]]] = field(default_factory=list)
+    input_token: Optional[list[list[Any]]] = None
+    input_top: Optional[list[Optional[list[list[Any]]]]] = None
+    input_token_ids: Optional[list[Optional[list[list[Any]]]]] = None
 
 
 @dataclass
