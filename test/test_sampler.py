@@ -440,3 +440,23 @@ def test_flashinfer_backend_wiring(monkeypatch, name):
         assert calls == ["sampling_from_probs"]
     elif "top_k" in case or "top_p" in case:
         assert calls == [("top_k_top_p", "joint")]
+
+
+@pytest.mark.parametrize("scale", [6.0, 1.5, 0.05])  # nucleus inside 512, inside 4096, most of the vocab
+@pytest.mark.parametrize("top_p", [0.5, 0.9])
+def test_top_p_support_on_a_large_vocab(scale, top_p):
+    """Top-p without top-k takes a top-k window on the CPU when the nucleus fits; the support
+    must equal a sort-based reference whichever window (or the full sort) was used."""
+    vocab = 10_000
+    logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(7)) * scale
+    params = [_params(top_p=top_p)] * 4
+    info = make_info(params, vocab)
+    logprobs = Sampler(logprobs_mode="processed")._logprobs(logits.clone(), info)
+    got = logprobs > torch.finfo(torch.float32).min
+    probs = torch.softmax(logits.double(), dim=-1)
+    order = probs.argsort(dim=-1, descending=True)
+    sorted_probs = probs.gather(1, order)
+    before = sorted_probs.cumsum(-1) - sorted_probs
+    expected = torch.zeros_like(got)
+    expected.scatter_(1, order, before < top_p)
+    assert torch.equal(got, expected)

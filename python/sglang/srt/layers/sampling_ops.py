@@ -9,9 +9,10 @@ space: token i is kept iff scaled[i] >= threshold. The threshold is the largest 
   min-p  max + log(min_p) (p_i >= min_p * p_max).
 
 Every backend samples from exactly this set, so supports agree across backends. The
-threshold is computed from a descending top-W window when every row has a small top_k (no
-full sort), otherwise from a full sort. The threshold is exact in both cases; the window may
-miss tokens tied with the k-th value beyond it, which `Support.window_complete` reports.
+threshold is computed from a descending top-W window when every row has a small top_k, or (on
+the CPU) when a top-p nucleus fits a window; otherwise from a full sort. The threshold is
+exact on every path; the window may miss tokens tied with the threshold beyond it, which
+`Support.window_complete` reports.
 """
 
 from __future__ import annotations
@@ -64,15 +65,46 @@ def compute_support(
     vocab = scaled.shape[1]
     if window is not None and window + 1 < vocab:
         # One extra column shows whether ties with the k-th value run past the window.
-        vals, idx = torch.topk(scaled, window + 1, dim=-1)  # [B, W] descending
-    else:
-        vals, idx = torch.sort(scaled, dim=-1, descending=True)  # [B, V]
+        return _support_in(scaled, *torch.topk(scaled, window + 1, dim=-1), top_ks, top_ps, min_ps, need_top_p, need_min_p)[0]
+    if need_top_p and not scaled.is_cuda:
+        # A top-p nucleus is usually far smaller than the vocabulary and a CPU sort of [B, V]
+        # costs ~50x a top-k; try growing windows, keep one only if it is exact for every row.
+        for width in _CPU_NUCLEUS_WINDOWS:
+            if width + 1 >= vocab:
+                break
+            vals, idx = torch.topk(scaled, width + 1, dim=-1)
+            support, exact = _support_in(scaled, vals, idx, top_ks, top_ps, min_ps, need_top_p, need_min_p)
+            if bool(exact.all()):
+                return support
+    vals, idx = torch.sort(scaled, dim=-1, descending=True)  # [B, V]
+    return _support_in(scaled, vals, idx, top_ks, top_ps, min_ps, need_top_p, need_min_p)[0]
+
+
+_CPU_NUCLEUS_WINDOWS = (512, 4096)
+
+
+def _support_in(
+    scaled: torch.Tensor,
+    vals: torch.Tensor,
+    idx: torch.Tensor,
+    top_ks: torch.Tensor,
+    top_ps: torch.Tensor,
+    min_ps: torch.Tensor,
+    need_top_p: bool,
+    need_min_p: bool,
+) -> tuple[Support, torch.Tensor]:
+    """Thresholds from the descending window (vals, idx), and per row whether they are exact:
+    the k-th value and the top-p boundary both fall inside the window."""
+    vocab, width = scaled.shape[1], vals.shape[1]
     threshold = _top_k_threshold(vals, top_ks, vocab)
+    exact = (top_ks >= vocab) | (top_ks <= width)  # [B] bool
     if need_top_p:
-        threshold = torch.maximum(threshold, _top_p_threshold(scaled, vals, idx, top_ps))
+        top_p_threshold, kept = _top_p_threshold(scaled, vals, idx, top_ps)
+        threshold = torch.maximum(threshold, top_p_threshold)
+        exact &= (top_ps >= 1.0) | (kept.squeeze(1) < width)
     if need_min_p:
         threshold = torch.maximum(threshold, vals[:, :1] + torch.log(min_ps).unsqueeze(1))
-    return Support(threshold=threshold, vals=vals, idx=idx, vocab_size=vocab)
+    return Support(threshold=threshold, vals=vals, idx=idx, vocab_size=vocab), exact
 
 
 def _top_k_threshold(vals: torch.Tensor, top_ks: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -83,7 +115,8 @@ def _top_k_threshold(vals: torch.Tensor, top_ks: torch.Tensor, vocab: int) -> to
 
 def _top_p_threshold(
     scaled: torch.Tensor, vals: torch.Tensor, idx: torch.Tensor, top_ps: torch.Tensor
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-p threshold [B, 1] and how many window columns it keeps [B, 1]."""
     probs = _softmax_at(scaled, idx).double()  # [B, W] full-vocab mass of each window column
     before = torch.cumsum(probs, dim=-1) - probs  # mass ranked strictly before each column
     # Ties share the mass before their group's first column, so tied tokens stay together.
@@ -95,7 +128,7 @@ def _top_p_threshold(
     # At least the first column (mass 0 < top_p), also on a NaN row the sampler will flag.
     kept = (mass_greater < top_ps.double().unsqueeze(1)).sum(-1, keepdim=True).clamp_(min=1)
     tp = vals.gather(1, kept - 1)  # [B, 1]
-    return torch.where(top_ps.unsqueeze(1) >= 1.0, torch.full_like(tp, NEG_INF), tp)
+    return torch.where(top_ps.unsqueeze(1) >= 1.0, torch.full_like(tp, NEG_INF), tp), kept
 
 
 # Rows per softmax call on the CPU: a [rows, V] temporary that stays in cache instead of a

@@ -1,0 +1,557 @@
+"""Sampler micro-benchmark: the time of one decode step's sampling, ours against reference samplers.
+
+One step of ours is `info.apply_logits_bias(logits)` + `Sampler.forward(...)`, exactly what the
+model runner calls per decode step. Both mutate the logits in place, so every call gets a fresh
+copy of a fixed random [B, V] tensor, made outside the timed region. The contenders of one
+configuration run interleaved (one call each per iteration, rotating who goes first), and all
+configurations run in several rounds, so drift and bursts of outside load on a noisy machine hit
+every contender and configuration alike; each reports the median over its timed iterations.
+
+Contenders:
+  ours:<backend>      our Sampler with that sampling backend (any name create_sampler knows:
+                      built-ins, registered factories, a future `triton` backend)
+  torch.argmax        plain argmax over the logits: the floor any sampler is compared with
+  hf-transformers     HF's logits-processor pipeline + softmax + multinomial, called as
+                      `generate` does (processors(input_ids, scores), input_ids = prompt + output)
+  flashinfer-kernels  (CUDA) flashinfer.sampling chains on softmax probabilities
+  one-read-floor      (CUDA, computed) B*V*4 bytes at the measured device copy bandwidth
+
+Usage:
+  python benchmark/bench_sampler.py                 # CPU: B 1/16/64, V 49152
+  python benchmark/bench_sampler.py --device cuda   # B 1..256, V 131072/151936, CUDA events
+  python benchmark/bench_sampler.py --profile penalties:64   # also torch.profiler of ours
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+from tqdm import tqdm
+
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.layers.sampler import create_sampler
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+PROMPT_LEN = 100
+GENERATED_LEN = 512
+LOGIT_SCALE = 3.0  # randn * 3: a spread whose softmax at T 0.7 has a short, heavy head
+TARGET_CASE, TARGET_B, TARGET_RATIO = "penalties", 64, 5.0
+
+ARGMAX, HF, FLASHINFER, FLOOR = "torch.argmax", "hf-transformers", "flashinfer-kernels", "one-read-floor"
+
+# Per device: batch sizes, vocab sizes, our backends, rounds, warm-up iterations per round and
+# timed iterations in all (split evenly over the rounds).
+DEVICE_DEFAULTS = {
+    "cpu": dict(batch_sizes=[1, 16, 64], vocab_sizes=[49152], backends=["pytorch"], rounds=5, warmup=3, iters=100),
+    "cuda": dict(
+        batch_sizes=[1, 16, 64, 128, 256],
+        vocab_sizes=[131072, 151936],
+        backends=["pytorch", "flashinfer", "triton"],
+        rounds=4,
+        warmup=5,
+        iters=200,
+    ),
+}
+
+
+# ---------------------------------------------------------------------------------------- cases
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    temperature: float = 1.0
+    top_k: Optional[int] = None
+    top_p: float = 1.0
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seeded: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return self.frequency_penalty != 0.0 or self.presence_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    def params(self, row: int) -> SamplingParams:
+        extra = {"top_k": self.top_k} if self.top_k is not None else {}
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            repetition_penalty=self.repetition_penalty,
+            sampling_seed=1000 + row if self.seeded else None,
+            **extra,
+        )
+
+
+_TOPK_TOPP = dict(temperature=0.7, top_k=50, top_p=0.9)
+_MINP = dict(_TOPK_TOPP, min_p=0.05)
+CASES = {
+    case.name: case
+    for case in (
+        Case("greedy", temperature=0.0),
+        Case("temperature", temperature=0.7),
+        Case("topk_topp", **_TOPK_TOPP),
+        Case("topp", temperature=0.7, top_p=0.9),
+        Case("minp", **_MINP),
+        Case("penalties", **_MINP, frequency_penalty=0.3, presence_penalty=0.2, repetition_penalty=1.1),
+        Case("seeded", **_MINP, seeded=True),
+    )
+}
+
+
+# ------------------------------------------------------------------------------------- workload
+
+
+@dataclass
+class Workload:
+    """One (case, B, V) configuration: the fixed logits and each row's token history."""
+
+    case: Case
+    device: torch.device
+    logits: torch.Tensor  # [B, V] float32, never mutated
+    history: torch.Tensor  # [B, PROMPT_LEN + GENERATED_LEN] int64: prompt then generated tokens
+    positions: torch.Tensor  # [B] int64, position of each row's last token
+
+    @property
+    def batch_size(self) -> int:
+        return self.logits.shape[0]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.logits.shape[1]
+
+
+def zipf_tokens(rows: int, length: int, vocab: int, gen: torch.Generator) -> torch.Tensor:
+    """[rows, length] ids: text reuses a few tokens often, so draw Zipf ranks over a shuffled vocab."""
+    weights = torch.arange(1, vocab + 1, dtype=torch.float64).pow(-1.1)
+    ranks = torch.multinomial(weights, rows * length, replacement=True, generator=gen)
+    return torch.randperm(vocab, generator=gen)[ranks].view(rows, length)
+
+
+def make_workload(case: Case, batch_size: int, vocab: int, device: torch.device) -> Workload:
+    # Built on the CPU from one seed, so every device sees the same numbers.
+    gen = torch.Generator().manual_seed(batch_size * 7919 + vocab)
+    logits = torch.randn(batch_size, vocab, generator=gen) * LOGIT_SCALE
+    history = zipf_tokens(batch_size, PROMPT_LEN + GENERATED_LEN, vocab, gen)
+    positions = torch.full((batch_size,), PROMPT_LEN + GENERATED_LEN - 1, dtype=torch.int64)
+    return Workload(case, device, logits.to(device), history.to(device), positions.to(device))
+
+
+# ------------------------------------------------------------------------------------ contenders
+
+Step = Callable[[torch.Tensor], object]  # consumes a fresh [B, V] copy of the workload's logits
+
+
+def build_sampling_info(work: Workload) -> SamplingBatchInfo:
+    """Our batch state after PROMPT_LEN prompt tokens and GENERATED_LEN decode steps."""
+    prompts = work.history[:, :PROMPT_LEN].tolist()
+    reqs = [Req(f"r{i}", prompt, work.case.params(i)) for i, prompt in enumerate(prompts)]
+    batch = ScheduleBatch(reqs=reqs, device=work.device)
+    info = SamplingBatchInfo.from_schedule_batch(batch, work.vocab_size)
+    batch.sampling_info = info
+    for step in range(PROMPT_LEN, work.history.shape[1]):
+        info.update_penalties(work.history[:, step])
+    return info  # holds the batch strongly (the orchestrator only weakly)
+
+
+def available_backends(names: list[str]) -> list[str]:
+    """Our backends that build here: unknown names (a backend not written yet) and backends whose
+    package is missing (flashinfer) are skipped with a note, once."""
+    usable = []
+    for name in names:
+        try:
+            create_sampler(name)
+        except (ValueError, RuntimeError) as err:
+            print(f"note: skipping ours:{name}: {err}")
+            continue
+        usable.append(name)
+    return usable
+
+
+def ours(backend: str, work: Workload) -> Step:
+    sampler = create_sampler(backend)
+    info = build_sampling_info(work)
+    positions = work.positions
+
+    def step(logits: torch.Tensor) -> torch.Tensor:
+        info.apply_logits_bias(logits)
+        return sampler(LogitsProcessorOutput(next_token_logits=logits), info, positions=positions)
+
+    return step
+
+
+def argmax(work: Workload) -> Step:
+    return lambda logits: torch.argmax(logits, -1)
+
+
+def hf_transformers(work: Workload) -> Optional[Step]:
+    """HF generate's processors for the case; HF has no frequency/presence penalty nor per-row seeds."""
+    case = work.case
+    if case.greedy or case.seeded:
+        return None  # HF greedy is argmax; HF has no per-row seeded sampling
+    lp = importlib.import_module("transformers.generation.logits_process")
+    processors = lp.LogitsProcessorList()
+    if case.repetition_penalty != 1.0:
+        processors.append(lp.RepetitionPenaltyLogitsProcessor(case.repetition_penalty))
+    processors.append(lp.TemperatureLogitsWarper(case.temperature))
+    if case.top_k is not None:
+        processors.append(lp.TopKLogitsWarper(case.top_k))
+    if case.top_p < 1.0:
+        processors.append(lp.TopPLogitsWarper(case.top_p))
+    if case.min_p > 0.0:
+        processors.append(lp.MinPLogitsWarper(case.min_p))
+    input_ids = work.history
+
+    def step(logits: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(processors(input_ids, logits), dim=-1)
+        return torch.multinomial(probs, num_samples=1).squeeze(1)
+
+    return step
+
+
+def flashinfer_kernels(work: Workload) -> Optional[Step]:
+    """flashinfer.sampling on softmax(logits / T); the closest kernel chain for each case."""
+    case = work.case
+    if work.device.type != "cuda" or case.greedy or case.penalized or case.seeded:
+        return None
+    ops = importlib.import_module("flashinfer.sampling")
+    rows = work.batch_size
+    temps = torch.full((rows, 1), case.temperature, device=work.device)
+    top_ks = torch.full((rows,), case.top_k or work.vocab_size, dtype=torch.int32, device=work.device)
+    top_ps = torch.full((rows,), case.top_p, device=work.device)
+    min_ps = torch.full((rows,), case.min_p, device=work.device)
+
+    def draw(probs: torch.Tensor) -> torch.Tensor:
+        if case.min_p > 0.0:
+            probs = ops.top_p_renorm_probs(ops.top_k_renorm_probs(probs, top_ks), top_ps)
+            return ops.min_p_sampling_from_probs(probs, min_ps)
+        if case.top_k is not None:
+            return ops.top_k_top_p_sampling_from_probs(probs, top_ks, top_ps, filter_apply_order="joint")
+        if case.top_p < 1.0:
+            return ops.top_p_sampling_from_probs(probs, top_ps)
+        return ops.sampling_from_probs(probs)
+
+    return lambda logits: draw(torch.softmax(logits.div_(temps), dim=-1))
+
+
+def flashinfer_available() -> bool:
+    try:
+        importlib.import_module("flashinfer.sampling")
+    except ImportError as err:
+        print(f"note: skipping {FLASHINFER}: flashinfer.sampling is not importable ({err})")
+        return False
+    return True
+
+
+def build_contenders(work: Workload, backends: list[str], with_flashinfer: bool) -> dict[str, Step]:
+    """Every contender that applies to this workload, ours first."""
+    builders: dict[str, Callable[[], Optional[Step]]] = {
+        f"ours:{name}": (lambda name=name: ours(name, work)) for name in backends
+    }
+    builders[ARGMAX] = lambda: argmax(work)
+    builders[HF] = lambda: hf_transformers(work)
+    if with_flashinfer:
+        builders[FLASHINFER] = lambda: flashinfer_kernels(work)
+    built = {name: build() for name, build in builders.items()}
+    return {name: step for name, step in built.items() if step is not None}
+
+
+# -------------------------------------------------------------------------------------- timing
+
+
+def time_cpu_us(step: Step, logits: torch.Tensor) -> float:
+    start = time.perf_counter_ns()
+    step(logits)
+    return (time.perf_counter_ns() - start) / 1e3
+
+
+def time_cuda_us(step: Step, logits: torch.Tensor) -> float:
+    # The logits copy was queued before `start`, so the events bracket the step alone (launches included).
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    step(logits)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3
+
+
+@dataclass
+class Bench:
+    """One configuration's contenders and every timed sample so far, in microseconds."""
+
+    work: Workload
+    contenders: dict[str, Step]
+    samples: dict[str, list[float]]
+
+
+def measure(bench: Bench, warmup: int, iters: int, bar: tqdm) -> None:
+    """Time warmup + iters iterations of every contender, interleaved and rotated each iteration."""
+    work = bench.work
+    timer = time_cuda_us if work.device.type == "cuda" else time_cpu_us
+    buffer = torch.empty_like(work.logits)
+    names = list(bench.contenders)
+    for it in range(warmup + iters):
+        shift = it % len(names)
+        for name in names[shift:] + names[:shift]:
+            buffer.copy_(work.logits)
+            elapsed = timer(bench.contenders[name], buffer)
+            if it >= warmup:
+                bench.samples[name].append(elapsed)
+        bar.update(1)
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Device copy bandwidth in bytes/s, counting read + write (1 GiB copies, median of 20)."""
+    src = torch.empty(1 << 28, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    times = [time_cuda_us(lambda _: dst.copy_(src), src) for _ in range(25)][5:]
+    return 2 * src.numel() * 4 / (statistics.median(times) / 1e6)
+
+
+# ------------------------------------------------------------------------------------- outputs
+
+
+def machine_description(device: torch.device) -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    desc = f"{os.cpu_count()}-core {platform.machine()} ({cpu}), {platform.system()} {platform.release()}"
+    if device.type == "cuda":
+        desc += f"; GPU {torch.cuda.get_device_name(device)}"
+    return desc
+
+
+def package_version(name: str) -> Optional[str]:
+    try:
+        return importlib.import_module(name).__version__
+    except ImportError:
+        return None
+
+
+def header(started: datetime.datetime, device: torch.device, bandwidth: Optional[float]) -> dict:
+    return {
+        "date": started.isoformat(timespec="seconds"),
+        "machine": machine_description(device),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "transformers": package_version("transformers"),
+        "flashinfer": package_version("flashinfer") if device.type == "cuda" else None,
+        "copy_bandwidth_bytes_per_s": bandwidth,
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+    }
+
+
+def markdown_table(records: list[dict], ours_name: str) -> str:
+    """One row per (case, V, B): every contender's median, ours / argmax and HF / ours."""
+    names = list(dict.fromkeys(r["backend"] for r in records))
+    medians: dict[tuple, dict[str, float]] = {}
+    for r in records:
+        medians.setdefault((r["case"], r["V"], r["B"]), {})[r["backend"]] = r["median_us"]
+    lines = [
+        "| case | V | B | " + " | ".join(f"{n} (µs)" for n in names) + f" | {ours_name} / argmax | HF / {ours_name} |",
+        "|---|---|---|" + "---|" * (len(names) + 2),
+    ]
+    for (case, vocab, batch), row in medians.items():
+        cells = [fmt_us(row[n]) if n in row else "—" for n in names]
+        mine, floor, hf = row.get(ours_name), row.get(ARGMAX), row.get(HF)
+        ratios = [ratio(mine, floor), ratio(hf, mine)]
+        lines.append(f"| {case} | {vocab} | {batch} | " + " | ".join(cells + ratios) + " |")
+    return "\n".join(lines)
+
+
+def fmt_us(us: float) -> str:
+    return f"{us:,.0f}" if us >= 100 else f"{us:.3g}"  # floors on a GPU are fractions of a µs
+
+
+def ratio(num: Optional[float], den: Optional[float]) -> str:
+    return f"{num / den:.2f}x" if num is not None and den else "—"
+
+
+def target_verdict(records: list[dict], ours_name: str) -> str:
+    keyed = {(r["case"], r["B"], r["backend"]): r["median_us"] for r in records if r["case"] == TARGET_CASE}
+    mine, floor = keyed.get((TARGET_CASE, TARGET_B, ours_name)), keyed.get((TARGET_CASE, TARGET_B, ARGMAX))
+    if mine is None or floor is None:
+        return f"target not measured ({TARGET_CASE} at B={TARGET_B} missing)"
+    met = "MET" if mine <= TARGET_RATIO * floor else "NOT MET"
+    return (
+        f"target: temperature + top_k 50 + top_p 0.9 + min_p 0.05 + penalties at B={TARGET_B} within "
+        f"{TARGET_RATIO:g}x of argmax -> {ours_name} {mine:,.0f} µs vs argmax {floor:,.0f} µs = "
+        f"{mine / floor:.2f}x: {met}"
+    )
+
+
+def plot(records: list[dict], path: Path, title: str) -> None:
+    """One panel per case: median µs vs B on log axes, one line per contender (and V)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = list(dict.fromkeys(r["case"] for r in records))
+    names = list(dict.fromkeys(r["backend"] for r in records))
+    vocabs = sorted({r["V"] for r in records})
+    cols = min(4, len(cases))
+    rows = math.ceil(len(cases) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.6 * rows), squeeze=False)
+    legend: dict[str, object] = {}  # label -> line, over all panels (not every panel has every contender)
+    for ax, case in zip(axes.flat, cases):
+        for color, name in enumerate(names):
+            for vocab, style in zip(vocabs, ["-", "--", ":", "-."]):
+                picked = [r for r in records if (r["case"], r["backend"], r["V"]) == (case, name, vocab)]
+                points = sorted((r["B"], r["median_us"]) for r in picked)
+                if points:
+                    label = name if len(vocabs) == 1 else f"{name} V={vocab}"
+                    (legend[label],) = ax.plot(*zip(*points), style, color=f"C{color}", marker="o")
+        ax.set(title=case, xscale="log", yscale="log", xlabel="B", ylabel="median µs per step")
+        ax.grid(True, which="both", alpha=0.3)
+    for ax in list(axes.flat)[len(cases) :]:
+        ax.axis("off")
+    fig.legend(list(legend.values()), list(legend), loc="lower right", fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------ profiling
+
+
+def profile_ours(spec: str, backend: str, vocab: int, device: torch.device, iters: int = 20) -> None:
+    """Print torch.profiler's op table for ours on `case:B` (fresh logits copy outside each step)."""
+    case_name, batch = spec.split(":")
+    work = make_workload(CASES[case_name], int(batch), vocab, device)
+    step = ours(backend, work)
+    buffer = torch.empty_like(work.logits)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    for _ in range(3):
+        buffer.copy_(work.logits)
+        step(buffer)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(iters):
+            buffer.copy_(work.logits)
+            with torch.profiler.record_function("step"):
+                step(buffer)
+    sort = "cuda_time_total" if device.type == "cuda" else "cpu_time_total"
+    print(f"\ntorch.profiler, ours:{backend}, {spec}, V={vocab}, {iters} steps:")
+    print(prof.key_averages().table(sort_by=sort, row_limit=25))
+
+
+# ----------------------------------------------------------------------------------------- main
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", choices=sorted(DEVICE_DEFAULTS))
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--batch-sizes", nargs="+", type=int)
+    parser.add_argument("--vocab-sizes", nargs="+", type=int)
+    parser.add_argument("--backends", nargs="+", help="our sampling backends, by name (skipped if unavailable)")
+    parser.add_argument("--rounds", type=int, help="passes over all configurations")
+    parser.add_argument("--warmup", type=int, help="untimed iterations per configuration and round")
+    parser.add_argument("--iters", type=int, help="timed iterations per configuration, over all rounds")
+    parser.add_argument("--profile", metavar="CASE:B", help="also print a torch.profiler table of ours")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    args = parser.parse_args()
+    for key, value in DEVICE_DEFAULTS[args.device].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def run(args: argparse.Namespace, device: torch.device) -> list[dict]:
+    """Every configuration once per round, so a burst of outside load on the shared machine
+    lands on a slice of each configuration's samples instead of on whole configurations."""
+    backends = available_backends(args.backends)
+    with_flashinfer = device.type == "cuda" and flashinfer_available()
+    benches = []
+    for vocab in args.vocab_sizes:
+        for case_name in args.cases:
+            for batch in args.batch_sizes:
+                work = make_workload(CASES[case_name], batch, vocab, device)
+                contenders = build_contenders(work, backends, with_flashinfer)
+                benches.append(Bench(work, contenders, {name: [] for name in contenders}))
+    per_round = math.ceil(args.iters / args.rounds)
+    with tqdm(total=args.rounds * len(benches) * (args.warmup + per_round), unit="it") as bar:
+        for round_no in range(args.rounds):
+            for bench in benches:
+                work = bench.work
+                bar.set_description(f"round {round_no + 1}/{args.rounds} {work.case.name} B={work.batch_size}")
+                measure(bench, args.warmup, per_round, bar)
+    return [
+        dict(
+            device=device.type,
+            backend=name,
+            case=bench.work.case.name,
+            B=bench.work.batch_size,
+            V=bench.work.vocab_size,
+            median_us=round(statistics.median(values), 2),
+        )
+        for bench in benches
+        for name, values in bench.samples.items()
+    ]
+
+
+def floor_records(records: list[dict], bandwidth: float) -> list[dict]:
+    configs = dict.fromkeys((r["device"], r["case"], r["B"], r["V"]) for r in records)
+    return [
+        dict(device=dev, backend=FLOOR, case=case, B=b, V=v, median_us=round(b * v * 4 / bandwidth * 1e6, 3))
+        for dev, case, b, v in configs
+    ]
+
+
+def main() -> None:
+    args = parse_args()
+    started = datetime.datetime.now(datetime.timezone.utc)
+    device = torch.device(args.device)
+    bandwidth = copy_bandwidth(device) if device.type == "cuda" else None
+    records = run(args, device)
+    if bandwidth is not None:
+        records += floor_records(records, bandwidth)
+    ours_name = next((f"ours:{b}" for b in args.backends if any(r["backend"] == f"ours:{b}" for r in records)), "ours")
+
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    head = header(started, device, bandwidth)
+    json_path = args.out_dir / f"sampler_{device.type}.json"
+    json_path.write_text(json.dumps({"header": head, "records": records}, indent=1) + "\n")
+    plot(records, args.out_dir / f"sampler_{device.type}.png", f"Sampler step, {head['machine']}, torch {head['torch']}")
+    print(f"\n{head['date']} | {head['machine']} | torch {head['torch']} ({head['torch_threads']} threads)")
+    print(f"command: {head['command']}\n")
+    print(markdown_table(records, ours_name))
+    print("\n" + target_verdict(records, ours_name))
+    print(f"wrote {json_path} and {json_path.with_suffix('.png')}")
+    if args.profile:
+        profile_ours(args.profile, args.backends[0], args.vocab_sizes[0], device)
+
+
+if __name__ == "__main__":
+    main()
