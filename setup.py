@@ -9,10 +9,25 @@ setup(
     packages=["sglang", "sgl_kernel_ext"]
     + ["sglang." + p for p in find_packages("python/sglang")]
     + ["sgl_kernel_ext." + p for p in find_packages("sgl_kernel_ext")],
-    install_requires=["torch", "numpy", "dill", "orjson"],
+    install_requires=[
+        "torch",
+        "numpy",
+        "dill",
+        "orjson",
+        "fastapi",
+        "uvicorn",
+        "pyzmq",
+        "msgspec",
+        "requests",
+        "gguf",
+        "safetensors",
+        "transformers",
+        "tokenizers",
+        "jinja2",
+    ],
     extras_require={
-        "test": ["pytest", "hypothesis", "scipy"],
-        "bench": ["transformers", "tqdm", "matplotlib"],
+        "test": ["pytest", "hypothesis", "scipy", "openai"],
+        "bench": ["tqdm", "matplotlib"],
         "gpu": ["flashinfer-python", "triton"],
     },
 )

@@ -13,6 +13,8 @@ from torch import nn
 class LogitsProcessorOutput:
     next_token_logits: torch.Tensor  # [B, V] float32
     hidden_states: Optional[torch.Tensor] = None  # [B, H], kept only when asked for
+    # Logits of every new token of the step, when ForwardBatch.return_input_logits (prompt logprobs).
+    input_token_logits: Optional[torch.Tensor] = None  # [N, V] float32
 
     # Filled by Sampler.forward / compute_logprobs_only.
     next_token_logprobs: Optional[torch.Tensor] = None  # [B]

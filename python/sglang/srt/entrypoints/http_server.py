@@ -1,0 +1,596 @@
+"""HTTP server: the FastAPI app (native routes, OpenAI routes mounted) and the process launcher.
+
+launch_server starts one scheduler process per TP rank and the detokenizer (multiprocessing,
+spawn), waits for scheduler rank 0 to report SchedulerReady, then serves HTTP in this process
+with the TokenizerManager. A watchdog thread stops the server when a child dies; shutdown
+(SIGINT/SIGTERM, errors) sends the children SIGTERM, then SIGKILL after a grace period, and
+Linux children also die with this process (PR_SET_PDEATHSIG) if it is killed outright.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import ctypes
+import dataclasses
+import hmac
+import importlib
+import importlib.util
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, Optional
+
+import msgspec
+import orjson
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+
+from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady, decoder
+from sglang.srt.managers.tokenizer_manager import PreparedRequest, TokenizerManager
+from sglang.srt.server_args import PortArgs, ServerArgs
+from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+
+logger = logging.getLogger(__name__)
+
+# Tests point this at a fake scheduler ("module:function", same signature as the real one).
+SCHEDULER_ENTRY_ENV = "SGLANG_TEST_SCHEDULER_ENTRY"
+DEFAULT_SCHEDULER_ENTRY = "sglang.srt.managers.scheduler:run_scheduler_process"
+DETOKENIZER_ENTRY = "sglang.srt.managers.detokenizer_manager:run_detokenizer_process"
+READY_TIMEOUT_ENV = "SGLANG_SCHEDULER_READY_TIMEOUT"
+DEFAULT_READY_TIMEOUT_S = 900.0
+SHUTDOWN_GRACE_S = 5.0
+DISCONNECT_POLL_S = 1.0
+_PR_SET_PDEATHSIG = 1
+
+
+class LaunchError(RuntimeError):
+    """The server could not start, or a child process died; the message says which and why."""
+
+
+# ---------------------------------------------------------------------------------- JSON
+
+
+def json_response(content: Any, status_code: int = 200) -> Response:
+    """orjson writes NaN and +-inf as null, which keeps every response valid JSON."""
+    return Response(orjson.dumps(content), status_code=status_code, media_type="application/json")
+
+
+def error_response(message: str, status_code: int = 400) -> Response:
+    return json_response({"error": {"message": message}}, status_code)
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+_SSE_DONE = b"data: [DONE]\n\n"
+
+
+def _sse_error(message: str) -> bytes:
+    error = {"message": message, "type": "invalid_request_error", "code": 400, "retryable": False}
+    return _sse({"error": error})
+
+
+# ---------------------------------------------------------------------------------- auth
+
+
+class ApiKeyMiddleware:
+    """Every HTTP route, /health included, needs `Authorization: Bearer <key>`.
+
+    Plain ASGI (not BaseHTTPMiddleware) so streaming responses and disconnects pass untouched.
+    """
+
+    def __init__(self, app: Any, api_key: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and not self._authorized(scope):
+            message = "Unauthorized: send the server's API key as 'Authorization: Bearer <key>'."
+            await error_response(message, 401)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _authorized(self, scope: dict) -> bool:
+        given = dict(scope.get("headers") or []).get(b"authorization", b"")
+        return hmac.compare_digest(given, self._expected)
+
+
+# ---------------------------------------------------------------------------------- /generate
+
+# Per-input fields of a /generate body (a value, or a list with one per input in a batch).
+_ITEM_DEFAULTS = {
+    f.name: f.default for f in dataclasses.fields(GenerateReqInput) if f.name not in ("text", "input_ids", "stream")
+}
+_ITEM_DEFAULTS["sampling_params"] = None  # -> {} in the tokenizer manager
+
+
+def split_generate_body(body: Any) -> tuple[list[GenerateReqInput], bool]:
+    """A /generate JSON body -> (one GenerateReqInput per input, whether it was a batch)."""
+    if not isinstance(body, dict):
+        raise ValueError("The request body must be a JSON object.")
+    inputs, key, batch = _generate_inputs(body)
+    size = len(inputs)
+    stream = body.get("stream", False)
+    fields = {name: _per_item(body, name, size, batch) for name in _ITEM_DEFAULTS}
+    items = []
+    for i, value in enumerate(inputs):
+        item = {name: values[i] for name, values in fields.items()}
+        items.append(GenerateReqInput(**{key: value}, stream=stream, **item))
+    return items, batch
+
+
+def _generate_inputs(body: dict) -> tuple[list[Any], str, bool]:
+    text, input_ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (input_ids is None):
+        raise ValueError("Exactly one of text or input_ids must be given.")
+    if text is not None:
+        return _as_batch(text, "text", isinstance(text, list))
+    is_batch = isinstance(input_ids, list) and bool(input_ids) and all(isinstance(x, list) for x in input_ids)
+    return _as_batch(input_ids, "input_ids", is_batch)
+
+
+def _as_batch(value: Any, key: str, is_batch: bool) -> tuple[list[Any], str, bool]:
+    if not is_batch:
+        return [value], key, False
+    if not value:
+        raise ValueError(f"{key} must not be an empty list.")
+    return list(value), key, True
+
+
+def _per_item(body: dict, name: str, size: int, batch: bool) -> list[Any]:
+    value = body.get(name)
+    if value is None:
+        return [_ITEM_DEFAULTS[name]] * size
+    if batch and _is_per_item_list(name, value):
+        if len(value) != size:
+            raise ValueError(f"{name} has {len(value)} entries but the batch has {size} inputs.")
+        return list(value)
+    if batch and name == "rid":
+        return [f"{value}_{i}" for i in range(size)]
+    return [value] * size
+
+
+def _is_per_item_list(name: str, value: Any) -> bool:
+    if not isinstance(value, list):
+        return False
+    if name == "token_ids_logprob":  # a flat list is shared by every input
+        return bool(value) and all(v is None or isinstance(v, list) for v in value)
+    return True
+
+
+def _child_offsets(prepared: Sequence[PreparedRequest]) -> list[int]:
+    offsets, total = [], 0
+    for p in prepared:
+        offsets.append(total)
+        total += len(p.children)
+    return offsets
+
+
+async def _merged(tm: TokenizerManager, prepared: Sequence[PreparedRequest]) -> AsyncIterator[dict[str, Any]]:
+    """All requests' results as they come, each with "index" = its position among all children."""
+    queue: asyncio.Queue = asyncio.Queue()
+    offsets = _child_offsets(prepared)
+
+    async def pump(i: int, request: PreparedRequest) -> None:
+        try:
+            async for out in tm.run_prepared(request):
+                out["index"] = offsets[i] + out.get("index", 0)
+                queue.put_nowait(out)
+        except Exception as err:  # handed to the consumer, which raises it
+            queue.put_nowait(err)
+        queue.put_nowait(None)
+
+    tasks = [asyncio.create_task(pump(i, p)) for i, p in enumerate(prepared)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:  # cancelling a pump aborts its unfinished requests
+            task.cancel()
+
+
+async def _collect(tm: TokenizerManager, prepared: Sequence[PreparedRequest]) -> list[dict[str, Any]]:
+    async with contextlib.aclosing(_merged(tm, prepared)) as results:
+        outs = [out async for out in results]
+    outs.sort(key=lambda out: out["index"])
+    for out in outs:
+        del out["index"]
+    return outs
+
+
+async def _stream(
+    tm: TokenizerManager, prepared: Sequence[PreparedRequest], indexed: bool
+) -> AsyncIterator[bytes]:
+    try:
+        async with contextlib.aclosing(_merged(tm, prepared)) as results:
+            async for out in results:
+                if not indexed:
+                    del out["index"]
+                yield _sse(out)
+    except ValueError as err:
+        yield _sse_error(str(err))
+    yield _SSE_DONE
+
+
+async def _error_stream(message: str) -> AsyncIterator[bytes]:
+    yield _sse_error(message)
+    yield _SSE_DONE
+
+
+async def _until_disconnected(request: Request) -> None:
+    # Starlette cancels streaming responses on disconnect; non-streaming ones must poll.
+    while not await request.is_disconnected():
+        await asyncio.sleep(DISCONNECT_POLL_S)
+
+
+async def _collect_unless_disconnected(
+    request: Request, tm: TokenizerManager, prepared: Sequence[PreparedRequest]
+) -> Optional[list[dict[str, Any]]]:
+    """The results, or None when the client went away first (its requests are aborted)."""
+    work = asyncio.ensure_future(_collect(tm, prepared))
+    watch = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not work.done():
+            work.cancel()
+    return work.result() if work in done else None
+
+
+async def _read_json(request: Request) -> Any:
+    try:
+        return orjson.loads(await request.body())
+    except orjson.JSONDecodeError as err:
+        raise ValueError(f"The request body is not valid JSON: {err}") from None
+
+
+async def handle_generate(request: Request, tm: TokenizerManager) -> Response:
+    try:
+        body = await _read_json(request)
+    except ValueError as err:
+        return error_response(str(err))
+    stream = isinstance(body, dict) and body.get("stream") is True
+    try:
+        items, batch = split_generate_body(body)
+        prepared = [tm.prepare_request(item) for item in items]
+    except ValueError as err:
+        if stream:
+            return StreamingResponse(_error_stream(str(err)), media_type="text/event-stream")
+        return error_response(str(err))
+    many = batch or sum(len(p.children) for p in prepared) > 1
+    if stream:
+        return StreamingResponse(_stream(tm, prepared, many), media_type="text/event-stream")
+    try:
+        outs = await _collect_unless_disconnected(request, tm, prepared)
+    except ValueError as err:
+        return error_response(str(err))
+    if outs is None:
+        return Response(status_code=499)
+    return json_response(outs if many else outs[0])
+
+
+# ---------------------------------------------------------------------------------- app
+
+
+def create_app(tm: TokenizerManager, server_args: ServerArgs, ready: SchedulerReady) -> FastAPI:
+    """The FastAPI app with the native routes and, when present, the OpenAI routes."""
+    app = FastAPI(title="sglang", docs_url=None, redoc_url=None)
+    if server_args.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=server_args.api_key)
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        return await handle_generate(request, tm)
+
+    @app.get("/health")
+    @app.get("/health_generate")
+    async def health() -> Response:
+        return Response(status_code=200 if await tm.health() else 503)
+
+    @app.get("/get_model_info")
+    async def get_model_info() -> Response:
+        return json_response(
+            {
+                "model_path": server_args.model_path,
+                "tokenizer_path": server_args.tokenizer_path,
+                "is_generation": True,
+                "preferred_sampling_params": server_args.preferred_sampling_params,
+            }
+        )
+
+    @app.get("/get_server_info")
+    async def get_server_info() -> Response:
+        info = dataclasses.asdict(server_args)
+        if info["api_key"]:
+            info["api_key"] = "<hidden>"
+        info["scheduler_info"] = msgspec.structs.asdict(ready)
+        return json_response(info)
+
+    _register_openai_routes(app, tm, server_args)
+    return app
+
+
+def _register_openai_routes(app: FastAPI, tm: TokenizerManager, server_args: ServerArgs) -> None:
+    module = "sglang.srt.entrypoints.openai"
+    if importlib.util.find_spec(module) is None:
+        logger.warning("%s is not installed: the OpenAI routes (/v1/...) are not served.", module)
+        return
+    importlib.import_module(module).register_openai_routes(app, tm, server_args)
+
+
+# ---------------------------------------------------------------------------------- processes
+
+
+def _child_main(entry: str, args: tuple, parent_pid: int) -> None:
+    """Spawned child: die with the launcher, then run `module:function`(*args)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+        os._exit(1)
+    module, function = entry.split(":")
+    getattr(importlib.import_module(module), function)(*args)
+
+
+class ChildProcesses:
+    """The scheduler ranks and the detokenizer, from start to SIGKILL."""
+
+    def __init__(self, server_args: ServerArgs, port_args: PortArgs) -> None:
+        self.server_args = server_args
+        self.port_args = port_args
+        self.failure: Optional[str] = None
+        self._procs: list[tuple[str, multiprocessing.process.BaseProcess]] = []
+        self._readers: dict[multiprocessing.connection.Connection, int] = {}
+        self._stopping = threading.Event()
+
+    def start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        entry = os.environ.get(SCHEDULER_ENTRY_ENV, DEFAULT_SCHEDULER_ENTRY)
+        for rank in range(self.server_args.tp_size):
+            reader, writer = ctx.Pipe(duplex=False)
+            self._spawn(ctx, f"scheduler rank {rank}", entry, (self.server_args, self.port_args, rank, writer))
+            writer.close()  # only the child's copy stays open, so its death reads as EOF
+            self._readers[reader] = rank
+        self._spawn(ctx, "detokenizer", DETOKENIZER_ENTRY, (self.server_args, self.port_args))
+
+    def _spawn(self, ctx: Any, name: str, entry: str, args: tuple) -> None:
+        proc = ctx.Process(target=_child_main, args=(entry, args, os.getpid()), name=name)
+        proc.start()
+        self._procs.append((name, proc))
+
+    def wait_ready(self, timeout: float) -> SchedulerReady:
+        """Scheduler rank 0's SchedulerReady; LaunchError on a start-up error, death or timeout."""
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            sentinels = [proc.sentinel for _, proc in self._procs]
+            signalled = multiprocessing.connection.wait([*self._readers, *sentinels], timeout=remaining)
+            for conn in [c for c in signalled if c in self._readers]:
+                ready = self._read_ready(conn)
+                if ready is not None:
+                    return ready
+            if (dead := self._exited(signalled)) is not None:
+                raise LaunchError(f"{dead} before the scheduler was ready")
+        raise LaunchError(
+            f"The scheduler was not ready after {timeout:.0f} s (set {READY_TIMEOUT_ENV} to wait longer)."
+        )
+
+    def _read_ready(self, conn: multiprocessing.connection.Connection) -> Optional[SchedulerReady]:
+        rank = self._readers[conn]
+        try:
+            message = conn.recv()
+        except EOFError:  # the child exited; its sentinel reports how
+            del self._readers[conn]
+            return None
+        if isinstance(message, str):
+            raise LaunchError(message)
+        if rank != 0:
+            raise LaunchError(f"scheduler rank {rank} sent an unexpected ready message.")
+        try:
+            return decoder(SchedulerReady).decode(message)
+        except (msgspec.DecodeError, TypeError) as err:
+            raise LaunchError(f"scheduler rank 0 sent an invalid ready message: {err}") from None
+
+    def _exited(self, signalled: Sequence[Any]) -> Optional[str]:
+        """Which child exited, given the objects multiprocessing.connection.wait returned."""
+        for name, proc in self._procs:
+            if proc.sentinel in signalled:
+                # The sentinel fires when the child's fds close, a moment before it can be
+                # reaped: join, so the exit code is there to report.
+                proc.join()
+                return f"{name} exited with code {proc.exitcode}"
+        return None
+
+    def watch(self, on_failure: Callable[[str], None]) -> None:
+        """Call on_failure(reason) from a thread when a child dies before shutdown."""
+        threading.Thread(target=self._watch, args=(on_failure,), name="child-watchdog", daemon=True).start()
+
+    def _watch(self, on_failure: Callable[[str], None]) -> None:
+        signalled = multiprocessing.connection.wait([proc.sentinel for _, proc in self._procs])
+        if self._stopping.is_set():
+            return
+        self.failure = self._exited(signalled)
+        logger.error("%s; shutting the server down.", self.failure)
+        on_failure(self.failure)
+
+    def shutdown(self) -> None:
+        self._stopping.set()
+        for _, proc in self._procs:
+            if proc.is_alive():
+                proc.terminate()
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        for _, proc in self._procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        for name, proc in self._procs:
+            if proc.is_alive():
+                logger.warning("%s did not exit on SIGTERM within %.0f s; killing it.", name, SHUTDOWN_GRACE_S)
+                proc.kill()
+                proc.join()
+        # PortArgs.init_new puts every ipc endpoint in one fresh temporary folder.
+        shutil.rmtree(os.path.dirname(self.port_args.scheduler_input_ipc.removeprefix("ipc://")), ignore_errors=True)
+
+
+def _load_in_background(path: str) -> concurrent.futures.Future:
+    """Load the tokenizer while the scheduler loads the model (GGUF parsing takes seconds)."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def work() -> None:
+        try:
+            future.set_result(get_tokenizer(path))
+        except BaseException as err:  # noqa: BLE001 - re-raised by future.result()
+            future.set_exception(err)
+
+    threading.Thread(target=work, name="tokenizer-load", daemon=True).start()
+    return future
+
+
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    # SystemExit unwinds through launch_server's finally, which stops the children.
+    raise SystemExit(0)
+
+
+def launch_server(server_args: ServerArgs) -> None:
+    """Start the children, wait for the scheduler, serve HTTP until a signal or a child's death.
+
+    Raises LaunchError when start-up fails or a child process dies.
+    """
+    logging.basicConfig(level=server_args.log_level.upper(), format="[server] %(asctime)s %(levelname)s %(message)s")
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _exit_on_signal)
+    port_args = PortArgs.init_new()
+    children = ChildProcesses(server_args, port_args)
+    tm: Optional[TokenizerManager] = None
+    try:
+        children.start()
+        tokenizer = _load_in_background(server_args.tokenizer_path)
+        ready = children.wait_ready(float(os.environ.get(READY_TIMEOUT_ENV, DEFAULT_READY_TIMEOUT_S)))
+        logger.info("Scheduler ready: %s", ready)
+        tm = TokenizerManager(server_args, port_args, ready, tokenizer.result())
+        _serve(create_app(tm, server_args, ready), tm, server_args, children)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut the cleanup short
+            signal.signal(sig, signal.SIG_IGN)
+        children.shutdown()
+        if tm is not None:
+            tm.close()
+    if children.failure is not None:
+        raise LaunchError(children.failure)
+
+
+def _serve(app: FastAPI, tm: TokenizerManager, server_args: ServerArgs, children: ChildProcesses) -> None:
+    config = uvicorn.Config(
+        app,
+        host=server_args.host,
+        port=server_args.port,
+        log_level=server_args.log_level,
+        timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
+    )
+    server = uvicorn.Server(config)
+
+    def stop(reason: str) -> None:
+        tm.fail_all(reason)  # their results would never come
+        server.should_exit = True
+
+    children.watch(stop)
+    logger.info("Serving on http://%s:%d", server_args.host, server_args.port)
+    server.run()
+
+
+# ---------------------------------------------------------------------------------- test helper
+
+
+class ServerProcess:
+    """`python -m sglang.launch_server` in a subprocess, for tests and scripts.
+
+    with ServerProcess(["--port", "31000"], port=31000) as server:
+        requests.post(server.url + "/generate", json=...)
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        port: int,
+        env: Optional[dict[str, str]] = None,
+        host: str = "127.0.0.1",
+        api_key: Optional[str] = None,
+        startup_timeout: float = 300.0,
+    ) -> None:
+        self.url = f"http://{host}:{port}"
+        self._api_key = api_key
+        self._startup_timeout = startup_timeout
+        command = [sys.executable, "-m", "sglang.launch_server", *argv]
+        self.proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self._output: list[str] = []
+        self._reader = threading.Thread(target=self._drain_output, daemon=True)
+        self._reader.start()
+
+    def _drain_output(self) -> None:
+        # Kept (and never blocking the child) so a failed start can say why.
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._output.append(line)
+
+    @property
+    def output(self) -> str:
+        return "".join(self._output)
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+
+    def wait_healthy(self, timeout: Optional[float] = None) -> None:
+        """Poll /health until 200; RuntimeError with the server's output on exit or timeout."""
+        import requests  # here, so that the server's own processes never import it
+
+        timeout = self._startup_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with code {self.proc.returncode}:\n{self.output}")
+            try:
+                if requests.get(self.url + "/health", headers=self.headers(), timeout=30).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"server not healthy after {timeout:.0f} s:\n{self.output}")
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM, then SIGKILL after `timeout`; returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(5)
+        return self.proc.returncode
+
+    def __enter__(self) -> "ServerProcess":
+        try:
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

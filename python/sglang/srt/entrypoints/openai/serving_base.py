@@ -1,0 +1,439 @@
+"""What /v1/completions and /v1/chat/completions share: parsing, fan-out, streaming, errors.
+
+A request with n choices (times the number of prompts) becomes one GenerateReqInput per
+choice; their native streams are merged and every native item advances one ChoiceTracker,
+which turns the cumulative native dict into the piece of text / logprobs that is new. A
+non-stream response is a single step from nothing to the final item.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Optional, TypeVar, Union
+
+import orjson
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from sglang.srt.entrypoints.openai.protocol import (
+    OPENAI_SAMPLING_DEFAULTS,
+    ErrorResponse,
+    PromptTokensDetails,
+    RequestError,
+    Unsupported,
+    UsageInfo,
+    _GenerationRequest,
+)
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.managers.tokenizer_manager import derive_child_seed
+
+logger = logging.getLogger(__name__)
+
+_DONE_EVENT = b"data: [DONE]\n\n"
+
+# A native logprob entry: [logprob, token_id, text_or_None].
+LogprobEntry = list[Any]
+TopEntries = Optional[list[LogprobEntry]]
+LogprobFormat = Callable[[list[LogprobEntry], list[TopEntries], int], BaseModel]
+RequestT = TypeVar("RequestT", bound=_GenerationRequest)
+
+
+# ----------------------------------------------------------------------------- wire helpers
+
+
+def json_response(body: BaseModel, status_code: int = 200) -> Response:
+    # orjson writes NaN and +-inf as null, which is what clients of a JSON API can parse.
+    return Response(orjson.dumps(body.model_dump()), status_code=status_code, media_type="application/json")
+
+
+def error_body(
+    message: str, err_type: str = "BadRequestError", code: int = 400, param: Optional[str] = None
+) -> ErrorResponse:
+    return ErrorResponse(message=message, type=err_type, param=param, code=code)
+
+
+def error_response(
+    message: str, err_type: str = "BadRequestError", code: int = 400, param: Optional[str] = None
+) -> Response:
+    return json_response(error_body(message, err_type, code, param), status_code=code)
+
+
+def sse_event(body: Union[BaseModel, dict[str, Any]]) -> bytes:
+    data = body.model_dump() if isinstance(body, BaseModel) else body
+    return b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+def describe_failure(exc: Exception) -> ErrorResponse:
+    """400 for what the engine rejected as invalid input, 500 (logged) for anything else."""
+    if isinstance(exc, ValueError):
+        return error_body(str(exc), param=getattr(exc, "param", None))
+    logger.error("OpenAI request failed", exc_info=exc)
+    return error_body("internal server error", "InternalServerError", 500)
+
+
+def validation_error(exc: ValidationError) -> RequestError:
+    """One readable message naming the field, from pydantic's list of errors."""
+    errors = exc.errors()
+    # Union members each report a failure; the deepest location is the most specific one.
+    depth = max(len(_clean_loc(e["loc"])) for e in errors)
+    chosen = [e for e in errors if len(_clean_loc(e["loc"])) == depth]
+    loc = _clean_loc(chosen[0]["loc"])
+    messages = dict.fromkeys(_error_message(e) for e in chosen)
+    path = _format_loc(loc)
+    text = "; ".join(messages)
+    param = str(loc[0]) if loc else getattr(chosen[0].get("ctx", {}).get("error"), "param", None)
+    return RequestError(f"{path}: {text}" if path else text, param=param)
+
+
+def _clean_loc(loc: tuple[Union[int, str], ...]) -> tuple[Union[int, str], ...]:
+    # pydantic inserts union-member tags ("str", "list[int]", ...) into error locations.
+    return tuple(p for p in loc if isinstance(p, int) or ("[" not in p and p not in _TYPE_TAGS))
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "none"})
+
+
+def _format_loc(loc: tuple[Union[int, str], ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _error_message(error: Mapping[str, Any]) -> str:
+    if error["type"] == "value_error":  # our own validators: their text, without pydantic's prefix
+        return str(error["ctx"]["error"])
+    return error["msg"]
+
+
+# ----------------------------------------------------------------------------- fan-out
+
+
+def fan_out(
+    prompt: dict[str, Any], sampling_params: dict[str, Any], n: int, seed: Optional[int], **kwargs: Any
+) -> list[GenerateReqInput]:
+    """n single-sample requests for one prompt (text= or input_ids= in `prompt`)."""
+    out = []
+    for i in range(n):
+        params = dict(sampling_params, n=1)
+        if seed is not None:
+            # The native API's derivation, so /generate and /v1 give the same choices for a seed.
+            params["sampling_seed"] = seed if n == 1 else derive_child_seed(seed, i)
+        out.append(GenerateReqInput(**prompt, sampling_params=params, **kwargs))
+    return out
+
+
+def common_sampling_params(req: _GenerationRequest, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """SGLang sampling_params for what both endpoints share; unset values are left out.
+
+    `defaults` are the model's generation_config values, consulted only for parameters the
+    user did not set and before OpenAI's own defaults.
+    """
+    params: dict[str, Any] = {
+        "min_new_tokens": req.min_tokens,
+        "stop": req.stop,
+        "stop_token_ids": req.stop_token_ids,
+        "stop_regex": req.stop_regex,
+        "presence_penalty": req.presence_penalty,
+        "frequency_penalty": req.frequency_penalty,
+        "ignore_eos": req.ignore_eos,
+        "no_stop_trim": req.no_stop_trim,
+        "skip_special_tokens": req.skip_special_tokens,
+        "spaces_between_special_tokens": req.spaces_between_special_tokens,
+        "logit_bias": req.logit_bias,
+        "custom_params": req.custom_params,
+        "regex": req.regex,
+        "ebnf": req.ebnf,
+    }
+    for name, openai_default in OPENAI_SAMPLING_DEFAULTS.items():
+        value = getattr(req, name)
+        params[name] = value if value is not None else defaults.get(name, openai_default)
+    return {k: v for k, v in params.items() if v is not None}
+
+
+async def merge_streams(
+    streams: list[AsyncIterator[dict[str, Any]]],
+) -> AsyncIterator[tuple[int, dict[str, Any]]]:
+    """Interleave several native streams as (stream index, item), in arrival order.
+
+    The first exception of any stream is re-raised here; leaving early (error, client gone)
+    cancels the streams still running, so the engine can abort their requests.
+    """
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+    done = object()
+
+    async def pump(index: int, stream: AsyncIterator[dict[str, Any]]) -> None:
+        try:
+            async for item in stream:
+                queue.put_nowait((index, item))
+            queue.put_nowait((index, done))
+        except Exception as exc:
+            queue.put_nowait((index, exc))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        running = len(tasks)
+        while running:
+            index, item = await queue.get()
+            if item is done:
+                running -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# ----------------------------------------------------------------------------- per-choice progress
+
+
+@dataclass
+class Piece:
+    """What one native item adds to one choice."""
+
+    index: int
+    text: str
+    logprobs: Optional[BaseModel]
+    has_tokens: bool
+    finish_reason: Optional[str]
+    matched_stop: Union[int, str, None]
+
+    def is_empty(self) -> bool:
+        return not self.text and not self.has_tokens and self.finish_reason is None
+
+
+class ChoiceTracker:
+    """Turns one choice's cumulative native items into pieces that are new since the last one."""
+
+    def __init__(
+        self, index: int, logprob_format: Optional[LogprobFormat], echo: Optional[str] = None
+    ) -> None:
+        self.index = index
+        self.logprob_format = logprob_format
+        self.echo = echo  # prompt text still to emit, ahead of the first generated text
+        self.text_len = 0
+        self.logprob_len = 0
+        self.offset = 0  # characters emitted so far, for completion text_offset
+
+    def step(self, item: dict[str, Any]) -> Piece:
+        meta = item["meta_info"]
+        text = item["text"][self.text_len :]
+        self.text_len = max(self.text_len, len(item["text"]))
+        entries, tops = self._new_logprobs(meta)
+        if self.echo is not None:
+            text = self.echo + text
+            entries, tops = _input_logprobs(meta, entries, tops)
+            self.echo = None
+        logprobs = self.logprob_format(entries, tops, self.offset) if self.logprob_format else None
+        self.offset += len(text)
+        finish = meta.get("finish_reason") or {}
+        return Piece(self.index, text, logprobs, bool(entries), finish.get("type"), finish.get("matched"))
+
+    def _new_logprobs(self, meta: Mapping[str, Any]) -> tuple[list[LogprobEntry], list[TopEntries]]:
+        entries = meta.get("output_token_logprobs") or []
+        tops = meta.get("output_top_logprobs") or []
+        start, self.logprob_len = self.logprob_len, len(entries)
+        return entries[start:], _pad(tops[start : len(entries)], len(entries) - start)
+
+
+def _input_logprobs(
+    meta: Mapping[str, Any], entries: list[LogprobEntry], tops: list[TopEntries]
+) -> tuple[list[LogprobEntry], list[TopEntries]]:
+    """Prompt logprobs (echo) ahead of the output ones."""
+    prompt = meta.get("input_token_logprobs") or []
+    prompt_tops = _pad(meta.get("input_top_logprobs") or [], len(prompt))
+    return prompt + entries, prompt_tops + tops
+
+
+def _pad(tops: list[TopEntries], length: int) -> list[TopEntries]:
+    return list(tops[:length]) + [None] * (length - len(tops))
+
+
+async def _collect(events: AsyncIterator[tuple[int, dict[str, Any]]], count: int) -> list[dict[str, Any]]:
+    """The last (complete) item of every choice."""
+    finals: dict[int, dict[str, Any]] = {}
+    async for index, item in events:
+        finals[index] = item
+    if len(finals) != count:
+        raise RuntimeError("the engine ended a request without output")
+    return [finals[i] for i in range(count)]
+
+
+async def _until_disconnected(raw_request: Request) -> None:
+    # The body has been read, so the next ASGI message can only be the client's disconnect.
+    while (await raw_request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    yield first
+    async for item in rest:
+        yield item
+
+
+def usage_of(finals: list[dict[str, Any]], n: int) -> UsageInfo:
+    """Usage over all choices; a prompt shared by its n choices is counted once."""
+    metas = [item["meta_info"] for item in finals]
+    groups = [metas[i : i + n] for i in range(0, len(metas), n)]
+    prompt = sum(group[0]["prompt_tokens"] for group in groups)
+    completion = sum(m["completion_tokens"] for m in metas)
+    cached = sum(max(m.get("cached_tokens", 0) for m in group) for group in groups)
+    return UsageInfo(
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+    )
+
+
+# ----------------------------------------------------------------------------- serving
+
+
+class OpenAIServingBase(ABC, Generic[RequestT]):
+    request_model: type[RequestT]
+    unsupported: Unsupported
+    id_prefix: str
+
+    def __init__(self, tokenizer_manager: Any, server_args: Any) -> None:
+        self.tokenizer_manager = tokenizer_manager
+        self.server_args = server_args
+
+    async def handle(self, raw_request: Request) -> Response:
+        """The route: validate, fan out to the engine, answer in full or as SSE."""
+        try:
+            req = self.parse(await raw_request.body())
+            inputs = self.convert(req)
+        except RequestError as exc:
+            return error_response(str(exc), param=exc.param)
+        request_id = f"{self.id_prefix}{uuid.uuid4().hex}"
+        for i, obj in enumerate(inputs):
+            obj.rid = f"{request_id}-{i}"
+        events = merge_streams([self.tokenizer_manager.generate_request(obj) for obj in inputs])
+        if req.stream:
+            return await self._stream(req, request_id, events, len(inputs))
+        return await self._complete(req, request_id, raw_request, events, len(inputs))
+
+    def parse(self, body: bytes) -> RequestT:
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise RequestError(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise RequestError("request body must be a JSON object")
+        for name, (accepted, why) in self.unsupported.items():
+            if not accepted(data.get(name)):
+                raise RequestError(f"'{name}' is not supported by this server: {why}.", param=name)
+        try:
+            return self.request_model.model_validate(data)
+        except ValidationError as exc:
+            raise validation_error(exc) from None
+
+    def model_name(self, req: RequestT) -> str:
+        return req.model or self.server_args.served_model_name
+
+    def token_text(self, entry: LogprobEntry) -> str:
+        """The text of a logprob entry's token (the engine sends it when asked; decode otherwise)."""
+        if entry[2] is not None:
+            return entry[2]
+        tokenizer = getattr(self.tokenizer_manager, "tokenizer", None)
+        return tokenizer.decode([entry[1]]) if tokenizer is not None else f"token_id:{entry[1]}"
+
+    @abstractmethod
+    def convert(self, req: RequestT) -> list[GenerateReqInput]:
+        """One engine request per choice, choice i at position i; RequestError if impossible."""
+
+    @abstractmethod
+    def trackers(self, req: RequestT, count: int) -> list[ChoiceTracker]:
+        """A fresh tracker per choice."""
+
+    @abstractmethod
+    def full_response(
+        self, req: RequestT, request_id: str, pieces: list[Piece], usage: UsageInfo
+    ) -> BaseModel:
+        """The non-stream response body."""
+
+    @abstractmethod
+    def stream_chunk(
+        self, req: RequestT, request_id: str, pieces: list[Piece], usage: Optional[UsageInfo] = None
+    ) -> BaseModel:
+        """One SSE chunk (no pieces and a usage = the final usage chunk)."""
+
+    def stream_preamble(self, req: RequestT, request_id: str, count: int) -> list[BaseModel]:
+        """Chunks sent before any generated text."""
+        return []
+
+    async def _complete(
+        self,
+        req: RequestT,
+        request_id: str,
+        raw_request: Request,
+        events: AsyncIterator[tuple[int, dict[str, Any]]],
+        count: int,
+    ) -> Response:
+        # Nothing else notices a client that leaves a non-stream request: watch for it, so the
+        # engine does not keep generating for nobody.
+        work = asyncio.ensure_future(_collect(events, count))
+        watch = asyncio.ensure_future(_until_disconnected(raw_request))
+        try:
+            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            work.cancel()
+            await asyncio.gather(work, watch, return_exceptions=True)
+        if work.cancelled():
+            return error_response("the client closed the request", "ClientClosedRequest", 499)
+        if work.exception() is not None:
+            failure = describe_failure(work.exception())
+            return json_response(failure, status_code=failure.code)
+        finals = work.result()
+        pieces = [tracker.step(item) for tracker, item in zip(self.trackers(req, count), finals)]
+        return json_response(self.full_response(req, request_id, pieces, usage_of(finals, req.n)))
+
+    async def _stream(
+        self, req: RequestT, request_id: str, events: AsyncIterator[tuple[int, dict[str, Any]]], count: int
+    ) -> Response:
+        # Wait for the first item so that a rejected request still gets a plain 400 response.
+        try:
+            first = await anext(events)
+        except Exception as exc:
+            await events.aclose()
+            failure = describe_failure(exc)
+            return json_response(failure, status_code=failure.code)
+        return StreamingResponse(
+            self._sse(req, request_id, first, events, count), media_type="text/event-stream"
+        )
+
+    async def _sse(
+        self,
+        req: RequestT,
+        request_id: str,
+        first: tuple[int, dict[str, Any]],
+        events: AsyncIterator[tuple[int, dict[str, Any]]],
+        count: int,
+    ) -> AsyncIterator[bytes]:
+        trackers = self.trackers(req, count)
+        finals: list[dict[str, Any]] = [{} for _ in range(count)]
+        try:
+            for chunk in self.stream_preamble(req, request_id, count):
+                yield sse_event(chunk)
+            async for index, item in _prepend(first, events):
+                finals[index] = item
+                piece = trackers[index].step(item)
+                if not piece.is_empty():
+                    yield sse_event(self.stream_chunk(req, request_id, [piece]))
+            if req.include_usage:
+                yield sse_event(self.stream_chunk(req, request_id, [], usage_of(finals, req.n)))
+        except Exception as exc:
+            yield sse_event({"error": describe_failure(exc).model_dump()})
+        finally:
+            await events.aclose()
+        yield _DONE_EVENT

@@ -1,0 +1,199 @@
+"""POST /v1/chat/completions: messages rendered by the model's chat template, then generated."""
+
+from __future__ import annotations
+
+import logging
+from functools import cached_property
+from typing import Any, Optional
+
+from jinja2 import TemplateError
+
+from sglang.srt.entrypoints.openai.protocol import (
+    CHAT_UNSUPPORTED,
+    OPENAI_SAMPLING_DEFAULTS,
+    AssistantMessage,
+    ChatCompletionChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatLogprobs,
+    ChatTokenLogprob,
+    DeltaMessage,
+    TopLogprob,
+    UsageInfo,
+)
+from sglang.srt.entrypoints.openai.serving_base import (
+    ChoiceTracker,
+    LogprobEntry,
+    OpenAIServingBase,
+    Piece,
+    RequestError,
+    TopEntries,
+    common_sampling_params,
+    fan_out,
+)
+from sglang.srt.managers.io_struct import GenerateReqInput
+
+logger = logging.getLogger(__name__)
+
+
+def load_generation_defaults(model_path: str) -> dict[str, Any]:
+    """The model's generation_config values for the parameters chat may default from it."""
+    try:
+        from sglang.srt.configs.model_config import ModelConfig
+
+        defaults = ModelConfig.from_path(model_path).generation_defaults
+    except Exception as exc:  # no readable config only costs the defaults, never the request
+        logger.warning("Using OpenAI sampling defaults: no generation_config for %s (%s)", model_path, exc)
+        return {}
+    return {k: v for k, v in (defaults or {}).items() if k in OPENAI_SAMPLING_DEFAULTS and v is not None}
+
+
+def tokenizer_adds_bos(tokenizer: Any) -> bool:
+    """Whether encoding plain text (as the tokenizer manager does) prepends the BOS token."""
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+    if bos_id is None:
+        return False
+    ids = tokenizer.encode("a")
+    return bool(ids) and ids[0] == bos_id
+
+
+def strip_duplicate_bos(prompt: str, tokenizer: Any, adds_bos: bool) -> str:
+    """Drop a template-written BOS when tokenizing the text will add one anyway.
+
+    Tokenizers that do not add BOS (SmolLM2's GGUF, whose BOS is <|im_start|>) keep the
+    template's text untouched.
+    """
+    bos = getattr(tokenizer, "bos_token", None)
+    if adds_bos and bos and prompt.startswith(bos):
+        return prompt[len(bos) :]
+    return prompt
+
+
+class OpenAIServingChat(OpenAIServingBase[ChatCompletionRequest]):
+    request_model = ChatCompletionRequest
+    unsupported = CHAT_UNSUPPORTED
+    id_prefix = "chatcmpl-"
+
+    @cached_property
+    def generation_defaults(self) -> dict[str, Any]:
+        # Read on first use: the model config is only needed with --sampling-defaults model.
+        if self.server_args.sampling_defaults != "model":
+            return {}
+        return load_generation_defaults(self.server_args.model_path)
+
+    @cached_property
+    def _adds_bos(self) -> bool:
+        return tokenizer_adds_bos(self.tokenizer_manager.tokenizer)
+
+    def convert(self, req: ChatCompletionRequest) -> list[GenerateReqInput]:
+        prompt = self.render(req)
+        params = common_sampling_params(req, self.generation_defaults)
+        # None = up to the rest of the context, which the engine resolves.
+        params["max_new_tokens"] = (
+            req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        )
+        return fan_out(
+            {"text": prompt},
+            params,
+            req.n,
+            req.seed,
+            return_logprob=req.logprobs,
+            top_logprobs_num=req.top_logprobs,
+            return_text_in_logprobs=True,
+            custom_logit_processor=req.custom_logit_processor,
+            stream=req.stream,
+        )
+
+    def render(self, req: ChatCompletionRequest) -> str:
+        """The prompt text: the chat template applied to the messages, generation prompt added."""
+        tokenizer = getattr(self.tokenizer_manager, "tokenizer", None)
+        if tokenizer is None:
+            raise RequestError(
+                "chat completions need a tokenizer, and this server runs without one", param="messages"
+            )
+        kwargs = {"add_generation_prompt": True, **req.chat_template_kwargs, "tokenize": False}
+        messages = [m.to_template_dict() for m in req.messages]
+        try:
+            prompt = tokenizer.apply_chat_template(messages, **kwargs)
+        except (TemplateError, ValueError) as exc:
+            raise RequestError(
+                f"the chat template cannot render these messages: {exc}", param="messages"
+            ) from None
+        return strip_duplicate_bos(prompt, tokenizer, self._adds_bos)
+
+    def trackers(self, req: ChatCompletionRequest, count: int) -> list[ChoiceTracker]:
+        fmt = self._logprobs if req.logprobs else None
+        return [ChoiceTracker(i, fmt) for i in range(count)]
+
+    def stream_preamble(
+        self, req: ChatCompletionRequest, request_id: str, count: int
+    ) -> list[ChatCompletionStreamResponse]:
+        return [
+            self._chunk(
+                req,
+                request_id,
+                [ChatCompletionStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))],
+            )
+            for i in range(count)
+        ]
+
+    def full_response(
+        self, req: ChatCompletionRequest, request_id: str, pieces: list[Piece], usage: UsageInfo
+    ) -> ChatCompletionResponse:
+        choices = [
+            ChatCompletionChoice(
+                index=p.index,
+                message=AssistantMessage(content=p.text),
+                logprobs=p.logprobs,
+                finish_reason=p.finish_reason,
+                matched_stop=p.matched_stop,
+            )
+            for p in pieces
+        ]
+        return ChatCompletionResponse(id=request_id, model=self.model_name(req), choices=choices, usage=usage)
+
+    def stream_chunk(
+        self,
+        req: ChatCompletionRequest,
+        request_id: str,
+        pieces: list[Piece],
+        usage: Optional[UsageInfo] = None,
+    ) -> ChatCompletionStreamResponse:
+        choices = [
+            ChatCompletionStreamChoice(
+                index=p.index,
+                delta=DeltaMessage(content=p.text or None),
+                logprobs=p.logprobs,
+                finish_reason=p.finish_reason,
+                matched_stop=p.matched_stop,
+            )
+            for p in pieces
+        ]
+        return self._chunk(req, request_id, choices, usage)
+
+    def _chunk(
+        self,
+        req: ChatCompletionRequest,
+        request_id: str,
+        choices: list[ChatCompletionStreamChoice],
+        usage: Optional[UsageInfo] = None,
+    ) -> ChatCompletionStreamResponse:
+        return ChatCompletionStreamResponse(
+            id=request_id, model=self.model_name(req), choices=choices, usage=usage
+        )
+
+    def _logprobs(self, entries: list[LogprobEntry], tops: list[TopEntries], offset: int) -> ChatLogprobs:
+        # Chat logprobs carry no text offsets.
+        content = [
+            ChatTokenLogprob(
+                **self._token(entry), top_logprobs=[TopLogprob(**self._token(t)) for t in top or ()]
+            )
+            for entry, top in zip(entries, tops)
+        ]
+        return ChatLogprobs(content=content)
+
+    def _token(self, entry: LogprobEntry) -> dict[str, Any]:
+        text = self.token_text(entry)
+        return {"token": text, "bytes": list(text.encode("utf-8")), "logprob": entry[0]}

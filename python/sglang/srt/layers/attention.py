@@ -1,0 +1,131 @@
+"""Paged attention over the KV cache with torch SDPA.
+
+Each request's new queries attend causally to all of its tokens [0, seq_len), whose KV slots
+are read through req_to_token. Decode is one batched SDPA over a padded gather; extend runs
+one SDPA per request, since prompt chunks differ widely in length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+
+class GatherWorkspace:
+    """Reused destination of the per-layer K/V gathers: on CPU a fresh multi-MB tensor in every
+    layer costs more in page faults than the copy itself. Grows, never shrinks."""
+
+    def __init__(self, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.k = torch.empty((0, num_kv_heads, head_dim), dtype=dtype, device=device)
+        self.v = torch.empty_like(self.k)
+
+    def take(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two [rows, Hk, D] buffers, valid until the next step's take."""
+        if rows > self.k.shape[0]:
+            size = max(rows, 2 * self.k.shape[0])
+            self.k = self.k.new_empty((size, *self.k.shape[1:]))
+            self.v = torch.empty_like(self.k)
+        return self.k[:rows], self.v[:rows]
+
+
+@dataclass
+class DecodeMetadata:
+    kv_indices: torch.Tensor  # [B * L] int64 KV slots, padding -> slot 0
+    max_len: int  # L
+    mask: torch.Tensor  # [B, 1, 1, L] bool, True = attend
+    k_out: torch.Tensor  # [B * L, Hk, D] gather destination, shared by the layers
+    v_out: torch.Tensor
+
+
+@dataclass
+class ExtendMetadata:
+    token_starts: list[int]  # offset of each request's first new token in the batch
+    extend_lens: list[int]
+    kv_indices: list[torch.Tensor]  # per request [S_i] int64 KV slots of positions [0, S_i)
+    masks: list[Optional[torch.Tensor]]  # per request [n_i, S_i] bool; None = plain causal (no prefix)
+    k_out: torch.Tensor  # [max S_i, Hk, D] gather destination, shared by requests and layers
+    v_out: torch.Tensor
+
+
+AttentionMetadata = DecodeMetadata | ExtendMetadata
+
+
+def build_attention_metadata(
+    forward_batch: ForwardBatch, req_to_token: torch.Tensor, workspace: GatherWorkspace
+) -> AttentionMetadata:
+    """Computed once per step and shared by every layer."""
+    max_len = max(forward_batch.seq_lens_cpu)
+    rows = req_to_token[forward_batch.req_pool_indices, :max_len]  # [B, L] int64
+    if forward_batch.forward_mode.is_decode():
+        valid = torch.arange(max_len, device=rows.device) < forward_batch.seq_lens.unsqueeze(1)  # [B, L] bool
+        # Padding reads the zeroed slot 0: stale slots could hold anything, and 0 * NaN is NaN.
+        k_out, v_out = workspace.take(rows.numel())
+        return DecodeMetadata((rows * valid).view(-1), max_len, valid[:, None, None, :], k_out, v_out)
+    starts, kv_indices, masks = [], [], []
+    start = 0
+    for i, (prefix, n) in enumerate(zip(forward_batch.extend_prefix_lens_cpu, forward_batch.extend_seq_lens_cpu)):
+        starts.append(start)
+        start += n
+        kv_indices.append(rows[i, : prefix + n])
+        masks.append(_prefix_causal_mask(prefix, n, rows.device) if prefix else None)
+    k_out, v_out = workspace.take(max_len)
+    return ExtendMetadata(starts, forward_batch.extend_seq_lens_cpu, kv_indices, masks, k_out, v_out)
+
+
+def _prefix_causal_mask(prefix: int, n: int, device: torch.device) -> torch.Tensor:
+    """[n, prefix + n] bool: new token q sits at position prefix + q and sees keys up to it."""
+    key_pos = torch.arange(prefix + n, device=device)
+    query_pos = torch.arange(prefix, prefix + n, device=device)
+    return key_pos.unsqueeze(0) <= query_pos.unsqueeze(1)
+
+
+class Attention(nn.Module):
+    """Stores this step's K/V into the cache, then attends over the cached K/V."""
+
+    def __init__(self, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int, scaling: float) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scaling = scaling
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        """q [N, Hq, D]; k, v [N, Hk, D] -> [N, Hq * D]."""
+        kv_cache = forward_batch.kv_cache
+        kv_cache.set_kv(self.layer_id, forward_batch.out_cache_loc, k, v)
+        k_buf, v_buf = kv_cache.get_kv(self.layer_id)
+        meta = forward_batch.attn_metadata
+        if isinstance(meta, DecodeMetadata):
+            out = self._decode(q, k_buf, v_buf, meta)
+        else:
+            out = self._extend(q, k_buf, v_buf, meta)
+        return out.reshape(q.shape[0], self.num_heads * self.head_dim)
+
+    def _decode(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, meta: DecodeMetadata) -> torch.Tensor:
+        batch = q.shape[0]
+        shape = (batch, meta.max_len, self.num_kv_heads, self.head_dim)
+        k = torch.index_select(k_buf, 0, meta.kv_indices, out=meta.k_out).view(shape).transpose(1, 2)  # [B, Hk, L, D]
+        v = torch.index_select(v_buf, 0, meta.kv_indices, out=meta.v_out).view(shape).transpose(1, 2)  # [B, Hk, L, D]
+        # The single query of each row, grouped under its KV head: GQA without repeating K/V.
+        q = q.view(batch, self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim)  # [B, Hk, G, D]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=meta.mask, scale=self.scaling)  # [B, Hk, G, D]
+
+    def _extend(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, meta: ExtendMetadata) -> torch.Tensor:
+        outs = []
+        for start, n, slots, mask in zip(meta.token_starts, meta.extend_lens, meta.kv_indices, meta.masks):
+            qi = q[start : start + n].transpose(0, 1).unsqueeze(0)  # [1, Hq, n, D]
+            seq = slots.shape[0]
+            ki = torch.index_select(k_buf, 0, slots, out=meta.k_out[:seq]).transpose(0, 1).unsqueeze(0)  # [1, Hk, S, D]
+            vi = torch.index_select(v_buf, 0, slots, out=meta.v_out[:seq]).transpose(0, 1).unsqueeze(0)  # [1, Hk, S, D]
+            o = F.scaled_dot_product_attention(
+                qi, ki, vi, attn_mask=mask, is_causal=mask is None, scale=self.scaling, enable_gqa=True
+            )  # [1, Hq, n, D]
+            outs.append(o[0].transpose(0, 1))  # [n, Hq, D]
+        return torch.cat(outs)

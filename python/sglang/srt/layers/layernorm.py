@@ -1,0 +1,31 @@
+"""RMSNorm, optionally fused with the residual add that precedes it."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sglang.srt.layers.linear import default_weight_loader, make_param
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float = 1e-6, *, params_dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = make_param((hidden_size,), params_dtype, default_weight_loader)
+
+    def forward(
+        self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
+    ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """x [..., H]. With `residual`, normalises x + residual and also returns that sum as the
+        next residual."""
+        if residual is not None:
+            x = x + residual
+            residual = x
+        # Normalised in float32, weight applied in the model dtype, as transformers does.
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        out = self.weight * normed
+        return out if residual is None else (out, residual)

@@ -1,0 +1,62 @@
+"""Rotary position embedding in the rotate-half (GPT-NeoX) layout that HF Llama/Qwen checkpoints use."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+
+def rope_inv_freq(head_dim: int, base: float, scaling: Optional[dict[str, Any]] = None) -> torch.Tensor:
+    """[head_dim / 2] float32 angular frequencies, after the checkpoint's RoPE scaling."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = 1.0 / (base**exponents)
+    rope_type = (scaling or {}).get("rope_type", "default")
+    if rope_type == "linear":
+        return inv_freq / scaling["factor"]
+    if rope_type == "llama3":
+        return _llama3_inv_freq(inv_freq, scaling)
+    if rope_type != "default":
+        raise ValueError(f"RoPE scaling {rope_type!r} is not supported.")
+    return inv_freq
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    """Llama 3.1 scaling: long wavelengths slowed by `factor`, short ones kept, a linear blend
+    (in 1/wavelength) between the two cut-offs."""
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    original_len = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq
+    blend = (original_len / wavelen - low) / (high - low)
+    scaled = torch.where(wavelen > original_len / low, inv_freq / factor, inv_freq)
+    mixed = (1 - blend) * scaled / factor + blend * scaled
+    is_medium = (wavelen <= original_len / low) & (wavelen >= original_len / high)
+    return torch.where(is_medium, mixed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin of every position, precomputed in float32."""
+
+    def __init__(
+        self, head_dim: int, max_position: int, base: float, scaling: Optional[dict[str, Any]] = None
+    ) -> None:
+        super().__init__()
+        self.half = head_dim // 2
+        positions = torch.arange(max_position, dtype=torch.float32)
+        freqs = torch.outer(positions, rope_inv_freq(head_dim, base, scaling))  # [P, D/2]
+        cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)  # [P, D] float32
+        self.register_buffer("cos_sin_cache", cos_sin, persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [N] -> cos, sin [N, 1, D/2] in `dtype`; looked up once per step for all layers."""
+        cos, sin = self.cos_sin_cache[positions].to(dtype).unsqueeze(1).split(self.half, dim=-1)
+        return cos, sin
+
+
+def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [N, heads, D] (q and k heads may be stacked) -> rotated, same shape."""
+    x1, x2 = x.split(x.shape[-1] // 2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)

@@ -1,0 +1,570 @@
+"""Scheduler: continuous batching with chunked prefill and the overlap schedule.
+
+One process per TP rank. Every step is either an extend (prefill) batch of waiting requests
+or a decode batch of the running requests. The device work of a step (forward, logit bias,
+sampling, penalty update, writing the sampled ids into `future_tokens`) runs as one task on a
+single worker thread, in submission order. With the overlap schedule the scheduler submits
+step i+1 before it has read step i's tokens: step i+1's input ids are read on the worker from
+`future_tokens`, and the penalty state already holds step i's ids (update_penalties), so
+nothing depends on the host having seen them. A request that finished at step i therefore
+runs one extra step whose token is dropped, as in SGLang. Without overlap the scheduler waits
+for each step before preparing the next; the device work is the same code.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import traceback
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+import zmq
+
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.layers.sampler import create_sampler
+from sglang.srt.managers.io_struct import (
+    AbortReq,
+    BatchTokenOut,
+    SchedulerInput,
+    SchedulerReady,
+    TokenizedGenerateReqInput,
+    TokenOut,
+    decoder,
+    encode,
+)
+from sglang.srt.managers.schedule_batch import INVALID_TOKEN_ID, LogprobRequest, Req, ScheduleBatch
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import PortArgs, ServerArgs
+from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+
+logger = logging.getLogger(__name__)
+
+NAN_MESSAGE = "The logits of this request contained NaN or +inf (or no finite value), so no token could be sampled."
+
+
+@dataclass
+class Step:
+    """One submitted step: what the worker needs and what the host needs to read its result."""
+
+    mode: ForwardMode
+    reqs: list[Req]  # rows of the forward batch, in order
+    forward_batch: ForwardBatch
+    sample_rows: list[int]  # forward rows that sample a token (prefill: requests whose prompt completes)
+    sampled_batch: Optional[ScheduleBatch]  # the sampled requests; owns sampling_info
+    positions: torch.Tensor  # [S] position of each sampled row's last input token
+    input_logprob_spans: list[tuple[int, int, int, int]] = field(default_factory=list)  # (row, start, a, b)
+
+
+@dataclass
+class StepResult:
+    next_ids: list[int]  # per sampled row, -1 when flagged
+    row_errors: dict[int, str]
+    output_logprobs: list[Optional[tuple]]  # per sampled row: (logprob, top pairs, token-id pairs)
+    input_logprobs: dict[int, tuple]  # forward row -> (token pairs, top lists, token-id lists)
+
+
+class Scheduler:
+    def __init__(self, server_args: ServerArgs, port_args: PortArgs, tp_rank: int = 0) -> None:
+        _refuse_unimplemented(server_args)
+        self.server_args = server_args
+        self.tp_rank = tp_rank
+        self.model_runner = ModelRunner(
+            server_args.model_path,
+            dtype=server_args.dtype,
+            device=server_args.device,
+            context_length=server_args.context_length,
+            max_total_tokens=server_args.max_total_tokens,
+            max_running_requests=server_args.max_running_requests,
+            tp_rank=tp_rank,
+            tp_size=server_args.tp_size,
+        )
+        config = self.model_runner.model_config
+        self.device = torch.device(self.model_runner.device)
+        self.vocab_size = self.model_runner.vocab_size
+        self.context_len = config.context_len
+        self.eos_token_ids = set(config.eos_token_ids)
+        self.max_total_tokens = self.model_runner.max_total_num_tokens
+        self.max_running = server_args.max_running_requests
+        self.tokenizer = get_tokenizer(server_args.tokenizer_path)
+        generator = torch.Generator(device=self.device).manual_seed(server_args.random_seed)
+        self.sampler = create_sampler(server_args.sampling_backend, generator=generator)
+        # Last sampled id of every request slot, so a decode step can read its inputs on the worker.
+        self.future_tokens = torch.zeros(self.model_runner.req_to_token_pool.size, dtype=torch.int64, device=self.device)
+
+        self.overlap = not server_args.disable_overlap_schedule
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+        self.in_flight: Optional[tuple[Step, Future]] = None
+
+        self.waiting: deque[Req] = deque()
+        self.running: Optional[ScheduleBatch] = None
+        self.chunked_req: Optional[Req] = None
+        self.to_merge: list[ScheduleBatch] = []
+        self.reqs_by_rid: dict[str, Req] = {}
+
+        self.context = zmq.Context(2)
+        self.recv_socket = self.context.socket(zmq.PULL)
+        self.recv_socket.bind(port_args.scheduler_input_ipc)
+        self.send_socket = self.context.socket(zmq.PUSH)
+        self.send_socket.connect(port_args.detokenizer_ipc)
+        self.decode_input = decoder(SchedulerInput)
+        self.parent_pid = os.getppid()
+
+    def ready_message(self) -> SchedulerReady:
+        return SchedulerReady(
+            vocab_size=self.vocab_size,
+            context_len=self.context_len,
+            max_total_num_tokens=self.max_total_tokens,
+            max_running_requests=self.max_running,
+            eos_token_ids=sorted(self.eos_token_ids),
+            model_path=self.server_args.model_path,
+        )
+
+    # ------------------------------------------------------------------ event loop
+
+    def event_loop(self) -> None:
+        while True:
+            self.recv_requests(block=self._idle())
+            step = self.get_next_step()
+            future = self.worker.submit(self._run_step, step) if step is not None else None
+            if self.overlap:
+                previous, self.in_flight = self.in_flight, (step, future) if step is not None else None
+                if previous is not None:
+                    self.process_step_result(*previous)
+            elif step is not None:
+                self.process_step_result(step, future)
+
+    def _idle(self) -> bool:
+        return not self.waiting and self.running is None and self.in_flight is None and not self.to_merge and self.chunked_req is None
+
+    def recv_requests(self, block: bool) -> None:
+        timeout_ms = 1000 if block else 0
+        while self.recv_socket.poll(timeout_ms):
+            self._handle(self.decode_input.decode(self.recv_socket.recv()))
+            timeout_ms = 0
+        if block and os.getppid() != self.parent_pid:
+            raise SystemExit("scheduler: the server process is gone")
+
+    def _handle(self, message: Any) -> None:
+        if isinstance(message, TokenizedGenerateReqInput):
+            self._add_request(message)
+        elif isinstance(message, AbortReq):
+            req = self.reqs_by_rid.get(message.rid)
+            if req is not None and not req.finished():
+                req.abort("Aborted by the client.", status_code=499, err_type="ClientAbort")
+                if req in self.waiting:
+                    self.waiting.remove(req)
+                    self.reqs_by_rid.pop(req.rid, None)
+                self._send([req])
+
+    def _add_request(self, message: TokenizedGenerateReqInput) -> None:
+        params = SamplingParams(**message.sampling_params)
+        logprob = None
+        if message.return_logprob:
+            start = message.logprob_start_len if message.logprob_start_len >= 0 else len(message.input_ids)
+            logprob = LogprobRequest(message.top_logprobs_num, message.token_ids_logprob, start)
+        req = Req(
+            message.rid,
+            message.input_ids,
+            params,
+            eos_token_ids=self.eos_token_ids,
+            custom_logit_processor=message.custom_logit_processor,
+            tokenizer=self.tokenizer,
+            logprob=logprob,
+            stream=message.stream,
+        )
+        self.reqs_by_rid[req.rid] = req
+        try:
+            params.normalize(self.tokenizer)
+            params.verify(self.vocab_size)
+            self._check_fits(req)
+        except ValueError as err:
+            req.abort(str(err))
+            self._send([req])
+            return
+        self.waiting.append(req)
+
+    def _check_fits(self, req: Req) -> None:
+        need = self._budget(req)
+        if len(req.origin_input_ids) == 0:
+            raise ValueError("The input is empty: at least one prompt token is required.")
+        if need > self.context_len:
+            raise ValueError(
+                f"The prompt ({len(req.origin_input_ids)} tokens) plus max_new_tokens exceeds the context length {self.context_len}."
+            )
+        if need > self.max_total_tokens:
+            raise ValueError(f"The request needs {need} KV-cache tokens; the server holds {self.max_total_tokens}.")
+
+    def _budget(self, req: Req) -> int:
+        """KV tokens the request may use in total: prompt plus every token it may generate."""
+        max_new = req.sampling_params.max_new_tokens
+        if max_new is None:
+            return self.context_len
+        return len(req.origin_input_ids) + max_new
+
+    # ------------------------------------------------------------------ building steps
+
+    def get_next_step(self) -> Optional[Step]:
+        self._update_running_batch()
+        step = self._prefill_step()
+        if step is None and self.running is not None:
+            step = self._decode_step()
+        return step
+
+    def _wait_in_flight(self) -> None:
+        if self.in_flight is not None:
+            self.in_flight[1].result()
+
+    def _update_running_batch(self) -> None:
+        """Merge newly prefilled requests and drop finished ones (after the in-flight step, which
+        still reads the sampling state)."""
+        finished = self.running is not None and any(r.finished() for r in self.running.reqs)
+        if not self.to_merge and not finished:
+            return
+        self._wait_in_flight()
+        for batch in self.to_merge:
+            self._merge_into_running(batch)
+        self.to_merge = []
+        if self.running is None:
+            return
+        keep = [i for i, r in enumerate(self.running.reqs) if not r.finished()]
+        for req in self.running.reqs:
+            if req.finished():
+                self._release(req)
+        if not keep:
+            self.running = None
+            return
+        if len(keep) < len(self.running.reqs):
+            self.running.reqs = [self.running.reqs[i] for i in keep]
+            self.running.sampling_info.filter_batch(keep)
+
+    def _merge_into_running(self, batch: ScheduleBatch) -> None:
+        # The batch object stays the one the penalty orchestrator was built on: it reads its reqs.
+        if self.running is None:
+            self.running = batch
+            return
+        self.running.sampling_info.merge_batch(batch.sampling_info)
+        self.running.reqs = self.running.reqs + batch.reqs
+
+    def _schedule_batch(self, reqs: list[Req]) -> ScheduleBatch:
+        return ScheduleBatch(
+            reqs=list(reqs),
+            device=self.device,
+            enable_custom_logit_processor=self.server_args.enable_custom_logit_processor,
+            custom_logit_processor_allowlist=self.server_args.allowlist(),
+        )
+
+    def _release(self, req: Req) -> None:
+        pool = self.model_runner.req_to_token_pool
+        if req.req_pool_idx is not None:
+            slots = pool.req_to_token[req.req_pool_idx, : req.kv_len]
+            self.model_runner.token_to_kv_pool_allocator.free(slots.clone())
+            pool.free(req.req_pool_idx)
+            req.req_pool_idx = None
+        self.reqs_by_rid.pop(req.rid, None)
+
+    def _reserved_tokens(self) -> int:
+        active = list(self.running.reqs) if self.running is not None else []
+        active += [r for batch in self.to_merge for r in batch.reqs]
+        if self.chunked_req is not None:
+            active.append(self.chunked_req)
+        return sum(max(self._budget(r) - r.kv_len, 0) for r in active if not r.finished())
+
+    def _running_count(self) -> int:
+        count = len(self.running.reqs) if self.running is not None else 0
+        return count + sum(len(batch.reqs) for batch in self.to_merge) + (self.chunked_req is not None)
+
+    def _prefill_step(self) -> Optional[Step]:
+        budget = self.server_args.chunked_prefill_size
+        chunks: list[tuple[Req, int]] = []
+        if self.chunked_req is not None:
+            req = self.chunked_req
+            n = min(len(req.origin_input_ids) - req.kv_len, budget)
+            chunks.append((req, n))
+            budget -= n
+        free = self.model_runner.token_to_kv_pool_allocator.available_size() - self._reserved_tokens()
+        admitted = self._running_count()
+        while self.waiting and budget > 0 and admitted < self.max_running:
+            req = self.waiting[0]
+            if self._budget(req) > free or self.model_runner.req_to_token_pool.available_size() == 0:
+                break
+            self.waiting.popleft()
+            req.req_pool_idx = self.model_runner.req_to_token_pool.alloc()
+            free -= self._budget(req)
+            n = min(len(req.origin_input_ids), budget)
+            chunks.append((req, n))
+            budget -= n
+            admitted += 1
+        if not chunks:
+            return None
+        return self._build_extend_step(chunks)
+
+    def _build_extend_step(self, chunks: list[tuple[Req, int]]) -> Step:
+        reqs, input_ids, positions, sample_rows, spans = [], [], [], [], []
+        self.chunked_req = None
+        for row, (req, n) in enumerate(chunks):
+            start = req.kv_len
+            reqs.append(req)
+            input_ids.extend(req.origin_input_ids[start : start + n])
+            positions.extend(range(start, start + n))
+            if start + n == len(req.origin_input_ids):
+                sample_rows.append(row)
+            else:
+                self.chunked_req = req
+            if req.logprob is not None and req.logprob.logprob_start_len < len(req.origin_input_ids):
+                spans.append((row, req.logprob.logprob_start_len, start, start + n))
+        prefix_lens = [req.kv_len for req in reqs]
+        extend_lens = [n for _, n in chunks]
+        out_cache_loc = self._allocate_slots(reqs, extend_lens)
+        forward_batch = self._forward_batch(ForwardMode.EXTEND, reqs, input_ids, positions, prefix_lens, extend_lens, out_cache_loc)
+        forward_batch.return_input_logits = bool(spans)
+        sampled = [reqs[r] for r in sample_rows]
+        sampled_batch = None
+        if sampled:
+            sampled_batch = self._schedule_batch(sampled)
+            sampled_batch.sampling_info = SamplingBatchInfo.from_schedule_batch(sampled_batch, self.vocab_size)
+        sample_positions = torch.tensor([len(r.origin_input_ids) - 1 for r in sampled], dtype=torch.int64, device=self.device)
+        return Step(ForwardMode.EXTEND, reqs, forward_batch, sample_rows, sampled_batch, sample_positions, spans)
+
+    def _decode_step(self) -> Step:
+        reqs = list(self.running.reqs)
+        positions = [req.kv_len for req in reqs]
+        prefix_lens = list(positions)
+        out_cache_loc = self._allocate_slots(reqs, [1] * len(reqs))
+        # Input ids are read from future_tokens on the worker.
+        forward_batch = self._forward_batch(ForwardMode.DECODE, reqs, None, positions, prefix_lens, [1] * len(reqs), out_cache_loc)
+        sample_positions = torch.tensor(positions, dtype=torch.int64, device=self.device)
+        return Step(ForwardMode.DECODE, reqs, forward_batch, list(range(len(reqs))), self.running, sample_positions)
+
+    def _allocate_slots(self, reqs: list[Req], lens: list[int]) -> torch.Tensor:
+        allocator = self.model_runner.token_to_kv_pool_allocator
+        slots = allocator.alloc(sum(lens))
+        if slots is None:
+            raise RuntimeError("KV cache exhausted despite admission control")
+        table = self.model_runner.req_to_token_pool.req_to_token
+        offset = 0
+        for req, n in zip(reqs, lens):
+            table[req.req_pool_idx, req.kv_len : req.kv_len + n] = slots[offset : offset + n]
+            req.kv_len += n
+            offset += n
+        return slots
+
+    def _forward_batch(self, mode, reqs, input_ids, positions, prefix_lens, extend_lens, out_cache_loc) -> ForwardBatch:
+        dev = self.device
+        seq_lens = [p + n for p, n in zip(prefix_lens, extend_lens)]
+        return ForwardBatch(
+            forward_mode=mode,
+            batch_size=len(reqs),
+            input_ids=torch.tensor(input_ids if input_ids is not None else [0] * len(reqs), dtype=torch.int64, device=dev),
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            req_pool_indices=torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
+            extend_seq_lens=torch.tensor(extend_lens, dtype=torch.int64, device=dev),
+            extend_prefix_lens=torch.tensor(prefix_lens, dtype=torch.int64, device=dev),
+            out_cache_loc=out_cache_loc,
+            seq_lens_cpu=seq_lens,
+            extend_seq_lens_cpu=list(extend_lens),
+            extend_prefix_lens_cpu=list(prefix_lens),
+        )
+
+    # ------------------------------------------------------------------ the worker
+
+    def _run_step(self, step: Step) -> StepResult:
+        with torch.inference_mode():
+            batch = step.forward_batch
+            if step.mode == ForwardMode.DECODE:
+                batch.input_ids = self.future_tokens.index_select(0, batch.req_pool_indices).clamp(min=0)
+            output = self.model_runner.forward(batch)
+            input_logprobs = self._input_logprobs(step, batch, output)
+            if step.sampled_batch is None:
+                return StepResult([], {}, [], input_logprobs)
+            rows = torch.tensor(step.sample_rows, dtype=torch.int64, device=self.device)
+            logits = output.next_token_logits.index_select(0, rows)  # [S, V]
+            return self._sample(step, rows, logits, input_logprobs, batch)
+
+    def _sample(self, step: Step, rows: torch.Tensor, logits: torch.Tensor, input_logprobs: dict, batch: ForwardBatch) -> StepResult:
+        info = step.sampled_batch.sampling_info
+        info.apply_logits_bias(logits)
+        sampled_reqs = [step.reqs[r] for r in step.sample_rows]
+        wants = [r.logprob for r in sampled_reqs]
+        return_logprob = any(w is not None for w in wants)
+        out = LogitsProcessorOutput(next_token_logits=logits)
+        next_ids = self.sampler(
+            out,
+            info,
+            return_logprob=return_logprob,
+            top_logprobs_nums=[w.top_logprobs_num if w else 0 for w in wants],
+            token_ids_logprobs=[w.token_ids_logprob if w else None for w in wants],
+            positions=step.positions,
+        )
+        info.update_penalties(next_ids)
+        pool_indices = batch.req_pool_indices.index_select(0, rows)
+        self.future_tokens.index_copy_(0, pool_indices, next_ids)
+        output_logprobs = self._output_logprobs(out, wants) if return_logprob else [None] * len(wants)
+        return StepResult(next_ids.tolist(), dict(out.row_errors), output_logprobs, input_logprobs)
+
+    @staticmethod
+    def _output_logprobs(out: LogitsProcessorOutput, wants: list[Optional[LogprobRequest]]) -> list[Optional[tuple]]:
+        token_lp = out.next_token_logprobs.tolist()
+        top_vals = out.next_token_top_logprobs_val.tolist() if out.next_token_top_logprobs_val is not None else None
+        top_idx = out.next_token_top_logprobs_idx.tolist() if out.next_token_top_logprobs_idx is not None else None
+        ids_vals = out.next_token_token_ids_logprobs_val.tolist() if out.next_token_token_ids_logprobs_val is not None else None
+        results = []
+        for i, want in enumerate(wants):
+            if want is None:
+                results.append(None)
+                continue
+            top = [[v, t] for v, t in zip(top_vals[i][: want.top_logprobs_num], top_idx[i])] if want.top_logprobs_num else None
+            ids = [[v, t] for v, t in zip(ids_vals[i], want.token_ids_logprob)] if want.token_ids_logprob else None
+            results.append((token_lp[i], top, ids))
+        return results
+
+    def _input_logprobs(self, step: Step, batch: ForwardBatch, output: LogitsProcessorOutput) -> dict[int, tuple]:
+        """Prompt logprobs of this chunk: position p gets log_softmax(logits at p-1)[token p]."""
+        if not step.input_logprob_spans:
+            return {}
+        logprobs = torch.log_softmax(output.input_token_logits.float(), dim=-1)  # [N, V]
+        offsets = [0]
+        for n in batch.extend_seq_lens_cpu:
+            offsets.append(offsets[-1] + n)
+        results = {}
+        for row, start, a, b in step.input_logprob_spans:
+            req = step.reqs[row]
+            prompt = req.origin_input_ids
+            first = max(start, a + 1, 1)
+            last = min(b, len(prompt) - 1)  # inclusive; position b uses the chunk's last logits
+            entries = [None] if start == 0 and a == 0 else []
+            positions = list(range(first, last + 1))
+            if positions:
+                lp_rows = logprobs[[offsets[row] + (p - 1 - a) for p in positions]]  # [P, V]
+                entries += self._prompt_entries(lp_rows, [prompt[p] for p in positions], req.logprob)
+            results[row] = entries
+        return results
+
+    @staticmethod
+    def _prompt_entries(lp_rows: torch.Tensor, tokens: list[int], want: LogprobRequest) -> list[tuple]:
+        token_lp = lp_rows.gather(1, torch.tensor(tokens, device=lp_rows.device).unsqueeze(1)).squeeze(1).tolist()
+        top = None
+        if want.top_logprobs_num:
+            vals, idx = lp_rows.topk(want.top_logprobs_num, dim=-1)
+            top = [[[v, t] for v, t in zip(vr, ir)] for vr, ir in zip(vals.tolist(), idx.tolist())]
+        ids = None
+        if want.token_ids_logprob:
+            chosen = lp_rows[:, want.token_ids_logprob].tolist()
+            ids = [[[v, t] for v, t in zip(vr, want.token_ids_logprob)] for vr in chosen]
+        return [
+            ([token_lp[i], tokens[i]], top[i] if top else None, ids[i] if ids else None) for i in range(len(tokens))
+        ]
+
+    # ------------------------------------------------------------------ results
+
+    def process_step_result(self, step: Step, future: Future) -> None:
+        result: StepResult = future.result()
+        for row, entries in result.input_logprobs.items():
+            self._record_input_logprobs(step.reqs[row], entries)
+        sampled = [step.reqs[r] for r in step.sample_rows]
+        for i, req in enumerate(sampled):
+            if req.finished():
+                continue  # finished at the previous step (overlap) or aborted: drop this token
+            self._record_token(req, result.next_ids[i], result.row_errors.get(i), result.output_logprobs[i])
+        if step.mode == ForwardMode.EXTEND and sampled:
+            self.to_merge.append(step.sampled_batch)
+        self._send([r for r in step.reqs if r.finished() or r.stream])
+
+    def _record_input_logprobs(self, req: Req, entries: list) -> None:
+        pending = req.pending_logprobs
+        if pending.input_token is None:
+            pending.input_token, pending.input_top, pending.input_token_ids = [], [], []
+        for entry in entries:
+            if entry is None:
+                pending.input_token.append([None, req.origin_input_ids[0]])
+                pending.input_top.append(None)
+                pending.input_token_ids.append(None)
+                continue
+            token, top, ids = entry
+            pending.input_token.append(token)
+            pending.input_top.append(top)
+            pending.input_token_ids.append(ids)
+
+    def _record_token(self, req: Req, token: int, error: Optional[str], logprobs: Optional[tuple]) -> None:
+        if token == INVALID_TOKEN_ID:
+            req.abort(error or NAN_MESSAGE, status_code=500, err_type="InternalServerError" if error is None else "CustomLogitProcessorError")
+            return
+        if req.sampling_params.max_new_tokens == 0:
+            req.finished_reason = {"type": "length", "length": 0}
+            return
+        req.output_ids.append(token)
+        if logprobs is not None:
+            token_lp, top, ids = logprobs
+            req.pending_logprobs.output_token.append([token_lp, token])
+            if top is not None:
+                req.pending_logprobs.output_top.append(top)
+            if ids is not None:
+                req.pending_logprobs.output_token_ids.append(ids)
+        req.check_finished()
+
+    def _send(self, reqs: list[Req]) -> None:
+        if self.tp_rank != 0:
+            return
+        outs = []
+        for req in reqs:
+            if req.finish_sent:
+                continue  # e.g. aborted by the client while a step was in flight
+            outs.append(self._token_out(req))
+            req.finish_sent = req.finished()
+        if outs:
+            self.send_socket.send(encode(BatchTokenOut(outs=outs)))
+
+    @staticmethod
+    def _token_out(req: Req) -> TokenOut:
+        params = req.sampling_params
+        new_ids = req.output_ids[req.sent_output_len :]
+        req.sent_output_len = len(req.output_ids)
+        pending, req.pending_logprobs = req.pending_logprobs, type(req.pending_logprobs)()
+        want = req.logprob
+        return TokenOut(
+            rid=req.rid,
+            new_output_ids=new_ids,
+            finished_reason=req.finished_reason,
+            prompt_tokens=len(req.origin_input_ids),
+            completion_tokens=len(req.output_ids),
+            skip_special_tokens=params.skip_special_tokens,
+            spaces_between_special_tokens=params.spaces_between_special_tokens,
+            no_stop_trim=params.no_stop_trim,
+            output_token_logprobs=pending.output_token if want else None,
+            output_top_logprobs=pending.output_top if want and want.top_logprobs_num else None,
+            output_token_ids_logprobs=pending.output_token_ids if want and want.token_ids_logprob else None,
+            input_token_logprobs=pending.input_token,
+            input_top_logprobs=pending.input_top if want and want.top_logprobs_num else None,
+            input_token_ids_logprobs=pending.input_token_ids if want and want.token_ids_logprob else None,
+            matched_text=req.matched_text,
+        )
+
+
+def _refuse_unimplemented(server_args: ServerArgs) -> None:
+    """Flags the engine accepts for SGLang compatibility but cannot honour yet fail at start-up."""
+    if server_args.tp_size != 1:
+        raise ValueError("--tp-size > 1 is not supported yet: this engine serves with one scheduler rank (use --tp-size 1).")
+    if server_args.enable_deterministic_inference:
+        raise ValueError("--enable-deterministic-inference is not supported yet: batch-invariant kernels are not implemented.")
+
+
+def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, tp_rank: int, ready_writer: Any) -> None:
+    """Process entry: load the model, report readiness (rank 0) or the start-up error, then serve."""
+    logging.basicConfig(level=server_args.log_level.upper(), format=f"[scheduler {tp_rank}] %(levelname)s %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher owns Ctrl-C and sends SIGTERM
+    try:
+        scheduler = Scheduler(server_args, port_args, tp_rank)
+    except Exception as err:  # noqa: BLE001 - reported to the launcher verbatim
+        ready_writer.send(f"scheduler rank {tp_rank} failed to start: {err!r}\n{traceback.format_exc()}")
+        raise SystemExit(1) from err
+    if tp_rank == 0:
+        ready_writer.send(encode(scheduler.ready_message()))
+    scheduler.event_loop()

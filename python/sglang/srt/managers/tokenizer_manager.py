@@ -1,0 +1,490 @@
+"""TokenizerManager: request validation, tokenization, fan-out and result streaming (main process).
+
+A request travels as TokenizedGenerateReqInput over ZMQ to scheduler rank 0; its results come
+back from the detokenizer as BatchStrOut on a socket this class binds. Every request has a
+_ReqState per child (n > 1 fans out into n children) that a background task updates; the
+generator of the request wakes on its group's event and yields cumulative SGLang-native dicts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from sglang.srt.managers.detokenizer_manager import TextDecoder, cut_at_last, trims_stop_text
+from sglang.srt.managers.io_struct import (
+    AbortReq,
+    BatchStrOut,
+    GenerateReqInput,
+    SchedulerReady,
+    StrOut,
+    TokenizedGenerateReqInput,
+    decoder,
+    encode,
+)
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import PortArgs, ServerArgs
+
+logger = logging.getLogger(__name__)
+
+HEALTH_CHECK_TIMEOUT_S = 20.0
+ABORTED_BY_CLIENT = {
+    "type": "abort",
+    "message": "The request was aborted.",
+    "status_code": 499,
+    "err_type": "ClientClosedRequest",
+}
+
+_MASK64 = (1 << 64) - 1
+
+
+def derive_child_seed(seed: int, index: int) -> int:
+    """Seed of child `index` of a seeded n > 1 request: a splitmix64 mix, signed 64-bit.
+
+    The mix is a bijection of seed + (index + 1) * golden, so children of one seed never collide
+    and the same (seed, index) gives the same child seed on every call and every server.
+    """
+    z = (seed + (index + 1) * 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    z ^= z >> 31
+    return z - (1 << 64) if z >= 1 << 63 else z
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclass
+class _Group:
+    """The children of one request share an event, so one waiter serves all of them."""
+
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    children: list["_ReqState"] = field(default_factory=list)
+
+    def unfinished(self) -> list["_ReqState"]:
+        return [c for c in self.children if c.finished_reason is None]
+
+
+@dataclass
+class _ReqState:
+    rid: str
+    index: int
+    group: _Group
+    params: dict[str, Any]  # the child's sampling params, as sent
+    stream: bool
+    return_logprob: bool
+    want_top: bool
+    want_token_ids: bool
+    text_in_logprobs: bool
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    finished_reason: Optional[dict[str, Any]] = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    sampling_seed: Optional[int] = None
+    logprobs: dict[str, list[Any]] = field(default_factory=dict)
+    dirty: bool = False
+
+
+@dataclass
+class PreparedRequest:
+    """A validated request: one scheduler message per child (n of them)."""
+
+    rid: str
+    stream: bool
+    children: list[TokenizedGenerateReqInput]
+    return_text_in_logprobs: bool
+
+
+class TokenizerManager:
+    def __init__(
+        self, server_args: ServerArgs, port_args: PortArgs, ready: SchedulerReady, tokenizer: Any
+    ) -> None:
+        self.server_args = server_args
+        self.ready = ready
+        self.tokenizer = tokenizer
+        self._text_decoder = TextDecoder(tokenizer)
+        self.preferred_sampling_params = server_args.preferred_sampling_params_dict()
+        # Sends never block: PUSH to a connected endpoint queues and the HWM is unlimited, so
+        # abort can be sent from a generator's finally (even during garbage collection).
+        self._sync_ctx = zmq.Context()
+        self._send_sock = self._sync_ctx.socket(zmq.PUSH)
+        self._send_sock.setsockopt(zmq.SNDHWM, 0)
+        self._send_sock.setsockopt(zmq.LINGER, 0)
+        self._send_sock.connect(port_args.scheduler_input_ipc)
+        self._async_ctx = zmq.asyncio.Context()
+        self._recv_sock = self._async_ctx.socket(zmq.PULL)
+        self._recv_sock.bind(port_args.tokenizer_manager_ipc)
+        self._decoder = decoder(BatchStrOut)
+        self._states: dict[str, _ReqState] = {}
+        self._children_of: dict[str, list[str]] = {}
+        self._recv_task: Optional[asyncio.Task[None]] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+
+    # ------------------------------------------------------------------ public API
+
+    async def generate_request(self, obj: GenerateReqInput) -> AsyncIterator[dict[str, Any]]:
+        """Yield `{"text", "output_ids", "meta_info"}` dicts for one request.
+
+        Streaming: a cumulative dict after every update, the last one finished. Otherwise one
+        final dict per child. With n > 1 every dict also carries "index" (the child, 0..n-1).
+        Invalid requests raise ValueError on the first iteration, before anything is sent.
+        """
+        prepared = self.prepare_request(obj)
+        # aclosing: an early exit of our consumer must reach run_prepared's abort at once.
+        async with contextlib.aclosing(self.run_prepared(prepared)) as results:
+            async for out in results:
+                yield out
+
+    def prepare_request(self, obj: GenerateReqInput) -> PreparedRequest:
+        """Tokenize and validate; raises ValueError naming the offending parameter."""
+        input_ids = self._tokenize(obj)
+        params = self._sampling_params(obj.sampling_params)
+        self._check_context(len(input_ids), params.max_new_tokens)
+        self._check_custom_logit_processor(obj.custom_logit_processor)
+        self._check_flags(obj)
+        self._check_logprob_args(obj, len(input_ids))
+        rid = obj.rid if obj.rid is not None else uuid.uuid4().hex
+        if not isinstance(rid, str) or not rid:
+            raise ValueError(f"rid must be a non-empty string, got {rid!r}.")
+        base = TokenizedGenerateReqInput(
+            rid=rid,
+            input_ids=input_ids,
+            sampling_params=params.to_dict(),
+            return_logprob=obj.return_logprob,
+            logprob_start_len=obj.logprob_start_len,
+            top_logprobs_num=obj.top_logprobs_num,
+            token_ids_logprob=obj.token_ids_logprob,
+            custom_logit_processor=obj.custom_logit_processor,
+            stream=obj.stream,
+        )
+        return PreparedRequest(rid, obj.stream, _fan_out(base, params.n), obj.return_text_in_logprobs)
+
+    async def run_prepared(self, prepared: PreparedRequest) -> AsyncIterator[dict[str, Any]]:
+        """Send a prepared request and yield its results (see generate_request)."""
+        self._ensure_receiving()
+        group = self._register(prepared)
+        indexed = len(prepared.children) > 1
+        try:
+            for child in prepared.children:
+                self._send_sock.send(encode(child))
+            while group.unfinished():
+                await group.event.wait()
+                group.event.clear()
+                for state in self._take_dirty(group):
+                    if prepared.stream or state.finished_reason is not None:
+                        yield self._snapshot(state, indexed)
+        finally:
+            # Reached early on cancellation or client disconnect: stop the scheduler's work.
+            for state in group.unfinished():
+                self._abort_child(state, notify=False)
+            self._children_of.pop(prepared.rid, None)
+
+    def abort_request(self, rid: str) -> None:
+        """Abort a request (all its children when n > 1); its generator finishes with abort."""
+        for child_rid in self._children_of.get(rid, [rid]):
+            state = self._states.get(child_rid)
+            if state is not None:
+                self._abort_child(state, notify=True)
+
+    async def health(self, timeout: float = HEALTH_CHECK_TIMEOUT_S) -> bool:
+        """True when a one-token generation makes the round trip within `timeout` seconds."""
+        obj = GenerateReqInput(
+            input_ids=[0],
+            sampling_params={"max_new_tokens": 1, "temperature": 0},
+            rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
+        )
+        try:
+            await asyncio.wait_for(self._drain(obj), timeout)
+        except asyncio.TimeoutError:
+            logger.warning("Health check timed out after %.0f s", timeout)
+            return False
+        return True
+
+    def fail_all(self, message: str) -> None:
+        """Finish every running request with an abort, e.g. when the scheduler died. Thread-safe."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._fail_all, message)
+
+    def _fail_all(self, message: str) -> None:
+        reason = {"type": "abort", "message": message, "status_code": 503, "err_type": "ServiceUnavailable"}
+        for state in list(self._states.values()):
+            state.finished_reason = dict(reason)
+            state.dirty = True
+            state.group.event.set()
+        self._states.clear()
+
+    def close(self) -> None:
+        """Release the sockets (after the serving loop has stopped)."""
+        self._async_ctx.destroy(linger=0)
+        self._sync_ctx.destroy(linger=0)
+
+    # ------------------------------------------------------------------ validation
+
+    def _tokenize(self, obj: GenerateReqInput) -> list[int]:
+        if (obj.text is None) == (obj.input_ids is None):
+            raise ValueError("Exactly one of text or input_ids must be given.")
+        if obj.text is not None:
+            if not isinstance(obj.text, str):
+                raise ValueError(f"text must be a string, got {type(obj.text).__name__}.")
+            if not obj.text:  # checked before encoding, which may add a BOS token
+                raise ValueError("The input is empty: text must not be an empty string.")
+            ids = self.tokenizer.encode(obj.text)
+        else:
+            ids = obj.input_ids
+            if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
+                raise ValueError("input_ids must be a flat list of integers.")
+            self._check_vocab("input_ids", ids)
+        if not ids:
+            raise ValueError("The input is empty: text or input_ids must contain at least one token.")
+        return list(ids)
+
+    def _check_vocab(self, name: str, ids: Sequence[int]) -> None:
+        vocab = self.ready.vocab_size
+        for t in ids:
+            if not 0 <= t < vocab:
+                raise ValueError(f"{name} contains out-of-vocabulary token id {t}; valid range is [0, {vocab}).")
+
+    def _sampling_params(self, raw: Any) -> SamplingParams:
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise ValueError(f"sampling_params must be an object, got {type(raw).__name__}.")
+        params = SamplingParams.from_dict({**self.preferred_sampling_params, **raw})
+        params.normalize(self.tokenizer)
+        params.verify(self.ready.vocab_size)
+        return params
+
+    def _check_context(self, input_len: int, max_new_tokens: Optional[int]) -> None:
+        context = self.ready.context_len
+        if input_len >= context:
+            raise ValueError(
+                f"The input ({input_len} tokens) is longer than the model's context length ({context} tokens)."
+            )
+        if max_new_tokens is not None and input_len + max_new_tokens > context:
+            raise ValueError(
+                f"Requested token count exceeds the model's maximum context length of {context} tokens: "
+                f"{input_len} input tokens + max_new_tokens={max_new_tokens}. Reduce the input or max_new_tokens."
+            )
+
+    def _check_custom_logit_processor(self, processor: Optional[str]) -> None:
+        if processor is None:
+            return
+        # torch-heavy module, and a request with a processor is the rare case.
+        from sglang.srt.sampling import custom_logit_processor as clp
+
+        if not self.server_args.enable_custom_logit_processor:
+            raise ValueError(clp.DISABLED_MESSAGE)  # before any deserialisation
+        if not isinstance(processor, str):
+            raise ValueError(f"custom_logit_processor must be a string, got {type(processor).__name__}.")
+        try:
+            clp.load_custom_logit_processor(processor, allowlist=self.server_args.allowlist())
+        except clp.CustomLogitProcessorError:
+            raise
+        except Exception as err:  # a processor's own constructor may raise anything
+            raise ValueError(f"custom_logit_processor: cannot instantiate ({type(err).__name__}: {err})") from None
+
+    @staticmethod
+    def _check_flags(obj: GenerateReqInput) -> None:
+        for name in ("return_logprob", "return_text_in_logprobs", "stream"):
+            if not isinstance(getattr(obj, name), bool):
+                raise ValueError(f"{name} must be a boolean, got {getattr(obj, name)!r}.")
+
+    def _check_logprob_args(self, obj: GenerateReqInput, input_len: int) -> None:
+        top, top_max = obj.top_logprobs_num, self.server_args.max_top_logprobs_num
+        if not (_is_int(top) and 0 <= top <= top_max):
+            raise ValueError(
+                f"top_logprobs_num must be an integer in [0, {top_max}] (--max-top-logprobs-num), got {top!r}."
+            )
+        start = obj.logprob_start_len
+        if not (_is_int(start) and -1 <= start <= input_len):
+            raise ValueError(
+                f"logprob_start_len must be -1 or an integer in [0, {input_len}] (the prompt length), got {start!r}."
+            )
+        ids = obj.token_ids_logprob
+        if ids is not None:
+            if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
+                raise ValueError("token_ids_logprob must be a flat list of integers.")
+            self._check_vocab("token_ids_logprob", ids)
+
+    # ------------------------------------------------------------------ request state
+
+    def _register(self, prepared: PreparedRequest) -> _Group:
+        group = _Group()
+        for rid in [prepared.rid] + [child.rid for child in prepared.children]:
+            if rid in self._states or rid in self._children_of:
+                raise ValueError(f"rid {rid!r} is already in use by a running request.")
+        for index, child in enumerate(prepared.children):
+            state = _ReqState(
+                rid=child.rid,
+                index=index,
+                group=group,
+                params=child.sampling_params,
+                stream=child.stream,
+                return_logprob=child.return_logprob,
+                want_top=child.top_logprobs_num > 0,
+                want_token_ids=child.token_ids_logprob is not None,
+                text_in_logprobs=prepared.return_text_in_logprobs,
+            )
+            group.children.append(state)
+            self._states[state.rid] = state
+        self._children_of[prepared.rid] = [s.rid for s in group.children]
+        return group
+
+    def _abort_child(self, state: _ReqState, notify: bool) -> None:
+        self._send_sock.send(encode(AbortReq(rid=state.rid)))
+        self._states.pop(state.rid, None)
+        state.finished_reason = dict(ABORTED_BY_CLIENT)
+        state.dirty = notify
+        if notify:
+            state.group.event.set()
+
+    @staticmethod
+    def _take_dirty(group: _Group) -> list[_ReqState]:
+        dirty = [c for c in group.children if c.dirty]
+        for c in dirty:
+            c.dirty = False
+        return dirty
+
+    async def _drain(self, obj: GenerateReqInput) -> None:
+        async for _ in self.generate_request(obj):
+            pass
+
+    # ------------------------------------------------------------------ results
+
+    def _ensure_receiving(self) -> None:
+        # Started lazily so the task lives in the loop that serves the requests (uvicorn's).
+        if self._recv_task is None or self._recv_task.done():
+            self._loop = asyncio.get_running_loop()
+            self._recv_task = self._loop.create_task(self._recv_loop())
+
+    async def _recv_loop(self) -> None:
+        while True:
+            data = await self._recv_sock.recv()
+            try:
+                batch = self._decoder.decode(data)
+            except msgspec.DecodeError:
+                logger.exception("Dropping an undecodable message from the detokenizer")
+                continue
+            for out in batch.outs:
+                try:
+                    self._apply(out)
+                except Exception:  # one bad result must not stop the loop that serves them all
+                    logger.exception("Dropping a result for request %s", out.token.rid)
+
+    def _apply(self, out: StrOut) -> None:
+        token = out.token
+        state = self._states.get(token.rid)
+        if state is None:  # aborted, or a finished request's late message
+            return
+        state.text += out.new_text
+        state.output_ids.extend(token.new_output_ids)
+        state.prompt_tokens = token.prompt_tokens
+        state.completion_tokens = token.completion_tokens
+        state.cached_tokens = token.cached_tokens
+        if token.sampling_seed is not None:
+            state.sampling_seed = token.sampling_seed
+        if state.return_logprob:
+            self._append_logprobs(state, out)
+        if token.finished_reason is not None:
+            state.finished_reason = token.finished_reason
+            del self._states[token.rid]
+            if state.stream and trims_stop_text(token):
+                state.text = self._redecoded(state, token.matched_text)
+        state.dirty = True
+        state.group.event.set()
+
+    def _redecoded(self, state: _ReqState, matched_text: str) -> str:
+        """The whole output cut at the last stop match: exact even when the start of the stop
+        string was streamed in an earlier step, which the detokenizer cannot take back."""
+        params = state.params
+        text = self._text_decoder.decode(
+            state.output_ids, params["skip_special_tokens"], params["spaces_between_special_tokens"]
+        )
+        return cut_at_last(text, matched_text)
+
+    def _append_logprobs(self, state: _ReqState, out: StrOut) -> None:
+        token, text = out.token, state.text_in_logprobs
+        lists = {
+            "input_token_logprobs": (token.input_token_logprobs, True, self._pair_rows),
+            "output_token_logprobs": (token.output_token_logprobs, True, self._pair_rows),
+            "input_top_logprobs": (token.input_top_logprobs, state.want_top, self._nested_rows),
+            "output_top_logprobs": (token.output_top_logprobs, state.want_top, self._nested_rows),
+            "input_token_ids_logprobs": (token.input_token_ids_logprobs, state.want_token_ids, self._nested_rows),
+            "output_token_ids_logprobs": (token.output_token_ids_logprobs, state.want_token_ids, self._nested_rows),
+        }
+        for key, (rows, wanted, convert) in lists.items():
+            if wanted:
+                state.logprobs.setdefault(key, []).extend(convert(rows or [], text))
+
+    def _pair_rows(self, pairs: list[list[Any]], with_text: bool) -> list[list[Any]]:
+        """[logprob, token_id] pairs -> [logprob, token_id, text_or_null] triples."""
+        return [[lp, tid, self._token_text(tid) if with_text else None] for lp, tid in pairs]
+
+    def _nested_rows(self, rows: list[Optional[list[list[Any]]]], with_text: bool) -> list[Any]:
+        return [None if row is None else self._pair_rows(row, with_text) for row in rows]
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])
+
+    @staticmethod
+    def _snapshot(state: _ReqState, indexed: bool) -> dict[str, Any]:
+        # Copies, because the state keeps growing after the dict is handed out.
+        meta: dict[str, Any] = {
+            "id": state.rid,
+            "finish_reason": state.finished_reason,
+            "prompt_tokens": state.prompt_tokens,
+            "completion_tokens": state.completion_tokens,
+            "cached_tokens": state.cached_tokens,
+        }
+        meta.update({key: list(rows) for key, rows in state.logprobs.items()})
+        if state.sampling_seed is not None:
+            meta["sampling_seed"] = state.sampling_seed
+        out: dict[str, Any] = {"text": _visible_text(state), "output_ids": list(state.output_ids), "meta_info": meta}
+        if indexed:
+            out["index"] = state.index
+        return out
+
+
+def _visible_text(state: _ReqState) -> str:
+    """While streaming, a tail that may be the start of a stop string is held back, so no chunk
+    shows text that the final trim removes (stop_regex partial matches are not held back)."""
+    if state.finished_reason is not None or state.params["no_stop_trim"]:
+        return state.text
+    stops = state.params["stop"] or []
+    stops = [stops] if isinstance(stops, str) else stops
+    held = max((_partial_stop_len(state.text, stop) for stop in stops), default=0)
+    return state.text[: len(state.text) - held]
+
+
+def _partial_stop_len(text: str, stop: str) -> int:
+    """Length of the longest proper prefix of `stop` that `text` ends with."""
+    for n in range(min(len(stop) - 1, len(text)), 0, -1):
+        if text.endswith(stop[:n]):
+            return n
+    return 0
+
+
+def _fan_out(base: TokenizedGenerateReqInput, n: int) -> list[TokenizedGenerateReqInput]:
+    """n > 1: n children `{rid}_{i}` with n=1 and, when seeded, distinct derived seeds."""
+    if n == 1:
+        return [base]
+    seed = base.sampling_params.get("sampling_seed")
+    children = []
+    for i in range(n):
+        params = {**base.sampling_params, "n": 1}
+        if seed is not None:
+            params["sampling_seed"] = derive_child_seed(seed, i)
+        children.append(msgspec.structs.replace(base, rid=f"{base.rid}_{i}", sampling_params=params))
+    return children

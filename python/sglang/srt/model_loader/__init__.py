@@ -1,0 +1,35 @@
+"""Build a model for a ModelConfig and fill its weights from GGUF or safetensors."""
+
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+from torch import nn
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.model_loader.gguf_loader import iter_gguf_weights
+from sglang.srt.model_loader.safetensors_loader import iter_safetensors_weights
+from sglang.srt.models.registry import get_model_class
+
+
+def load_model(
+    config: ModelConfig,
+    model_path: str,
+    dtype: torch.dtype,
+    device: Union[str, torch.device],
+    tp_rank: int = 0,
+    tp_size: int = 1,
+) -> nn.Module:
+    """The model on `device` in `dtype`, holding this TP rank's shard of every weight."""
+    with torch.device(device):
+        model = get_model_class(config.arch)(config, dtype=dtype, tp_rank=tp_rank, tp_size=tp_size)
+    if config.format == "gguf":
+        weights = iter_gguf_weights(model_path, config)
+    else:
+        weights = iter_safetensors_weights(model_path)
+    model.load_weights(weights)
+    for module in model.modules():
+        if hasattr(module, "process_weights_after_loading"):
+            module.process_weights_after_loading()
+    return model.eval()

@@ -1,0 +1,133 @@
+"""GGUF checkpoints: a fast metadata reader, and dequantised tensors under HF parameter names."""
+
+from __future__ import annotations
+
+import mmap
+import re
+import struct
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from sglang.srt.configs.model_config import ModelConfig
+
+GGUF_MAGIC = b"GGUF"
+# GGUF metadata value types: id -> struct format (scalars only).
+_SCALAR_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_STRING, _ARRAY = 8, 9
+# Arrays longer than this (token tables, merges) are skipped: nothing reads them from here.
+_MAX_KEPT_ARRAY = 256
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def read_gguf_header(path: str) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
+    """(metadata, tensor name -> numpy-order shape) without parsing the token tables into
+    per-item arrays, which is what makes GGUFReader take seconds."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        reader = _HeaderReader(buf)
+        if buf[:4] != GGUF_MAGIC:
+            raise ValueError(f"{path} is not a GGUF file.")
+        reader.pos = 4
+        version, n_tensors, n_kv = reader.read("I"), reader.read("Q"), reader.read("Q")
+        if version not in (2, 3):
+            raise ValueError(f"Unsupported GGUF version {version} in {path} (big-endian files are not supported).")
+        metadata = {}
+        for _ in range(n_kv):
+            key = reader.read_string()
+            value = reader.read_value(reader.read("I"))
+            if value is not _SKIPPED:
+                metadata[key] = value
+        shapes = {}
+        for _ in range(n_tensors):
+            name = reader.read_string()
+            dims = [reader.read("Q") for _ in range(reader.read("I"))]
+            reader.read("I")  # type
+            reader.read("Q")  # data offset
+            shapes[name] = tuple(reversed(dims))  # GGUF lists the innermost dimension first
+        return metadata, shapes
+
+
+_SKIPPED = object()
+
+
+class _HeaderReader:
+    def __init__(self, buf: mmap.mmap) -> None:
+        self.buf, self.pos = buf, 0
+
+    def read(self, fmt: str) -> Any:
+        (value,) = struct.unpack_from("<" + fmt, self.buf, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return value
+
+    def read_string(self) -> str:
+        n = self.read("Q")
+        value = self.buf[self.pos : self.pos + n].decode("utf-8", errors="replace")
+        self.pos += n
+        return value
+
+    def read_value(self, vtype: int) -> Any:
+        if vtype == _STRING:
+            return self.read_string()
+        if vtype != _ARRAY:
+            return self.read(_SCALAR_FORMATS[vtype])
+        etype, count = self.read("I"), self.read("Q")
+        if count <= _MAX_KEPT_ARRAY:
+            return [self.read_value(etype) for _ in range(count)]
+        if etype == _STRING:
+            for _ in range(count):
+                length = self.read("Q")  # read before updating pos: read() advances it
+                self.pos += length
+        else:
+            self.pos += count * struct.calcsize(_SCALAR_FORMATS[etype])
+        return _SKIPPED
+
+
+def iter_gguf_weights(path: str, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF parameter name, float32 tensor) for every tensor of the file."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    for tensor in GGUFReader(path).tensors:
+        weight = torch.from_numpy(np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32))
+        name = hf_name(tensor.name)
+        # llama.cpp permutes Llama's q/k rows for its interleaved RoPE; undo it for rotate-half.
+        if config.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = config.num_attention_heads if "q_proj" in name else config.num_key_value_heads
+            weight = unpermute_rope_rows(weight, heads)
+        yield name, weight
+
+
+def hf_name(gguf_name: str) -> str:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    match = _BLOCK_RE.fullmatch(gguf_name)
+    if match is None or match.group(2) not in _BLOCK_NAMES:
+        raise ValueError(f"Unsupported GGUF tensor {gguf_name!r}.")
+    layer, part, kind = match.groups()
+    return f"model.layers.{layer}.{_BLOCK_NAMES[part]}.{kind}"
+
+
+def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Within each head, llama.cpp stores rows as (pair index, half) and HF as (half, pair index)."""
+    rows = weight.shape[0]
+    return weight.reshape(num_heads, rows // num_heads // 2, 2, -1).transpose(1, 2).reshape(weight.shape)

@@ -1,0 +1,200 @@
+"""Llama decoder, also the base of Qwen2 (q/k/v biases) and Qwen3 (per-head q/k RMSNorm)."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers.attention import Attention
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from sglang.srt.layers.rotary import RotaryEmbedding, apply_rotary_emb
+from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+# cos, sin [N, 1, D/2] of this step's positions.
+Rope = tuple[torch.Tensor, torch.Tensor]
+
+# Checkpoint projection -> (our fused parameter, shard id passed to its weight_loader).
+STACKED_PARAMS = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, tp_rank: int, tp_size: int) -> None:
+        super().__init__()
+        tp = dict(params_dtype=dtype, tp_rank=tp_rank, tp_size=tp_size)
+        inter = config.intermediate_size
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter], **tp)
+        self.down_proj = RowParallelLinear(inter, config.hidden_size, **tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [N, I / tp] each
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(
+        self,
+        config: ModelConfig,
+        layer_id: int,
+        dtype: torch.dtype,
+        tp_rank: int,
+        tp_size: int,
+        qk_norm: bool,
+    ) -> None:
+        super().__init__()
+        tp = dict(params_dtype=dtype, tp_rank=tp_rank, tp_size=tp_size)
+        d = config.head_dim
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size, d, config.num_attention_heads, config.num_key_value_heads, config.attention_bias, **tp
+        )
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.o_proj = RowParallelLinear(config.num_attention_heads * d, config.hidden_size, **tp)
+        self.q_norm = RMSNorm(d, config.rms_norm_eps, params_dtype=dtype) if qk_norm else None
+        self.k_norm = RMSNorm(d, config.rms_norm_eps, params_dtype=dtype) if qk_norm else None
+        self.attn = Attention(layer_id, self.num_heads, self.num_kv_heads, d, d**-0.5)
+
+    def forward(self, rope: Rope, x: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+        n, d, heads, kv_heads = x.shape[0], self.attn.head_dim, self.num_heads, self.num_kv_heads
+        # q and k heads are adjacent in the fused output, so they are normed and rotated as one tensor.
+        qk, v = self.qkv_proj(x).split([(heads + kv_heads) * d, kv_heads * d], dim=-1)
+        qk = qk.view(n, heads + kv_heads, d)
+        if self.q_norm is not None:
+            qk = torch.cat([self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])], dim=1)
+        q, k = apply_rotary_emb(qk, *rope).split([heads, kv_heads], dim=1)  # [N, Hq, D], [N, Hk, D]
+        return self.o_proj(self.attn(q, k, v.view(n, kv_heads, d), forward_batch))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_id: int, dtype: torch.dtype, tp_rank: int, tp_size: int,
+                 qk_norm: bool) -> None:
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, params_dtype=dtype)
+        self.self_attn = LlamaAttention(config, layer_id, dtype, tp_rank, tp_size, qk_norm)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, params_dtype=dtype)
+        self.mlp = LlamaMLP(config, dtype, tp_rank, tp_size)
+
+    def forward(
+        self, rope: Rope, x: torch.Tensor, residual: Optional[torch.Tensor], forward_batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (this layer's MLP output, the residual stream before it); the next norm adds them."""
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(rope, x, forward_batch)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, tp_rank: int, tp_size: int, qk_norm: bool) -> None:
+        super().__init__()
+        tp = dict(params_dtype=dtype, tp_rank=tp_rank, tp_size=tp_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, **tp)
+        self.rotary_emb = RotaryEmbedding(config.head_dim, config.context_len, config.rope_theta, config.rope_scaling)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i, dtype, tp_rank, tp_size, qk_norm)
+            for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, params_dtype=dtype)
+
+    def forward(self, forward_batch: ForwardBatch) -> torch.Tensor:
+        """-> [N, H] final hidden states of every new token."""
+        x, residual = self.embed_tokens(forward_batch.input_ids), None  # [N, H]
+        rope = self.rotary_emb(forward_batch.positions, x.dtype)
+        for layer in self.layers:
+            x, residual = layer(rope, x, residual, forward_batch)
+        x, _ = self.norm(x, residual)
+        return x
+
+
+class LlamaForCausalLM(nn.Module):
+    qk_norm = False
+
+    def __init__(self, config: ModelConfig, *, dtype: torch.dtype = torch.float32, tp_rank: int = 0,
+                 tp_size: int = 1) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config, dtype, tp_rank, tp_size, self.qk_norm)
+        if config.tie_word_embeddings:
+            self.lm_head = self.model.embed_tokens
+        else:
+            self.lm_head = ParallelLMHead(
+                config.vocab_size, config.hidden_size, params_dtype=dtype, tp_rank=tp_rank, tp_size=tp_size
+            )
+        self.logits_processor = LogitsProcessor(
+            config.vocab_size, tp_all_gather=_vocab_all_gather(tp_size) if tp_size > 1 else None
+        )
+
+    def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        hidden = self.model(forward_batch)  # [N, H]
+        if forward_batch.return_input_logits:
+            out = self.logits_processor(hidden, self.lm_head.weight)
+            out.input_token_logits = out.next_token_logits  # [N, V]
+            out.next_token_logits = out.input_token_logits[_last_token_indices(forward_batch)]  # [B, V]
+            return out
+        if forward_batch.forward_mode.is_extend():
+            hidden = hidden[_last_token_indices(forward_batch)]  # [B, H]
+        return self.logits_processor(hidden, self.lm_head.weight)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """weights: (HF parameter name, full unsharded tensor) pairs."""
+        params = dict(self.named_parameters())
+        loaded = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name or (self.config.tie_word_embeddings and name == "lm_head.weight"):
+                continue
+            target, shard = _stacked_target(name)
+            if target not in params:
+                raise ValueError(f"Checkpoint tensor {name!r} has no matching parameter in {type(self).__name__}.")
+            param = params[target]
+            if shard is None:
+                param.weight_loader(param, tensor)
+            else:
+                param.weight_loader(param, tensor, shard)
+            loaded.add(target)
+        missing = set(params) - loaded
+        if missing:
+            raise ValueError(f"Checkpoint is missing weights for: {sorted(missing)[:8]}...")
+
+
+def _stacked_target(name: str) -> tuple[str, Optional[object]]:
+    for ckpt, (fused, shard) in STACKED_PARAMS.items():
+        if f".{ckpt}." in name:
+            return name.replace(f".{ckpt}.", f".{fused}."), shard
+    return name, None
+
+
+def _last_token_indices(forward_batch: ForwardBatch) -> torch.Tensor:
+    """[B] int64 index of each request's last new token among the N new tokens."""
+    ends, total = [], 0
+    for n in forward_batch.extend_seq_lens_cpu:
+        total += n
+        ends.append(total - 1)
+    return torch.tensor(ends, dtype=torch.int64).to(forward_batch.input_ids.device, non_blocking=True)
+
+
+def _vocab_all_gather(tp_size: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    def gather(logits: torch.Tensor) -> torch.Tensor:
+        shards = [torch.empty_like(logits) for _ in range(tp_size)]
+        torch.distributed.all_gather(shards, logits.contiguous())
+        return torch.cat(shards, dim=-1)  # [B, V_padded]
+
+    return gather
