@@ -26,7 +26,7 @@ setup(
         "jinja2",
     ],
     extras_require={
-        "test": ["pytest", "hypothesis", "scipy", "openai"],
+        "test": ["pytest", "hypothesis", "scipy", "openai", "accelerate"],
         "bench": ["tqdm", "matplotlib"],
         "gpu": ["flashinfer-python", "triton"],
     },

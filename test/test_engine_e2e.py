@@ -89,6 +89,14 @@ def test_ignore_eos_runs_past_eos(server):
     assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 20}
 
 
+def test_skip_special_tokens(server):
+    params = greedy(24, ignore_eos=True)
+    skipped = generate_ok(server, CHAT_SHORT, sampling_params=params)
+    kept = generate_ok(server, CHAT_SHORT, sampling_params={**params, "skip_special_tokens": False})
+    assert skipped["output_ids"] == kept["output_ids"] and EOS in kept["output_ids"]
+    assert "<|im_end|>" in kept["text"] and "<|im_end|>" not in skipped["text"]
+
+
 def test_seeds_reproduce_and_differ(server):
     def run(seed):
         params = {"temperature": 1.0, "max_new_tokens": 24, "sampling_seed": seed, "ignore_eos": True}

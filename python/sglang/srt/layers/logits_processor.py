@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol, Union
 
 import torch
 from torch import nn
@@ -28,6 +28,11 @@ class LogitsProcessorOutput:
     row_errors: dict[int, str] = field(default_factory=dict)  # row -> message, host-known causes
 
 
+class LMHead(Protocol):
+    def project(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """hidden [N, H] -> logits of this rank's vocabulary shard [N, V_shard]."""
+
+
 class LogitsProcessor(nn.Module):
     """lm_head projection, optional TP all-gather of vocab shards, logit scale, final soft-capping."""
 
@@ -50,13 +55,20 @@ class LogitsProcessor(nn.Module):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        lm_head_weight: torch.Tensor,
+        lm_head: Union[torch.Tensor, "LMHead"],
         lm_head_bias: Optional[torch.Tensor] = None,
         *,
         keep_hidden_states: bool = False,
     ) -> LogitsProcessorOutput:
-        """hidden_states [B, H] (the last position of each row); lm_head_weight [V_shard, H]."""
-        logits = torch.nn.functional.linear(hidden_states, lm_head_weight, lm_head_bias).float()  # [B, V_shard]
+        """hidden_states [B, H] (the last position of each row); lm_head is the weight [V_shard, H]
+        or a module whose `project(hidden)` does the matmul (e.g. with a pre-packed weight)."""
+        if isinstance(lm_head, torch.Tensor):
+            logits = torch.nn.functional.linear(hidden_states, lm_head, lm_head_bias)  # [B, V_shard]
+        else:
+            logits = lm_head.project(hidden_states)
+            if lm_head_bias is not None:
+                logits = logits + lm_head_bias
+        logits = logits.float()
         if self.tp_all_gather is not None:
             logits = self.tp_all_gather(logits)  # [B, V_padded]: every rank holds the full vocab
         # Vocab shards may be padded to a multiple of the TP size; padding is never a token.

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang.srt.layers.linear import make_param
+from sglang.srt.layers.linear import CPU_PACK_BATCH_HINT, cpu_pack_supported, make_param
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -36,6 +36,20 @@ class VocabParallelEmbedding(nn.Module):
         rows = self.vocab_end - self.vocab_start
         param.data[:rows].copy_(loaded[self.vocab_start : self.vocab_end])
         param.data[rows:].zero_()
+
+    def process_weights_after_loading(self) -> None:
+        # The LM-head matmul is the largest of a decode step; oneDNN's blocked layout makes it ~3x
+        # faster on CPU. A copy, because the dense rows still serve embedding lookups (tied heads).
+        self._packed = None
+        if cpu_pack_supported(self.weight):
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), CPU_PACK_BATCH_HINT)
+
+    def project(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """hidden [N, H] -> this rank's logits [N, V_shard]."""
+        packed = getattr(self, "_packed", None)
+        if packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(hidden_states, packed, None, "none", [], "")
+        return F.linear(hidden_states, self.weight)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:

@@ -146,13 +146,13 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         hidden = self.model(forward_batch)  # [N, H]
         if forward_batch.return_input_logits:
-            out = self.logits_processor(hidden, self.lm_head.weight)
+            out = self.logits_processor(hidden, self.lm_head)
             out.input_token_logits = out.next_token_logits  # [N, V]
             out.next_token_logits = out.input_token_logits[_last_token_indices(forward_batch)]  # [B, V]
             return out
         if forward_batch.forward_mode.is_extend():
             hidden = hidden[_last_token_indices(forward_batch)]  # [B, H]
-        return self.logits_processor(hidden, self.lm_head.weight)
+        return self.logits_processor(hidden, self.lm_head)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """weights: (HF parameter name, full unsharded tensor) pairs."""
