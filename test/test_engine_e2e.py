@@ -8,6 +8,7 @@ import openai
 import pytest
 
 from engine_utils import generate, generate_ok, greedy, running_server, stream_chunks
+from sglang.srt.managers.tokenizer_manager import derive_child_seed
 from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
 
 PROMPT = "The capital of France is"
@@ -123,6 +124,23 @@ def test_n_with_seed_gives_distinct_reproducible_samples(server):
     first = run()
     assert len({tuple(x) for x in first}) == 3
     assert run() == first
+
+
+def test_n_children_share_the_prompt_kv(server):
+    prompt = "Once upon a time in a small village by the sea, there lived"
+    params = {"n": 4, "temperature": 1.0, "max_new_tokens": 12, "sampling_seed": 9}
+    shared = generate_ok(server, prompt, sampling_params=params)
+    prompt_tokens = shared[0]["meta_info"]["prompt_tokens"]
+    assert sorted(o["meta_info"]["cached_tokens"] for o in shared) == [0] + [prompt_tokens - 1] * 3
+    alone = [
+        generate_ok(server, prompt, sampling_params={**params, "n": 1, "sampling_seed": derive_child_seed(9, i)})
+        for i in range(4)
+    ]
+    assert [o["output_ids"] for o in shared] == [o["output_ids"] for o in alone]
+    assert all(o["meta_info"]["cached_tokens"] == 0 for o in alone)  # the children's K/V was released
+    greedy_children = generate_ok(server, prompt, sampling_params=greedy(12, n=3))
+    assert len({tuple(o["output_ids"]) for o in greedy_children}) == 1
+    assert greedy_children[0]["output_ids"] == _greedy_ids(server, prompt, max_new_tokens=12)
 
 
 def test_logprobs(server):

@@ -61,6 +61,7 @@ class Req:
         # Engine bookkeeping.
         self.req_pool_idx: Optional[int] = None
         self.kv_len = 0  # tokens whose K/V are in the cache
+        self.cached_tokens = 0  # prompt tokens whose K/V another request computed
         self.sent_output_len = 0  # output ids already sent to the detokenizer
         self.finish_sent = False
         self.pending_logprobs = _PendingLogprobs()

@@ -108,6 +108,9 @@ class Scheduler:
         self.chunked_req: Optional[Req] = None
         self.to_merge: list[ScheduleBatch] = []
         self.reqs_by_rid: dict[str, Req] = {}
+        # Prompt -> the live request whose K/V holds it, and users per KV slot (prefix sharing).
+        self.prompt_owners: dict[tuple[int, ...], Req] = {}
+        self.slot_refs = torch.zeros(self.max_total_tokens + 1, dtype=torch.int32)
 
         self.context = zmq.Context(2)
         self.recv_socket = self.context.socket(zmq.PULL)
@@ -264,10 +267,16 @@ class Scheduler:
     def _release(self, req: Req) -> None:
         pool = self.model_runner.req_to_token_pool
         if req.req_pool_idx is not None:
-            slots = pool.req_to_token[req.req_pool_idx, : req.kv_len]
-            self.model_runner.token_to_kv_pool_allocator.free(slots.clone())
+            slots = pool.req_to_token[req.req_pool_idx, : req.kv_len].cpu()
+            # Slots shared with other children of the same prompt live until the last user leaves.
+            self.slot_refs[slots] -= 1
+            unused = slots[self.slot_refs[slots] == 0]
+            self.model_runner.token_to_kv_pool_allocator.free(unused.to(self.device))
             pool.free(req.req_pool_idx)
             req.req_pool_idx = None
+        key = tuple(req.origin_input_ids)
+        if self.prompt_owners.get(key) is req:
+            del self.prompt_owners[key]
         self.reqs_by_rid.pop(req.rid, None)
 
     def _reserved_tokens(self) -> int:
@@ -284,29 +293,61 @@ class Scheduler:
     def _prefill_step(self) -> Optional[Step]:
         budget = self.server_args.chunked_prefill_size
         chunks: list[tuple[Req, int]] = []
+        shares: list[tuple[Req, Req]] = []
         if self.chunked_req is not None:
-            req = self.chunked_req
-            n = min(len(req.origin_input_ids) - req.kv_len, budget)
-            chunks.append((req, n))
-            budget -= n
+            budget -= self._add_chunk(chunks, self.chunked_req, budget)
         free = self.model_runner.token_to_kv_pool_allocator.available_size() - self._reserved_tokens()
         admitted = self._running_count()
         while self.waiting and budget > 0 and admitted < self.max_running:
             req = self.waiting[0]
-            if self._budget(req) > free or self.model_runner.req_to_token_pool.available_size() == 0:
+            donor = self._prefix_donor(req, chunks)
+            shared = len(req.origin_input_ids) - 1 if donor is not None else 0
+            if self._budget(req) - shared > free or self.model_runner.req_to_token_pool.available_size() == 0:
                 break
             self.waiting.popleft()
             req.req_pool_idx = self.model_runner.req_to_token_pool.alloc()
-            free -= self._budget(req)
-            n = min(len(req.origin_input_ids), budget)
-            chunks.append((req, n))
-            budget -= n
+            free -= self._budget(req) - shared
+            if donor is not None:
+                req.kv_len = req.cached_tokens = shared
+                shares.append((req, donor))
+            budget -= self._add_chunk(chunks, req, budget)
             admitted += 1
         if not chunks:
             return None
-        return self._build_extend_step(chunks)
+        return self._build_extend_step(chunks, shares)
 
-    def _build_extend_step(self, chunks: list[tuple[Req, int]]) -> Step:
+    def _add_chunk(self, chunks: list[tuple[Req, int]], req: Req, budget: int) -> int:
+        """Schedule the next prompt chunk of `req`; returns its length."""
+        n = min(len(req.origin_input_ids) - req.kv_len, budget)
+        if req.kv_len + n == len(req.origin_input_ids):
+            # Its whole prompt is in the cache after this step's layers: children can share it.
+            self.prompt_owners.setdefault(tuple(req.origin_input_ids), req)
+        chunks.append((req, n))
+        return n
+
+    def _prefix_donor(self, req: Req, chunks: list[tuple[Req, int]]) -> Optional[Req]:
+        """A live request with the same prompt whose K/V for all but the last prompt token exist,
+        or are written earlier in this same step (each layer stores K/V before attending).
+
+        This is how the n > 1 children of one request share their prompt. The last prompt token
+        is always recomputed, so each child gets its own first-token logits."""
+        if len(req.origin_input_ids) < 2 or (req.logprob is not None and req.logprob.logprob_start_len < len(req.origin_input_ids)):
+            return None
+        donor = self.prompt_owners.get(tuple(req.origin_input_ids))
+        if donor is None or donor.req_pool_idx is None:
+            return None
+        in_this_step = any(r is donor and r.kv_len + n == len(r.origin_input_ids) for r, n in chunks)
+        return donor if in_this_step or donor.kv_len >= len(req.origin_input_ids) - 1 else None
+
+    def _share_prefixes(self, shares: list[tuple[Req, Req]]) -> None:
+        """Point each sharer's first cached_tokens positions at its donor's slots (allocated by now)."""
+        table = self.model_runner.req_to_token_pool.req_to_token
+        for req, donor in shares:
+            slots = table[donor.req_pool_idx, : req.cached_tokens]
+            table[req.req_pool_idx, : req.cached_tokens] = slots
+            self.slot_refs[slots.cpu()] += 1
+
+    def _build_extend_step(self, chunks: list[tuple[Req, int]], shares: list[tuple[Req, Req]]) -> Step:
         reqs, input_ids, positions, sample_rows, spans = [], [], [], [], []
         self.chunked_req = None
         for row, (req, n) in enumerate(chunks):
@@ -323,6 +364,7 @@ class Scheduler:
         prefix_lens = [req.kv_len for req in reqs]
         extend_lens = [n for _, n in chunks]
         out_cache_loc = self._allocate_slots(reqs, extend_lens)
+        self._share_prefixes(shares)
         forward_batch = self._forward_batch(ForwardMode.EXTEND, reqs, input_ids, positions, prefix_lens, extend_lens, out_cache_loc)
         forward_batch.return_input_logits = bool(spans)
         sampled = [reqs[r] for r in sample_rows]
@@ -348,6 +390,7 @@ class Scheduler:
         slots = allocator.alloc(sum(lens))
         if slots is None:
             raise RuntimeError("KV cache exhausted despite admission control")
+        self.slot_refs[slots.cpu()] = 1
         table = self.model_runner.req_to_token_pool.req_to_token
         offset = 0
         for req, n in zip(reqs, lens):
@@ -535,6 +578,7 @@ class Scheduler:
             finished_reason=req.finished_reason,
             prompt_tokens=len(req.origin_input_ids),
             completion_tokens=len(req.output_ids),
+            cached_tokens=req.cached_tokens,
             skip_special_tokens=params.skip_special_tokens,
             spaces_between_special_tokens=params.spaces_between_special_tokens,
             no_stop_trim=params.no_stop_trim,
