@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
+import importlib.metadata
 import json
 import math
 import os
@@ -350,9 +351,10 @@ def machine_description(device: torch.device) -> str:
 
 
 def package_version(name: str) -> Optional[str]:
+    """The installed distribution's version; None when absent (a bundled copy may lack metadata)."""
     try:
-        return importlib.import_module(name).__version__
-    except ImportError:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
         return None
 
 
@@ -363,7 +365,7 @@ def header(started: datetime.datetime, device: torch.device, bandwidth: Optional
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "transformers": package_version("transformers"),
-        "flashinfer": package_version("flashinfer") if device.type == "cuda" else None,
+        "flashinfer": package_version("flashinfer-python"),
         "copy_bandwidth_bytes_per_s": bandwidth,
         "command": shlex.join([Path(sys.executable).name, *sys.argv]),
     }

@@ -21,6 +21,7 @@ def make_batch(
     processors: Optional[list[Optional[str]]] = None,
     enable_processors: bool = False,
     allowlist: Optional[frozenset[str]] = None,
+    device: str = "cpu",
 ) -> ScheduleBatch:
     reqs = []
     for i, p in enumerate(params):
@@ -29,7 +30,7 @@ def make_batch(
         reqs.append(Req(f"r{i}", prompt, p, custom_logit_processor=processor))
     return ScheduleBatch(
         reqs=reqs,
-        device="cpu",
+        device=device,
         enable_custom_logit_processor=enable_processors,
         custom_logit_processor_allowlist=allowlist,
     )
@@ -44,10 +45,11 @@ def make_info(params: list[SamplingParams], vocab_size: int, **kwargs) -> Sampli
 
 def sample(sampler, logits: torch.Tensor, params: list[SamplingParams], positions=None, **kwargs):
     """One Sampler.forward over a copy of `logits`; returns (ids, LogitsProcessorOutput)."""
-    info = make_info(params, logits.shape[1])
+    info = make_info(params, logits.shape[1], device=str(logits.device))
     out = LogitsProcessorOutput(next_token_logits=logits.clone())
     if positions is None:
         positions = torch.zeros(logits.shape[0], dtype=torch.int64)
+    positions = positions.to(logits.device)
     ids = sampler(out, info, positions=positions, **kwargs)
     return ids, out
 
@@ -80,14 +82,14 @@ def reference_distribution(logits: list[float], temperature=1.0, top_k=None, top
 
 
 def empirical(ids: torch.Tensor, vocab_size: int) -> np.ndarray:
-    return np.bincount(ids.numpy(), minlength=vocab_size) / len(ids)
+    return np.bincount(ids.cpu().numpy(), minlength=vocab_size) / len(ids)
 
 
 def assert_matches_distribution(ids: torch.Tensor, expected: np.ndarray, *, min_p_value: float = 1e-4) -> None:
     """Support must match exactly; a chi-square goodness-of-fit must not reject at `min_p_value`."""
     from scipy.stats import chisquare
 
-    counts = np.bincount(ids.numpy(), minlength=len(expected))
+    counts = np.bincount(ids.cpu().numpy(), minlength=len(expected))
     outside = counts[expected == 0].sum()
     assert outside == 0, f"{outside} draws outside the support {np.nonzero(expected)[0].tolist()}"
     support = expected > 0

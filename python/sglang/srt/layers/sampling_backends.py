@@ -70,6 +70,8 @@ class FlashInferBackend(SamplingBackend):
         if info.need_min_p_sampling:
             support = batch_support(scaled, info)
             probs = torch.where(scaled >= support.threshold, probs, torch.zeros_like(probs))
+            # The kernel's inverse-CDF draw assumes each row sums to 1.
+            probs = probs / probs.sum(dim=-1, keepdim=True)
             ids = self._ops.sampling_from_probs(probs, generator=generator)
         elif info.need_top_k_sampling or info.need_top_p_sampling:
             ids = self._ops.top_k_top_p_sampling_from_probs(
