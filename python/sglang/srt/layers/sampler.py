@@ -141,9 +141,9 @@ class Sampler(nn.Module):
             result = entry.processor(rows_logits, [custom_params[r] for r in entry.rows])
             if not isinstance(result, torch.Tensor) or result.shape != rows_logits.shape:
                 raise TypeError(f"must return a tensor of shape {tuple(rows_logits.shape)}")
+            logits.index_copy_(0, entry.indices, result.to(device=logits.device, dtype=logits.dtype))
         except Exception as err:  # noqa: BLE001 - any processor error fails its own rows only
             return f"custom_logit_processor {type(entry.processor).__name__} failed: {type(err).__name__}: {err}"
-        logits.index_copy_(0, entry.indices, result.to(logits.dtype))
         return None
 
     @staticmethod

@@ -161,7 +161,10 @@ def inverse_cdf_draw(values: torch.Tensor, threshold: torch.Tensor, u: torch.Ten
     target = u * cdf[:, -1:]
     # The first column whose cdf reaches target > 0 has positive weight, so it is kept.
     col = torch.searchsorted(cdf, target, right=False).clamp_(max=values.shape[1] - 1)
-    return col.squeeze(1)
+    # A parallel scan (CUDA) need not be exactly monotonic across zero-weight columns; never
+    # return one: fall back to the most likely kept token (a ~1e-7 event).
+    kept = weights.gather(1, col) > 0
+    return torch.where(kept, col, weights.argmax(dim=-1, keepdim=True)).squeeze(1)
 
 
 def draw_unseeded(

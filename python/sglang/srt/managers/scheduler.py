@@ -62,6 +62,9 @@ class Step:
     positions: torch.Tensor  # [S] position of each sampled row's last input token
     input_logprob_spans: list[tuple[int, int, int, int]] = field(default_factory=list)  # (row, start, a, b)
 
+    def reads_host_history(self) -> bool:
+        return self.sampled_batch is not None and self.sampled_batch.sampling_info.has_custom_logit_processor
+
 
 @dataclass
 class StepResult:
@@ -136,6 +139,11 @@ class Scheduler:
         while True:
             self.recv_requests(block=self._idle())
             step = self.get_next_step()
+            if self.overlap and self.in_flight is not None and step is not None and step.reads_host_history():
+                # Custom processors read each request's output ids on the host: let them see the
+                # in-flight token first.
+                self.process_step_result(*self.in_flight)
+                self.in_flight = None
             future = self.worker.submit(self._run_step, step) if step is not None else None
             if self.overlap:
                 previous, self.in_flight = self.in_flight, (step, future) if step is not None else None
@@ -169,6 +177,9 @@ class Scheduler:
 
     def _add_request(self, message: TokenizedGenerateReqInput) -> None:
         params = SamplingParams(**message.sampling_params)
+        if params.max_new_tokens is None:
+            # SGLang's meaning of null: the rest of the context.
+            params.max_new_tokens = max(self.context_len - len(message.input_ids), 0)
         logprob = None
         if message.return_logprob:
             start = message.logprob_start_len if message.logprob_start_len >= 0 else len(message.input_ids)
@@ -294,6 +305,11 @@ class Scheduler:
         budget = self.server_args.chunked_prefill_size
         chunks: list[tuple[Req, int]] = []
         shares: list[tuple[Req, Req]] = []
+        if self.chunked_req is not None and self.chunked_req.finished():
+            # Aborted mid-prefill: its slots go back now, and nothing of it is scheduled.
+            self._release(self.chunked_req)
+            self._send([self.chunked_req])
+            self.chunked_req = None
         if self.chunked_req is not None:
             budget -= self._add_chunk(chunks, self.chunked_req, budget)
         free = self.model_runner.token_to_kv_pool_allocator.available_size() - self._reserved_tokens()
