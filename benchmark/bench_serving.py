@@ -30,7 +30,6 @@ import datetime
 import gc
 import json
 import os
-import platform
 import shlex
 import socket
 import statistics
@@ -47,6 +46,7 @@ import requests
 import torch
 from tqdm import tqdm
 
+from bench_sampler import machine_description  # this folder is on sys.path when run as a script
 from sglang.srt.utils.embedded_model import embedded_model_path
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -338,16 +338,6 @@ def record(
     }
 
 
-def machine_description() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{os.cpu_count()}-core {platform.machine()} ({cpu}), {platform.system()} {platform.release()}"
-
-
 def git_revision() -> Optional[str]:
     """The commit measured, marked -dirty when the working tree has changes."""
     try:
@@ -362,7 +352,7 @@ def header(started: datetime.datetime, args: argparse.Namespace) -> dict:
 
     return {
         "date": started.isoformat(timespec="seconds"),
-        "machine": machine_description(),
+        "machine": machine_description(torch.device("cpu")),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "transformers": transformers.__version__,

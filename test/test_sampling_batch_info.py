@@ -6,7 +6,7 @@ import zlib
 
 import torch
 
-from sampling_utils import make_batch, make_info
+from sampling_utils import make_info
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import Sampler
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
