@@ -462,3 +462,13 @@ def test_random_steps_filters_and_merges_match_dense_reference(device: str, seed
             keep_alive.append(other_batch)
             orch.merge(other)
             batch.reqs = batch.reqs + new_reqs
+
+
+def test_filter_retightens_the_width_bound():
+    counts = TokenCounts.from_lists([[1, 2, 3], [4]], "cpu")
+    for step in range(10):
+        counts.add(torch.tensor([5, 6 + step]))  # row 0 repeats one token, row 1 gains a new one each step
+    assert counts.width == 13  # a bound: 3 distinct at build + one per add
+    counts.filter(torch.tensor([0]))
+    assert counts.width == 4
+    assert counts.ids.tolist() == [[1, 2, 3, 5]] and counts.counts.tolist() == [[1.0, 1.0, 1.0, 10.0]]

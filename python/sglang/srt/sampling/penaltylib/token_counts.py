@@ -19,8 +19,8 @@ class TokenCounts:
     """Distinct tokens per row, left-packed, with occurrence counts.
 
     Row b holds its distinct tokens in slots [0, lengths[b]); later slots are PAD_ID with count 0.
-    `width` is a host-side upper bound on max(lengths) (it grows by one per `add`, because
-    knowing whether any row really gained a token would need a device sync).
+    `width` is a host-side upper bound on max(lengths): it grows by one per `add` (knowing whether
+    any row really gained a token would need a device sync) and is re-tightened on `filter`.
     """
 
     def __init__(self, ids: torch.Tensor, counts: torch.Tensor, lengths: torch.Tensor, width: int) -> None:
@@ -86,6 +86,10 @@ class TokenCounts:
         self._ids = self._ids.index_select(0, keep)
         self._counts = self._counts.index_select(0, keep)
         self._lengths = self._lengths.index_select(0, keep)
+        # Re-tighten the bound, which otherwise grows with every step of a long-lived batch. This
+        # reads the device, but filtering happens between steps, after the scheduler has waited
+        # for the step in flight, never inside a decode step.
+        self.width = int(self._lengths.max()) if len(self) else 0
 
     def merge(self, other: TokenCounts) -> None:
         """Append `other`'s rows after this one's."""
