@@ -1,8 +1,9 @@
 """Paged attention over the KV cache with torch SDPA.
 
 Each request's new queries attend causally to all of its tokens [0, seq_len), whose KV slots
-are read through req_to_token. Decode is one batched SDPA over a padded gather; extend runs
-one SDPA per request, since prompt chunks differ widely in length.
+are read through req_to_token. Decode is one batched SDPA over a padded gather (per request in
+batch-invariant mode); extend runs one SDPA per request, since prompt chunks differ widely in
+length.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.srt.layers.batch_invariant import is_batch_invariant
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 
@@ -62,7 +64,9 @@ def build_attention_metadata(
     """Computed once per step and shared by every layer."""
     max_len = max(forward_batch.seq_lens_cpu)
     rows = req_to_token[forward_batch.req_pool_indices, :max_len]  # [B, L] int64
-    if forward_batch.forward_mode.is_decode():
+    # The padded batched decode reduces over the batch's longest length, so a row's bits would
+    # depend on its batch-mates; batch-invariant mode attends each request on its own instead.
+    if forward_batch.forward_mode.is_decode() and not is_batch_invariant():
         valid = torch.arange(max_len, device=rows.device) < forward_batch.seq_lens.unsqueeze(1)  # [B, L] bool
         # Padding reads the zeroed slot 0: stale slots could hold anything, and 0 * NaN is NaN.
         k_out, v_out = workspace.take(rows.numel())

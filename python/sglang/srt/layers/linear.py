@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.srt.layers.batch_invariant import is_batch_invariant, row_blocked
+
 
 def make_param(shape: tuple[int, ...], dtype: torch.dtype, loader: Callable) -> nn.Parameter:
     param = nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
@@ -51,9 +53,18 @@ class LinearBase(nn.Module):
             self.weight = nn.Parameter(packed, requires_grad=False)  # replaces the dense copy: no double memory
 
     def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if self.weight.is_mkldnn:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, bias, "none", [], "")
-        return F.linear(x, self.weight, bias)
+        return dense_matmul(x, self.weight, bias)
+
+
+def dense_matmul(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x [N, in] @ weight^T (+ bias) -> [N, out]; weight dense [out, in] or oneDNN-packed."""
+    if weight.is_mkldnn:
+        def matmul(rows: torch.Tensor) -> torch.Tensor:
+            return torch.ops.mkldnn._linear_pointwise(rows, weight, bias, "none", [], "")
+    else:
+        def matmul(rows: torch.Tensor) -> torch.Tensor:
+            return F.linear(rows, weight, bias)
+    return row_blocked(matmul, x) if is_batch_invariant() else matmul(x)
 
 
 def _divide(total: int, tp_size: int, what: str) -> int:

@@ -8,6 +8,8 @@ from typing import Callable, Optional, Protocol, Union
 import torch
 from torch import nn
 
+from sglang.srt.layers.linear import dense_matmul
+
 
 @dataclass
 class LogitsProcessorOutput:
@@ -63,7 +65,7 @@ class LogitsProcessor(nn.Module):
         """hidden_states [B, H] (the last position of each row); lm_head is the weight [V_shard, H]
         or a module whose `project(hidden)` does the matmul (e.g. with a pre-packed weight)."""
         if isinstance(lm_head, torch.Tensor):
-            logits = torch.nn.functional.linear(hidden_states, lm_head, lm_head_bias)  # [B, V_shard]
+            logits = dense_matmul(hidden_states, lm_head, lm_head_bias)  # [B, V_shard]
         else:
             logits = lm_head.project(hidden_states)
             if lm_head_bias is not None:

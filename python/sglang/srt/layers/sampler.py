@@ -46,6 +46,7 @@ class Sampler(nn.Module):
         tp_group: Optional[dist.ProcessGroup] = None,
         logprobs_mode: Optional[str] = None,
         generator: Optional[torch.Generator] = None,
+        deterministic: bool = False,
     ) -> None:
         super().__init__()
         if backend not in BUILT_IN_BACKENDS:
@@ -60,6 +61,8 @@ class Sampler(nn.Module):
         self.sync_token_ids = sync_token_ids_requested()
         # Unseeded draws; TP ranks pass generators seeded alike so they draw the same noise.
         self.generator = generator
+        # --enable-deterministic-inference: a seeded row's token must not depend on its batch-mates.
+        self.deterministic = deterministic
 
     def forward(
         self,
@@ -173,13 +176,24 @@ class Sampler(nn.Module):
                 info.top_ks.index_select(0, rows),
                 info.top_ps.index_select(0, rows),
                 info.min_ps.index_select(0, rows),
-                window=info.max_top_k,
+                window=self._seeded_window(info, scaled),
                 need_top_p=info.need_top_p_sampling,
                 need_min_p=info.need_min_p_sampling,
             )
         seeds = info.sampling_seed.index_select(0, rows)
         seeded_ids = draw_seeded(seeded_scaled, support, seeds, positions.index_select(0, rows).to(torch.int64))
         return next_ids.index_copy(0, rows, seeded_ids)
+
+    def _seeded_window(self, info, scaled: torch.Tensor) -> Optional[int]:
+        """The top-W window of the seeded rows' support, or None for a full sort.
+
+        The window is the batch's largest top_k. Top-p sums probabilities over it: on the CPU a
+        sequential prefix sum whose values do not depend on the window's width, on CUDA a
+        parallel scan whose rounding does. Deterministic mode on CUDA therefore thresholds over
+        the full sort, whose width is the vocabulary whatever the batch."""
+        if self.deterministic and scaled.is_cuda:
+            return None
+        return info.max_top_k
 
     def _logprobs(self, scaled: torch.Tensor, info) -> torch.Tensor:
         if self.logprobs_mode == "scaled":

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang.srt.layers.linear import CPU_PACK_BATCH_HINT, cpu_pack_supported, make_param
+from sglang.srt.layers.linear import CPU_PACK_BATCH_HINT, cpu_pack_supported, dense_matmul, make_param
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -47,9 +47,7 @@ class VocabParallelEmbedding(nn.Module):
     def project(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden [N, H] -> this rank's logits [N, V_shard]."""
         packed = getattr(self, "_packed", None)
-        if packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(hidden_states, packed, None, "none", [], "")
-        return F.linear(hidden_states, self.weight)
+        return dense_matmul(hidden_states, packed if packed is not None else self.weight)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:

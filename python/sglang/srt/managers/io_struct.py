@@ -77,8 +77,6 @@ class TokenOut(msgspec.Struct):
     input_token_ids_logprobs: Optional[list[Optional[list[list[Any]]]]] = None
     # The text that triggered a stop-string / stop-regex finish, for trimming the output.
     matched_text: Optional[str] = None
-    # The seed the request sampled with when the server chose it (deterministic mode).
-    sampling_seed: Optional[int] = None
 
 
 class BatchTokenOut(msgspec.Struct):

@@ -88,6 +88,7 @@ class Scheduler:
             max_running_requests=server_args.max_running_requests,
             tp_rank=tp_rank,
             tp_size=server_args.tp_size,
+            deterministic=server_args.enable_deterministic_inference,
         )
         config = self.model_runner.model_config
         self.device = torch.device(self.model_runner.device)
@@ -98,11 +99,14 @@ class Scheduler:
         self.max_running = server_args.max_running_requests
         self.tokenizer = get_tokenizer(server_args.tokenizer_path)
         generator = torch.Generator(device=self.device).manual_seed(server_args.random_seed)
-        self.sampler = create_sampler(server_args.sampling_backend, generator=generator)
+        self.sampler = create_sampler(
+            server_args.sampling_backend, generator=generator, deterministic=server_args.enable_deterministic_inference
+        )
         # Last sampled id of every request slot, so a decode step can read its inputs on the worker.
         self.future_tokens = torch.zeros(self.model_runner.req_to_token_pool.size, dtype=torch.int64, device=self.device)
 
         self.overlap = not server_args.disable_overlap_schedule
+        self.deterministic = server_args.enable_deterministic_inference
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
         self.in_flight: Optional[tuple[Step, Future]] = None
 
@@ -318,7 +322,11 @@ class Scheduler:
             req = self.waiting[0]
             donor = self._prefix_donor(req, chunks)
             shared = len(req.origin_input_ids) - 1 if donor is not None else 0
-            if self._budget(req) - shared > free or self.model_runner.req_to_token_pool.available_size() == 0:
+            if (
+                self._budget(req) - shared > free
+                or self.model_runner.req_to_token_pool.available_size() == 0
+                or self._chunk_len(req, budget) == 0
+            ):
                 break
             self.waiting.popleft()
             req.req_pool_idx = self.model_runner.req_to_token_pool.alloc()
@@ -334,19 +342,34 @@ class Scheduler:
 
     def _add_chunk(self, chunks: list[tuple[Req, int]], req: Req, budget: int) -> int:
         """Schedule the next prompt chunk of `req`; returns its length."""
-        n = min(len(req.origin_input_ids) - req.kv_len, budget)
+        n = self._chunk_len(req, budget)
         if req.kv_len + n == len(req.origin_input_ids):
             # Its whole prompt is in the cache after this step's layers: children can share it.
             self.prompt_owners.setdefault(tuple(req.origin_input_ids), req)
         chunks.append((req, n))
         return n
 
+    def _chunk_len(self, req: Req, budget: int) -> int:
+        """Prompt tokens of `req` to prefill now; 0 when its next fixed chunk does not fit."""
+        remaining = len(req.origin_input_ids) - req.kv_len
+        if not self.deterministic:
+            return min(remaining, budget)
+        # Split at multiples of chunked_prefill_size from the prompt's start, never where the
+        # budget left by batch-mates ends: a prompt gets the same chunks, so the same bits, in
+        # every batch.
+        size = self.server_args.chunked_prefill_size
+        n = min(remaining, size - req.kv_len % size)
+        return n if n <= budget else 0
+
     def _prefix_donor(self, req: Req, chunks: list[tuple[Req, int]]) -> Optional[Req]:
         """A live request with the same prompt whose K/V for all but the last prompt token exist,
         or are written earlier in this same step (each layer stores K/V before attending).
 
         This is how the n > 1 children of one request share their prompt. The last prompt token
-        is always recomputed, so each child gets its own first-token logits."""
+        is always recomputed, so each child gets its own first-token logits. Not in deterministic
+        mode: that recomputation is a one-token extend whose bits differ from the donor's chunk."""
+        if self.deterministic:
+            return None
         if len(req.origin_input_ids) < 2 or (req.logprob is not None and req.logprob.logprob_start_len < len(req.origin_input_ids)):
             return None
         donor = self.prompt_owners.get(tuple(req.origin_input_ids))
@@ -612,8 +635,6 @@ def _refuse_unimplemented(server_args: ServerArgs) -> None:
     """Flags the engine accepts for SGLang compatibility but cannot honour yet fail at start-up."""
     if server_args.tp_size != 1:
         raise ValueError("--tp-size > 1 is not supported yet: this engine serves with one scheduler rank (use --tp-size 1).")
-    if server_args.enable_deterministic_inference:
-        raise ValueError("--enable-deterministic-inference is not supported yet: batch-invariant kernels are not implemented.")
 
 
 def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, tp_rank: int, ready_writer: Any) -> None:

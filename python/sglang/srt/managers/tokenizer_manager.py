@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -151,6 +152,10 @@ class TokenizerManager:
         """Tokenize and validate; raises ValueError naming the offending parameter."""
         input_ids = self._tokenize(obj)
         params = self._sampling_params(obj.sampling_params)
+        if self.server_args.enable_deterministic_inference and params.sampling_seed is None:
+            # Every sampled row takes the seeded path in this mode; a fresh seed per request (not
+            # one shared by all) keeps unseeded requests independent, and meta_info reports it.
+            params.sampling_seed = secrets.randbits(63)
         self._check_context(len(input_ids), params.max_new_tokens)
         self._check_custom_logit_processor(obj.custom_logit_processor)
         self._check_flags(obj)
@@ -336,6 +341,7 @@ class TokenizerManager:
                 want_top=child.top_logprobs_num > 0,
                 want_token_ids=child.token_ids_logprob is not None,
                 text_in_logprobs=prepared.return_text_in_logprobs,
+                sampling_seed=child.sampling_params.get("sampling_seed"),
             )
             group.children.append(state)
             self._states[state.rid] = state
@@ -393,8 +399,6 @@ class TokenizerManager:
         state.prompt_tokens = token.prompt_tokens
         state.completion_tokens = token.completion_tokens
         state.cached_tokens = token.cached_tokens
-        if token.sampling_seed is not None:
-            state.sampling_seed = token.sampling_seed
         if state.return_logprob:
             self._append_logprobs(state, out)
         if token.finished_reason is not None:

@@ -10,6 +10,7 @@ import torch
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.attention import GatherWorkspace, build_attention_metadata
+from sglang.srt.layers.batch_invariant import batch_invariant
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.mem_cache.memory_pool import KVCache, ReqToTokenPool, TokenToKVPoolAllocator
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -38,8 +39,11 @@ class ModelRunner:
         max_running_requests: int = 64,
         tp_rank: int = 0,
         tp_size: int = 1,
+        deterministic: bool = False,
     ) -> None:
         self.device = torch.device(device)
+        # --enable-deterministic-inference: batch-invariant forward passes.
+        self.deterministic = deterministic
         self.dtype = resolve_dtype(dtype, self.device)
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.model_config = ModelConfig.from_path(model_path, context_length)
@@ -83,10 +87,11 @@ class ModelRunner:
         """next_token_logits [B, V] float32 of each request's last new token (and
         input_token_logits [N, V] when forward_batch.return_input_logits)."""
         forward_batch.kv_cache = self.kv_cache
-        forward_batch.attn_metadata = build_attention_metadata(
-            forward_batch, self.req_to_token_pool.req_to_token, self.attn_workspace
-        )
-        return self.model(forward_batch)
+        with batch_invariant(self.deterministic):
+            forward_batch.attn_metadata = build_attention_metadata(
+                forward_batch, self.req_to_token_pool.req_to_token, self.attn_workspace
+            )
+            return self.model(forward_batch)
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
