@@ -52,6 +52,7 @@ from sglang.srt.utils.embedded_model import embedded_model_path
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 NEW_TOKENS = 64
 TARGET_N, TARGET_RATIO = 16, 2.0
+DETERMINISTIC_FLAGS = ("--enable-deterministic-inference",)
 
 # Short English prompts, 10-40 tokens each with SmolLM2's tokenizer (checked at HF load time).
 PROMPTS = [
@@ -143,12 +144,12 @@ def run_ours_once(url: str, n: int, max_new_tokens: int, bar: Optional[tqdm]) ->
     return timings, wall
 
 
-def bench_ours(url: str, concurrencies: list[int], rounds: int) -> list[dict]:
+def bench_ours(url: str, concurrencies: list[int], rounds: int, system: str = "ours") -> list[dict]:
     records = []
     for n in concurrencies:
         run_ours_once(url, n, NEW_TOKENS, None)  # warm-up: the first run at a size pays one-off costs
         timings, wall = [], 0.0
-        with OutsideLoad() as outside, tqdm(total=n * rounds, desc=f"ours N={n}", unit="req") as bar:
+        with OutsideLoad() as outside, tqdm(total=n * rounds, desc=f"{system} N={n}", unit="req") as bar:
             for _ in range(rounds):
                 round_timings, round_wall = run_ours_once(url, n, NEW_TOKENS, bar)
                 timings += round_timings
@@ -158,7 +159,7 @@ def bench_ours(url: str, concurrencies: list[int], rounds: int) -> list[dict]:
             raise RuntimeError(f"requests generated {short} tokens instead of {NEW_TOKENS}")
         itl = [gap for t in timings for gap in t.itl_s]
         tokens = sum(t.tokens for t in timings)
-        records.append(record("ours", n, [t.ttft_s for t in timings], itl, tokens, wall, rounds, outside.cpu_s))
+        records.append(record(system, n, [t.ttft_s for t in timings], itl, tokens, wall, rounds, outside.cpu_s))
     return records
 
 
@@ -244,16 +245,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def bench_launched(concurrencies: list[int], rounds: int) -> list[dict]:
-    """Start the embedded-model server with default flags, run ours, stop it."""
+def bench_launched(concurrencies: list[int], rounds: int, flags: tuple[str, ...] = (), system: str = "ours") -> list[dict]:
+    """Start the embedded-model server with default flags (plus `flags`), run ours, stop it."""
     from sglang.srt.entrypoints.http_server import ServerProcess
 
     port = free_port()
-    print(f"starting the server on port {port} ...", flush=True)
-    server = ServerProcess(["--port", str(port), "--log-level", "warning"], port, startup_timeout=600)
+    print(f"starting the server on port {port} {' '.join(flags)} ...", flush=True)
+    server = ServerProcess(["--port", str(port), "--log-level", "warning", *flags], port, startup_timeout=600)
     try:
         server.wait_healthy()
-        return bench_ours(server.url, concurrencies, rounds)
+        return bench_ours(server.url, concurrencies, rounds, system)
     finally:
         server.stop()
 
@@ -378,12 +379,16 @@ def ratios(records: list[dict]) -> dict[int, float]:
 
 def markdown_table(records: list[dict]) -> str:
     ratio = ratios(records)
+    by_system = {(r["system"], r["concurrency"]): r["output_tok_s"] for r in records}
     lines = [
         "| system | N | output tok/s | ours / HF | TTFT median ms | TTFT p90 ms | ITL median ms | ITL p90 ms | tokens | wall s | outside load (cores) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(records, key=lambda r: (r["concurrency"], r["system"] != "ours")):
         share = f"{ratio[r['concurrency']]:.2f}x" if r["system"] == "ours" and r["concurrency"] in ratio else ""
+        plain = by_system.get(("ours", r["concurrency"]))
+        if r["system"] == "ours-deterministic" and plain:
+            share = f"{r['output_tok_s'] / plain:.2f}x of ours"
         lines.append(
             f"| {r['system']} | {r['concurrency']} | {fmt(r['output_tok_s'])} | {share} | {fmt(r['ttft_ms_median'], 0)} "
             f"| {fmt(r['ttft_ms_p90'], 0)} | {fmt(r['itl_ms_median'])} | {fmt(r['itl_ms_p90'])} | {r['total_tokens']} | {r['wall_s']:.1f} | {r['outside_load_cores']:.2f} |"
@@ -409,8 +414,10 @@ def plot(records: list[dict], path: Path, title: str) -> None:
     ns = sorted({r["concurrency"] for r in records})
     by = {(r["system"], r["concurrency"]): r for r in records}
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
-    width = 0.38
-    for offset, system in ((-width / 2, "ours"), (width / 2, "hf")):
+    systems = [s for s in ("ours", "ours-deterministic", "hf") if any(r["system"] == s for r in records)]
+    width = 0.8 / len(systems)
+    for k, system in enumerate(systems):
+        offset = (k - (len(systems) - 1) / 2) * width
         xs = [i + offset for i, n in enumerate(ns) if (system, n) in by]
         picked = [by[(system, n)] for n in ns if (system, n) in by]
         axes[0].bar(xs, [r["output_tok_s"] for r in picked], width, label=system)
@@ -450,6 +457,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16], help="concurrent requests per run (default 1 16)")
     parser.add_argument("--rounds", type=int, default=5, help="timed runs per system and concurrency, pooled (default 5)")
     parser.add_argument("--no-hf", action="store_true", help="skip HF transformers")
+    parser.add_argument(
+        "--deterministic", action="store_true",
+        help="also launch the server with --enable-deterministic-inference (system ours-deterministic)",
+    )
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     return parser.parse_args()
 
@@ -463,6 +474,8 @@ def main() -> None:
         records += bench_ours(args.url.rstrip("/"), args.concurrency, args.rounds)
     else:
         records += bench_launched(args.concurrency, args.rounds)
+        if args.deterministic:
+            records += bench_launched(args.concurrency, args.rounds, DETERMINISTIC_FLAGS, "ours-deterministic")
     head = header(started, args)
     head["elapsed_s"] = (datetime.datetime.now(datetime.timezone.utc) - started).total_seconds()
     args.out_dir.mkdir(parents=True, exist_ok=True)
