@@ -5,6 +5,7 @@ model's rows bit for bit and tokens/s with the flag on and off.
 Every output is compared as (token id, logprob) pairs, so a difference in any bit of the logits
 shows, not only one that flips a token. Prints PASS/FAIL lines and writes a JSON summary.
 
+    bash benchmark/make_engine_carry.sh   # here, once: .carry_engine/ (server wheels, tokenizer)
     python benchmark/gpu_deterministic_check.py --out /tmp/out --tokenizer .carry_engine/tokenizer
     python benchmark/gpu_deterministic_check.py --device cpu --layers 2 --max-batch 4   # a dry run
 """
@@ -129,7 +130,7 @@ def serve(folder: str, args: argparse.Namespace, deterministic: bool) -> dict[st
 def model_rows(folder: str, args: argparse.Namespace, deterministic: bool) -> int:
     """Batch sizes (2..max) at which the prompt's prefill or decode logits differ from alone."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "test"))
-    from test_model_runner import Driver
+    from runner_utils import Driver
 
     from sglang.srt.model_executor.model_runner import ModelRunner
 
@@ -165,9 +166,10 @@ def main() -> None:
     parser.add_argument("--tokenizer", default=".carry_engine/tokenizer")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--max-batch", type=int, default=64)
+    parser.add_argument("--checkpoint", default="/tmp/qwen3-0.6b-random", help="where to write the random checkpoint")
     parser.add_argument("--layers", type=int, default=None, help="fewer layers than Qwen3-0.6B's 28 (dry runs)")
     args = parser.parse_args()
-    folder = str(args.out.parent / "qwen3-0.6b-random")
+    folder = args.checkpoint
     overrides = {"num_hidden_layers": args.layers} if args.layers else {}
     write_qwen3_checkpoint(folder, args.tokenizer, device=args.device, **overrides)
     summary = {
