@@ -189,7 +189,6 @@ class FakeScheduler:
             spaces_between_special_tokens=params.get("spaces_between_special_tokens", True),
             no_stop_trim=params.get("no_stop_trim", False),
             matched_text=req.matched_text,
-            sampling_seed=params.get("sampling_seed"),
         )
         if msg.return_logprob:
             self._fill_logprobs(req, out, new_ids)
