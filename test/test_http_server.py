@@ -132,6 +132,11 @@ SERVER_FLAGS = {
 def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     folder = str(tmp_path_factory.mktemp("tokenizer"))
     build_test_tokenizer(folder)
+    # launch_server checks --tp-size against the model's heads before it starts any rank.
+    config = dict(architectures=["LlamaForCausalLM"], vocab_size=400, hidden_size=64, intermediate_size=128,
+                  num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f)
     return folder
 
 

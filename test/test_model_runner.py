@@ -5,19 +5,18 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
 
 import pytest
 import torch
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers import linear
-from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.utils import hf_transformers_utils
 from sglang.srt.utils.embedded_model import embedded_model_path
+
+from runner_utils import Driver
 
 transformers = pytest.importorskip("transformers")
 
@@ -51,57 +50,6 @@ def hf_model(gguf_path: str):
     pytest.importorskip("accelerate", reason="transformers needs accelerate to load a GGUF file")
     folder, name = os.path.split(gguf_path)
     return transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
-
-
-@dataclass
-class Req:
-    slot: int
-    kv_len: int = 0
-
-
-class Driver:
-    """The scheduler's part of a step: request slots, KV slots, req_to_token, ForwardBatch."""
-
-    def __init__(self, runner: ModelRunner) -> None:
-        self.runner = runner
-        self.reqs: list[Req] = []
-
-    def new_req(self) -> Req:
-        req = Req(self.runner.req_to_token_pool.alloc())
-        self.reqs.append(req)
-        return req
-
-    def extend(self, reqs: list[Req], chunks: list[list[int]], input_logits: bool = False) -> LogitsProcessorOutput:
-        return self._step(ForwardMode.EXTEND, reqs, chunks, input_logits)
-
-    def decode(self, reqs: list[Req], tokens: list[int]) -> torch.Tensor:
-        return self._step(ForwardMode.DECODE, reqs, [[t] for t in tokens], False).next_token_logits
-
-    def _step(
-        self, mode: ForwardMode, reqs: list[Req], chunks: list[list[int]], input_logits: bool
-    ) -> LogitsProcessorOutput:
-        lens = [len(c) for c in chunks]
-        loc = self.runner.token_to_kv_pool_allocator.alloc(sum(lens))
-        table = self.runner.req_to_token_pool.req_to_token
-        offset = 0
-        for req, n in zip(reqs, lens):
-            table[req.slot, req.kv_len : req.kv_len + n] = loc[offset : offset + n]
-            offset += n
-        batch = ForwardBatch.init_new(
-            mode, [t for c in chunks for t in c], [r.slot for r in reqs], [r.kv_len for r in reqs], lens, loc, "cpu",
-            return_input_logits=input_logits,
-        )
-        out = self.runner.forward(batch)
-        for req, n in zip(reqs, lens):
-            req.kv_len += n
-        return out
-
-    def release(self) -> None:
-        table = self.runner.req_to_token_pool.req_to_token
-        for req in self.reqs:
-            self.runner.token_to_kv_pool_allocator.free(table[req.slot, : req.kv_len].clone())
-            self.runner.req_to_token_pool.free(req.slot)
-        self.reqs.clear()
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ class ServerArgs:
     dtype: str = "auto"
     device: Optional[str] = None
     tp_size: int = 1
+    dist_timeout: int = 300
     context_length: Optional[int] = None
     max_running_requests: int = 64
     max_total_tokens: Optional[int] = None
@@ -52,17 +53,31 @@ class ServerArgs:
         if self.sampling_backend is None:
             self.sampling_backend = _default_sampling_backend(self.device)
         self.validate()
+        if self.tp_size > 1:
+            self._check_tp_size()
         return self
 
     def validate(self) -> None:
         if self.sampling_defaults not in SAMPLING_DEFAULTS_CHOICES:
             raise ValueError(f"--sampling-defaults must be one of {SAMPLING_DEFAULTS_CHOICES}, got {self.sampling_defaults!r}.")
-        for name in ("max_running_requests", "chunked_prefill_size", "tp_size"):
+        for name in ("max_running_requests", "chunked_prefill_size", "tp_size", "dist_timeout"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}.")
         if self.max_top_logprobs_num < 0:
             raise ValueError(f"--max-top-logprobs-num must be >= 0, got {self.max_top_logprobs_num}.")
         self.preferred_sampling_params_dict()
+
+    def _check_tp_size(self) -> None:
+        """Refuse a TP size the model or the machine cannot take before any rank is spawned."""
+        from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.distributed.tp_sizes import check_tp_size
+
+        check_tp_size(ModelConfig.from_path(self.model_path, self.context_length), self.tp_size)
+        if self.device == "cuda":
+            import torch
+
+            if self.tp_size > torch.cuda.device_count():
+                raise ValueError(f"--tp-size {self.tp_size} needs one GPU per rank; {torch.cuda.device_count()} are visible.")
 
     def preferred_sampling_params_dict(self) -> dict[str, Any]:
         if not self.preferred_sampling_params:
@@ -91,7 +106,10 @@ class ServerArgs:
         add("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"],
             help="Weight and activation dtype; auto = float32 on CPU, bfloat16 on CUDA.")
         add("--device", default=d.device, choices=["cpu", "cuda"], help="Default: cuda when available, else cpu.")
-        add("--tp-size", type=int, default=d.tp_size, help="Tensor-parallel size (number of scheduler ranks).")
+        add("--tp-size", type=int, default=d.tp_size,
+            help="Tensor-parallel size: one scheduler process per rank (gloo on CPU, NCCL on one GPU per rank).")
+        add("--dist-timeout", type=int, default=d.dist_timeout,
+            help="Seconds a TP collective may wait for the other ranks before the rank fails (start-up included).")
         add("--context-length", type=int, default=d.context_length, help="Maximum tokens per request; default from the model config.")
         add("--max-running-requests", type=int, default=d.max_running_requests, help="Most requests decoding at once.")
         add("--max-total-tokens", type=int, default=d.max_total_tokens,
@@ -129,6 +147,8 @@ class PortArgs:
     scheduler_input_ipc: str
     detokenizer_ipc: str
     tokenizer_manager_ipc: str
+    # torch.distributed rendezvous of the TP ranks (rank 0 hosts the store on this port).
+    dist_init_method: str
 
     @classmethod
     def init_new(cls) -> "PortArgs":
@@ -139,7 +159,16 @@ class PortArgs:
             scheduler_input_ipc=f"ipc://{base}/scheduler",
             detokenizer_ipc=f"ipc://{base}/detokenizer",
             tokenizer_manager_ipc=f"ipc://{base}/tokenizer_manager",
+            dist_init_method=f"tcp://127.0.0.1:{_free_local_port()}",
         )
+
+
+def _free_local_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _default_device() -> str:

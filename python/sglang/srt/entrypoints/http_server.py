@@ -360,6 +360,7 @@ class ChildProcesses:
         self.failure: Optional[str] = None
         self._procs: list[tuple[str, multiprocessing.process.BaseProcess]] = []
         self._readers: dict[multiprocessing.connection.Connection, int] = {}
+        self._pipes: dict[str, multiprocessing.connection.Connection] = {}  # child name -> its pipe
         self._stopping = threading.Event()
 
     def start(self) -> None:
@@ -370,6 +371,7 @@ class ChildProcesses:
             self._spawn(ctx, f"scheduler rank {rank}", entry, (self.server_args, self.port_args, rank, writer))
             writer.close()  # only the child's copy stays open, so its death reads as EOF
             self._readers[reader] = rank
+            self._pipes[f"scheduler rank {rank}"] = reader
         self._spawn(ctx, "detokenizer", DETOKENIZER_ENTRY, (self.server_args, self.port_args))
 
     def _spawn(self, ctx: Any, name: str, entry: str, args: tuple) -> None:
@@ -416,8 +418,19 @@ class ChildProcesses:
                 # The sentinel fires when the child's fds close, a moment before it can be
                 # reaped: join, so the exit code is there to report.
                 proc.join()
-                return f"{name} exited with code {proc.exitcode}"
+                return f"{name} exited with code {proc.exitcode}{self._last_words(name)}"
         return None
+
+    def _last_words(self, name: str) -> str:
+        """': reason' when the child sent why it failed before exiting (scheduler ranks do)."""
+        conn = self._pipes.get(name)
+        if conn is None or not conn.poll():
+            return ""
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return ""
+        return f": {message}" if isinstance(message, str) else ""
 
     def watch(self, on_failure: Callable[[str], None]) -> None:
         """Call on_failure(reason) from a thread when a child dies before shutdown."""

@@ -23,8 +23,15 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
+import torch.distributed as dist
 import zmq
 
+from sglang.srt.distributed.communication import (
+    broadcast_frames,
+    check_token_agreement,
+    token_agreement_check_requested,
+)
+from sglang.srt.distributed.parallel_state import init_tp_groups, tp_cpu_group, tp_device_group
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import create_sampler
 from sglang.srt.managers.io_struct import (
@@ -42,6 +49,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMo
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.sampling.step_noise import step_noise_seed
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
@@ -61,6 +69,7 @@ class Step:
     sampled_batch: Optional[ScheduleBatch]  # the sampled requests; owns sampling_info
     positions: torch.Tensor  # [S] position of each sampled row's last input token
     input_logprob_spans: list[tuple[int, int, int, int]] = field(default_factory=list)  # (row, start, a, b)
+    index: int = 0  # the scheduler's step counter (same on every TP rank): keys the unseeded noise
 
     def reads_host_history(self) -> bool:
         return self.sampled_batch is not None and self.sampled_batch.sampling_info.has_custom_logit_processor
@@ -76,13 +85,15 @@ class StepResult:
 
 class Scheduler:
     def __init__(self, server_args: ServerArgs, port_args: PortArgs, tp_rank: int = 0) -> None:
-        _refuse_unimplemented(server_args)
         self.server_args = server_args
-        self.tp_rank = tp_rank
+        self.tp_rank, self.tp_size = tp_rank, server_args.tp_size
+        device = rank_device(server_args.device, tp_rank)
+        if self.tp_size > 1:
+            init_tp_groups(tp_rank, self.tp_size, device, port_args.dist_init_method, server_args.dist_timeout)
         self.model_runner = ModelRunner(
             server_args.model_path,
             dtype=server_args.dtype,
-            device=server_args.device,
+            device=str(device),
             context_length=server_args.context_length,
             max_total_tokens=server_args.max_total_tokens,
             max_running_requests=server_args.max_running_requests,
@@ -98,16 +109,24 @@ class Scheduler:
         self.max_total_tokens = self.model_runner.max_total_num_tokens
         self.max_running = server_args.max_running_requests
         self.tokenizer = get_tokenizer(server_args.tokenizer_path)
-        generator = torch.Generator(device=self.device).manual_seed(server_args.random_seed)
+        # Re-seeded before every step (step_noise_seed), so every TP rank draws the same noise.
+        self.noise_generator = torch.Generator(device=self.device)
         self.sampler = create_sampler(
-            server_args.sampling_backend, generator=generator, deterministic=server_args.enable_deterministic_inference
+            server_args.sampling_backend,
+            generator=self.noise_generator,
+            deterministic=server_args.enable_deterministic_inference,
+            tp_group=tp_device_group() if self.tp_size > 1 else None,
         )
+        self.check_token_agreement = self.tp_size > 1 and token_agreement_check_requested()
+        self.step_count = 0
         # Last sampled id of every request slot, so a decode step can read its inputs on the worker.
         self.future_tokens = torch.zeros(self.model_runner.req_to_token_pool.size, dtype=torch.int64, device=self.device)
 
         self.overlap = not server_args.disable_overlap_schedule
         self.deterministic = server_args.enable_deterministic_inference
-        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+        self.worker = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="forward", initializer=_bind_device, initargs=(self.device,)
+        )
         self.in_flight: Optional[tuple[Step, Future]] = None
 
         self.waiting: deque[Req] = deque()
@@ -119,13 +138,18 @@ class Scheduler:
         self.prompt_owners: dict[tuple[int, ...], Req] = {}
         self.slot_refs = torch.zeros(self.max_total_tokens + 1, dtype=torch.int32)
 
-        self.context = zmq.Context(2)
-        self.recv_socket = self.context.socket(zmq.PULL)
-        self.recv_socket.bind(port_args.scheduler_input_ipc)
-        self.send_socket = self.context.socket(zmq.PUSH)
-        self.send_socket.connect(port_args.detokenizer_ipc)
         self.decode_input = decoder(SchedulerInput)
         self.parent_pid = os.getppid()
+        if tp_rank == 0:
+            # Only rank 0 talks to the other processes; the other ranks get its input by broadcast.
+            self.context = zmq.Context(2)
+            self.recv_socket = self.context.socket(zmq.PULL)
+            self.recv_socket.bind(port_args.scheduler_input_ipc)
+            self.send_socket = self.context.socket(zmq.PUSH)
+            self.send_socket.connect(port_args.detokenizer_ipc)
+        if self.tp_size > 1:
+            # Rank 0 reports ready only once every rank holds its shard.
+            dist.barrier(group=tp_cpu_group())
 
     def ready_message(self) -> SchedulerReady:
         return SchedulerReady(
@@ -160,12 +184,23 @@ class Scheduler:
         return not self.waiting and self.running is None and self.in_flight is None and not self.to_merge and self.chunked_req is None
 
     def recv_requests(self, block: bool) -> None:
-        timeout_ms = 1000 if block else 0
-        while self.recv_socket.poll(timeout_ms):
-            self._handle(self.decode_input.decode(self.recv_socket.recv()))
-            timeout_ms = 0
+        """Handle what arrived since the last step: rank 0 reads the socket and broadcasts the
+        raw messages, so every rank adds and aborts the same requests at the same step."""
+        frames = self._poll_frames(block) if self.tp_rank == 0 else []
+        if self.tp_size > 1:
+            frames = broadcast_frames(frames, tp_cpu_group())
+        for frame in frames:
+            self._handle(self.decode_input.decode(frame))
         if block and os.getppid() != self.parent_pid:
             raise SystemExit("scheduler: the server process is gone")
+
+    def _poll_frames(self, block: bool) -> list[bytes]:
+        frames = []
+        timeout_ms = 1000 if block else 0
+        while self.recv_socket.poll(timeout_ms):
+            frames.append(self.recv_socket.recv())
+            timeout_ms = 0
+        return frames
 
     def _handle(self, message: Any) -> None:
         if isinstance(message, TokenizedGenerateReqInput):
@@ -234,6 +269,9 @@ class Scheduler:
         step = self._prefill_step()
         if step is None and self.running is not None:
             step = self._decode_step()
+        if step is not None:
+            self.step_count += 1
+            step.index = self.step_count
         return step
 
     def _wait_in_flight(self) -> None:
@@ -478,6 +516,7 @@ class Scheduler:
         wants = [r.logprob for r in sampled_reqs]
         return_logprob = any(w is not None for w in wants)
         out = LogitsProcessorOutput(next_token_logits=logits)
+        self.noise_generator.manual_seed(step_noise_seed(self.server_args.random_seed, step.index))
         next_ids = self.sampler(
             out,
             info,
@@ -486,6 +525,8 @@ class Scheduler:
             token_ids_logprobs=[w.token_ids_logprob if w else None for w in wants],
             positions=step.positions,
         )
+        if self.check_token_agreement:
+            check_token_agreement(next_ids, step.index, [r.rid for r in sampled_reqs], tp_device_group())
         info.update_penalties(next_ids)
         pool_indices = batch.req_pool_indices.index_select(0, rows)
         self.future_tokens.index_copy_(0, pool_indices, next_ids)
@@ -631,16 +672,23 @@ class Scheduler:
         )
 
 
-def _refuse_unimplemented(server_args: ServerArgs) -> None:
-    """Flags the engine accepts for SGLang compatibility but cannot honour yet fail at start-up."""
-    if server_args.tp_size != 1:
-        raise ValueError("--tp-size > 1 is not supported yet: this engine serves with one scheduler rank (use --tp-size 1).")
+def rank_device(device: str, tp_rank: int) -> torch.device:
+    """TP rank r runs on GPU r (of those visible); on CPU all ranks share the host."""
+    return torch.device(f"cuda:{tp_rank}") if device == "cuda" else torch.device(device)
+
+
+def _bind_device(device: torch.device) -> None:
+    # A new thread starts on CUDA device 0; allocations without an explicit device and NCCL
+    # calls of the forward worker must land on this rank's GPU.
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
 
 
 def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, tp_rank: int, ready_writer: Any) -> None:
     """Process entry: load the model, report readiness (rank 0) or the start-up error, then serve."""
     logging.basicConfig(level=server_args.log_level.upper(), format=f"[scheduler {tp_rank}] %(levelname)s %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher owns Ctrl-C and sends SIGTERM
+    logger.info("TP rank %d of %d: pid %d", tp_rank, server_args.tp_size, os.getpid())
     try:
         scheduler = Scheduler(server_args, port_args, tp_rank)
     except Exception as err:  # noqa: BLE001 - reported to the launcher verbatim
@@ -648,4 +696,9 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, tp_rank:
         raise SystemExit(1) from err
     if tp_rank == 0:
         ready_writer.send(encode(scheduler.ready_message()))
-    scheduler.event_loop()
+    try:
+        scheduler.event_loop()
+    except Exception as err:
+        # The launcher's watchdog reports this reason when it sees the process exit.
+        ready_writer.send(f"scheduler rank {tp_rank} failed: {type(err).__name__}: {err}")
+        raise

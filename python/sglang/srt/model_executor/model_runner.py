@@ -9,6 +9,8 @@ from typing import Optional
 import torch
 
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.distributed.communication import min_across_ranks
+from sglang.srt.distributed.parallel_state import tp_cpu_group
 from sglang.srt.layers.attention import GatherWorkspace, build_attention_metadata
 from sglang.srt.layers.batch_invariant import batch_invariant
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
@@ -73,7 +75,12 @@ class ModelRunner:
     def _default_max_total_tokens(self, max_running_requests: int) -> int:
         wanted = max_running_requests * min(self.model_config.context_len, DEFAULT_TOKENS_PER_REQUEST)
         per_token = self.model_config.kv_cache_bytes_per_token(self.dtype.itemsize, self.tp_size)
-        return max(1, min(wanted, self._kv_budget_bytes() // per_token))
+        tokens = max(1, min(wanted, self._kv_budget_bytes() // per_token))
+        if self.tp_size > 1:
+            # Each rank measures its own free memory; all must hold the same capacity, or their
+            # admission decisions (and with them the collectives) would diverge.
+            tokens = min_across_ranks(tokens, tp_cpu_group())
+        return tokens
 
     def _kv_budget_bytes(self) -> int:
         if self.device.type == "cuda":

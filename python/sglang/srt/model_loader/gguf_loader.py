@@ -5,6 +5,7 @@ from __future__ import annotations
 import mmap
 import re
 import struct
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
@@ -40,9 +41,26 @@ _BLOCK_NAMES = {
 _BLOCK_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
+# Where a tensor's bytes start in the file when general.alignment is not set.
+_DEFAULT_ALIGNMENT = 32
+
+
+@dataclass
+class _TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # numpy order
+    qtype: int  # GGMLQuantizationType value
+    offset: int  # absolute file offset of its bytes
+
+
 def read_gguf_header(path: str) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
     """(metadata, tensor name -> numpy-order shape) without parsing the token tables into
     per-item arrays, which is what makes GGUFReader take seconds."""
+    metadata, tensors = _read_header(path)
+    return metadata, {t.name: t.shape for t in tensors}
+
+
+def _read_header(path: str) -> tuple[dict[str, Any], list[_TensorInfo]]:
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         reader = _HeaderReader(buf)
         if buf[:4] != GGUF_MAGIC:
@@ -57,14 +75,18 @@ def read_gguf_header(path: str) -> tuple[dict[str, Any], dict[str, tuple[int, ..
             value = reader.read_value(reader.read("I"))
             if value is not _SKIPPED:
                 metadata[key] = value
-        shapes = {}
+        tensors = []
         for _ in range(n_tensors):
             name = reader.read_string()
             dims = [reader.read("Q") for _ in range(reader.read("I"))]
-            reader.read("I")  # type
-            reader.read("Q")  # data offset
-            shapes[name] = tuple(reversed(dims))  # GGUF lists the innermost dimension first
-        return metadata, shapes
+            qtype, offset = reader.read("I"), reader.read("Q")
+            # GGUF lists the innermost dimension first.
+            tensors.append(_TensorInfo(name, tuple(reversed(dims)), qtype, offset))
+        alignment = metadata.get("general.alignment", _DEFAULT_ALIGNMENT)
+        data_start = -(-reader.pos // alignment) * alignment
+        for t in tensors:
+            t.offset += data_start
+        return metadata, tensors
 
 
 _SKIPPED = object()
@@ -103,12 +125,24 @@ class _HeaderReader:
 
 
 def iter_gguf_weights(path: str, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF parameter name, float32 tensor) for every tensor of the file."""
-    from gguf import GGUFReader
+    """(HF parameter name, float32 tensor) for every tensor of the file.
+
+    Tensors are located with our header reader (GGUFReader would first parse the token tables,
+    seconds per process, paid again by every TP rank) and dequantised by the gguf package."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
 
-    for tensor in GGUFReader(path).tensors:
-        weight = torch.from_numpy(np.array(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32))
+    _, tensors = _read_header(path)
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    for tensor in tensors:
+        qtype = GGMLQuantizationType(tensor.qtype)
+        block_size, type_size = GGML_QUANT_SIZES[qtype]
+        *outer, inner = tensor.shape
+        row_bytes = inner // block_size * type_size
+        end = tensor.offset + int(np.prod(outer, dtype=np.int64)) * row_bytes
+        # A plain array: dequantize slices row groups, which on a memmap costs more than the copy.
+        raw = np.array(data[tensor.offset : end]).reshape(*outer, row_bytes)
+        weight = torch.from_numpy(np.array(dequantize(raw, qtype), dtype=np.float32))
         name = hf_name(tensor.name)
         # llama.cpp permutes Llama's q/k rows for its interleaved RoPE; undo it for rotate-half.
         if config.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
