@@ -109,6 +109,7 @@ def serve(folder: str, args: argparse.Namespace, deterministic: bool) -> dict[st
     flags = ["--model-path", folder, "--device", args.device, "--port", str(port), "--log-level", "warning",
              "--chunked-prefill-size", "64", "--max-running-requests", str(max(64, args.max_batch) + 8)]
     flags += ["--enable-deterministic-inference"] if deterministic else []
+    flags += ["--sampling-backend", args.sampling_backend] if args.sampling_backend else []
     server = ServerProcess(flags, port, startup_timeout=900)
     results: dict[str, Any] = {}
     try:
@@ -166,6 +167,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", default=".carry_engine/tokenizer")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--max-batch", type=int, default=64)
+    parser.add_argument("--sampling-backend", help="the server's --sampling-backend (default: the server's default)")
     parser.add_argument("--checkpoint", default="/tmp/qwen3-0.6b-random", help="where to write the random checkpoint")
     parser.add_argument("--layers", type=int, default=None, help="fewer layers than Qwen3-0.6B's 28 (dry runs)")
     args = parser.parse_args()

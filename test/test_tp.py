@@ -32,7 +32,7 @@ from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.embedded_model import embedded_model_path
 from test_engine_e2e import _processor_shipped_by_value
 from test_model_runner import LOGIT_ATOL, _save_tiny
-from tp_workers import PROMPTS, collectives_worker, forward_logits, logits_worker
+from tp_workers import PROMPTS, collectives_worker, forward_logits, invariant_reduce_worker, logits_worker
 
 TINY_CASE = "qwen3_head_dim_32_sharded"  # 4 heads, 2 KV heads, vocab 300, 14 safetensors shards
 TINY_TP_ATOL = 1e-4  # logits of |x| ~ 10: only the all-reduce's summation order differs
@@ -93,6 +93,13 @@ def test_request_broadcast_and_token_agreement_check(tmp_path) -> None:
             "tokens by rank [7, 8]; 2 of 3 rows differ."
         )
         assert resized == "TP ranks scheduled different batches at step 5: batch sizes by rank [1, 2]."
+
+
+def test_batch_invariant_reduction_adds_ranks_in_order(tmp_path) -> None:
+    """--enable-deterministic-inference under TP=3: a row's reduced sum is the same bits at every
+    batch size (a ring all-reduce's order moves with the chunk bounds)."""
+    mp.spawn(invariant_reduce_worker, args=(f"tcp://127.0.0.1:{free_port()}", str(tmp_path)), nprocs=3)
+    assert json.loads((tmp_path / "result.json").read_text()) == {"same": True}
 
 
 # --- sharded forward passes: the TP=1 logits ---------------------------------------------------

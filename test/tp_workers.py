@@ -55,3 +55,23 @@ def collectives_worker(rank: int, init_method: str, out_dir: str) -> None:
     with open(os.path.join(out_dir, f"{rank}.json"), "w") as f:
         json.dump({"frames": [x.hex() for x in frames], "empty": empty, "errors": errors}, f)
     destroy_tp_groups()
+
+
+def invariant_reduce_worker(rank: int, init_method: str, out_dir: str) -> None:
+    """One of 3 ranks: row-parallel partial sums of N rows reduced in batch-invariant mode for
+    many N; rank 0 records whether row 0 always came out as the rank-order sum, bit for bit."""
+    from sglang.srt.layers.batch_invariant import batch_invariant
+    from sglang.srt.layers.linear import tp_all_reduce_sum
+
+    init_tp_groups(rank, 3, CPU, init_method, timeout_s=60)
+
+    def partial(r: int) -> torch.Tensor:  # large, mixed-sign values: the order of the adds shows
+        return torch.randn(300, 64, generator=torch.Generator().manual_seed(r)) * 1e3
+
+    with batch_invariant(True):
+        rows = [tp_all_reduce_sum(partial(rank)[:n].clone())[0] for n in range(1, 300, 7)]
+    if rank == 0:
+        expected = partial(0)[0] + partial(1)[0] + partial(2)[0]
+        with open(os.path.join(out_dir, "result.json"), "w") as f:
+            json.dump({"same": all(torch.equal(row, expected) for row in rows)}, f)
+    destroy_tp_groups()

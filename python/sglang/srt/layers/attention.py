@@ -55,17 +55,29 @@ class ExtendMetadata:
     v_out: torch.Tensor
 
 
-AttentionMetadata = DecodeMetadata | ExtendMetadata
+@dataclass
+class InvariantDecodeMetadata:
+    """Batch-invariant decode on CUDA: the Triton kernel reads each request's slots itself."""
+
+    req_to_token: torch.Tensor  # [R, C] int64
+    req_pool_indices: torch.Tensor  # [B] int64
+    seq_lens: torch.Tensor  # [B] int64
+
+
+AttentionMetadata = DecodeMetadata | ExtendMetadata | InvariantDecodeMetadata
 
 
 def build_attention_metadata(
     forward_batch: ForwardBatch, req_to_token: torch.Tensor, workspace: GatherWorkspace
 ) -> AttentionMetadata:
     """Computed once per step and shared by every layer."""
+    if forward_batch.forward_mode.is_decode() and is_batch_invariant() and req_to_token.is_cuda:
+        return InvariantDecodeMetadata(req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens)
     max_len = max(forward_batch.seq_lens_cpu)
     rows = req_to_token[forward_batch.req_pool_indices, :max_len]  # [B, L] int64
     # The padded batched decode reduces over the batch's longest length, so a row's bits would
-    # depend on its batch-mates; batch-invariant mode attends each request on its own instead.
+    # depend on its batch-mates; batch-invariant mode attends each request on its own instead
+    # (on CUDA in one kernel launch, above).
     if forward_batch.forward_mode.is_decode() and not is_batch_invariant():
         valid = torch.arange(max_len, device=rows.device) < forward_batch.seq_lens.unsqueeze(1)  # [B, L] bool
         # Padding reads the zeroed slot 0: stale slots could hold anything, and 0 * NaN is NaN.
@@ -106,7 +118,14 @@ class Attention(nn.Module):
         kv_cache.set_kv(self.layer_id, forward_batch.out_cache_loc, k, v)
         k_buf, v_buf = kv_cache.get_kv(self.layer_id)
         meta = forward_batch.attn_metadata
-        if isinstance(meta, DecodeMetadata):
+        if isinstance(meta, InvariantDecodeMetadata):
+            # Imported here: triton is only a GPU (and test) dependency.
+            from sgl_kernel_ext.attention.decode_attention import decode_attention_triton
+
+            out = decode_attention_triton(
+                q, k_buf, v_buf, meta.req_to_token, meta.req_pool_indices, meta.seq_lens, self.scaling
+            )  # [B, Hq, D]
+        elif isinstance(meta, DecodeMetadata):
             out = self._decode(q, k_buf, v_buf, meta)
         else:
             out = self._extend(q, k_buf, v_buf, meta)

@@ -67,6 +67,21 @@ def dense_matmul(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Ten
     return row_blocked(matmul, x) if is_batch_invariant() else matmul(x)
 
 
+def tp_all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
+    """The sum of every rank's `x`. In batch-invariant mode the ranks' partial sums are added in
+    rank order: a ring all-reduce adds them in an order set by where an element falls among the
+    ring's chunks, whose bounds move with the batch's size (with 3+ ranks that changes bits)."""
+    if not is_batch_invariant():
+        torch.distributed.all_reduce(x)
+        return x
+    parts = [torch.empty_like(x) for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(parts, x)
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total
+
+
 def _divide(total: int, tp_size: int, what: str) -> int:
     if total % tp_size:
         raise ValueError(f"{what} ({total}) is not divisible by the TP size {tp_size}.")
@@ -179,6 +194,6 @@ class RowParallelLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.matmul(x)
         if self.tp_size > 1:
-            torch.distributed.all_reduce(out)
+            out = tp_all_reduce_sum(out)
         # The bias joins after the reduction so it is added once, not once per rank.
         return out if self.bias is None else out + self.bias

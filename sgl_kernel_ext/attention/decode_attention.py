@@ -1,0 +1,115 @@
+"""Batch-invariant decode attention over the paged KV cache.
+
+One program per (request, KV head) walks the request's KV positions in fixed BLOCK_N blocks from
+position 0, with an online softmax: the reduction order depends only on the request's own
+length, never on its batch-mates (no padding to the batch's longest, no split-KV heuristic
+keyed on the batch size). Used by --enable-deterministic-inference on CUDA, where a per-request
+SDPA loop would launch batch x layers kernels per step.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_N = 64
+
+
+@triton.jit
+def _decode_attention_kernel(
+    q_ptr,  # [B, Hq, D]
+    k_ptr,  # [S, Hk, D]
+    v_ptr,  # [S, Hk, D]
+    req_to_token_ptr,  # [R, C] int64 KV slots
+    req_pool_indices_ptr,  # [B] int64
+    seq_lens_ptr,  # [B] int64
+    out_ptr,  # [B, Hq, D]
+    scale,
+    stride_q_b,
+    stride_q_h,
+    stride_kv_s,
+    stride_kv_h,
+    stride_r2t,
+    stride_o_b,
+    stride_o_h,
+    GROUP: tl.constexpr,  # query heads per KV head
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    g = tl.arange(0, GROUP_PAD)
+    d = tl.arange(0, HEAD_DIM)
+    live_g = g < GROUP
+    q_heads = kv_head * GROUP + g
+    q = tl.load(q_ptr + b * stride_q_b + q_heads[:, None] * stride_q_h + d[None, :], mask=live_g[:, None], other=0.0)
+    q = q.to(tl.float32) * scale  # [G, D]
+    seq_len = tl.load(seq_lens_ptr + b)
+    slots_row = req_to_token_ptr + tl.load(req_pool_indices_ptr + b) * stride_r2t
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    for start in range(0, seq_len, BLOCK):
+        pos = start + tl.arange(0, BLOCK)
+        live = pos < seq_len
+        slots = tl.load(slots_row + pos, mask=live, other=0)
+        kv_offs = slots[:, None] * stride_kv_s + kv_head * stride_kv_h + d[None, :]
+        k = tl.load(k_ptr + kv_offs, mask=live[:, None], other=0.0).to(tl.float32)  # [N, D]
+        v = tl.load(v_ptr + kv_offs, mask=live[:, None], other=0.0).to(tl.float32)  # [N, D]
+        scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [G, N]
+        scores = tl.where(live[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=1))
+        p = tl.exp(scores - m_new[:, None])  # [G, N]
+        alpha = tl.exp(m - m_new)
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m = m_new
+    out = acc / l[:, None]
+    tl.store(out_ptr + b * stride_o_b + q_heads[:, None] * stride_o_h + d[None, :], out, mask=live_g[:, None])
+
+
+def decode_attention_triton(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """q [B, Hq, D]; k_buf, v_buf [S, Hk, D] -> [B, Hq, D] in q's dtype. Each request attends to its
+    KV slots req_to_token[req_pool_indices[b], :seq_lens[b]]."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_buf.shape[1]
+    group = num_heads // num_kv_heads
+    out = torch.empty((batch, num_heads, head_dim), dtype=torch.float32, device=q.device)  # [B, Hq, D]
+    _decode_attention_kernel[(batch, num_kv_heads)](
+        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, out, scale,
+        q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), req_to_token.stride(0),
+        out.stride(0), out.stride(1),
+        GROUP=group, GROUP_PAD=max(2, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK=BLOCK_N,
+    )
+    return out.to(q.dtype)
+
+
+def decode_attention_reference(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """The same function in plain torch, one request at a time, float32 softmax."""
+    group = q.shape[1] // k_buf.shape[1]
+    outs = []
+    for b in range(q.shape[0]):
+        slots = req_to_token[req_pool_indices[b], : int(seq_lens[b])]
+        k = k_buf[slots].float().repeat_interleave(group, dim=1)  # [L, Hq, D]
+        v = v_buf[slots].float().repeat_interleave(group, dim=1)  # [L, Hq, D]
+        weights = torch.softmax(torch.einsum("hd,lhd->hl", q[b].float() * scale, k), dim=-1)  # [Hq, L]
+        outs.append(torch.einsum("hl,lhd->hd", weights, v))  # [Hq, D]
+    return torch.stack(outs).to(q.dtype)

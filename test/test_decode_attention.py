@@ -1,0 +1,69 @@
+"""The batch-invariant decode-attention kernel against its plain-torch reference, and its rows
+independent of the batch. TRITON_INTERPRET=1 on a CPU (set before triton is imported), native
+on CUDA (benchmark/gpu_check.sh)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from sgl_kernel_ext.attention.decode_attention import (  # noqa: E402
+    BLOCK_N,
+    decode_attention_reference,
+    decode_attention_triton,
+)
+
+DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+
+
+def _cache(num_kv_heads: int, head_dim: int, lens: list[int], dtype: torch.dtype, seed: int = 0):
+    """A paged KV cache whose slots are shuffled, and req_to_token rows pointing into it."""
+    gen = torch.Generator().manual_seed(seed)
+    slots = sum(lens) + 1
+    k = torch.randn(slots, num_kv_heads, head_dim, generator=gen).to(dtype)
+    v = torch.randn(slots, num_kv_heads, head_dim, generator=gen).to(dtype)
+    perm = torch.randperm(slots - 1, generator=gen) + 1
+    req_to_token = torch.zeros(len(lens) + 2, max(lens) + 5, dtype=torch.int64)
+    offset = 0
+    for row, n in enumerate(lens):
+        req_to_token[row + 2, :n] = perm[offset : offset + n]
+        offset += n
+    pool_indices = torch.arange(len(lens), dtype=torch.int64) + 2
+    to = lambda t: t.to(DEVICE)  # noqa: E731
+    return to(k), to(v), to(req_to_token), to(pool_indices), to(torch.tensor(lens, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("heads,kv_heads,dtype", [(9, 3, torch.float32), (4, 4, torch.float32), (8, 2, torch.bfloat16)])
+def test_matches_reference(heads: int, kv_heads: int, dtype: torch.dtype) -> None:
+    head_dim = 16
+    lens = [1, BLOCK_N - 1, BLOCK_N, BLOCK_N + 1, 2 * BLOCK_N + 7]
+    k, v, r2t, pool, seq_lens = _cache(kv_heads, head_dim, lens, dtype)
+    q = torch.randn(len(lens), heads, head_dim, generator=torch.Generator().manual_seed(1)).to(dtype).to(DEVICE)
+    got = decode_attention_triton(q, k, v, r2t, pool, seq_lens, head_dim**-0.5)
+    want = decode_attention_reference(q, k, v, r2t, pool, seq_lens, head_dim**-0.5)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert got.shape == q.shape and got.dtype == dtype
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+def test_rows_do_not_depend_on_the_batch() -> None:
+    """A request's output is the same bits alone, next to longer and shorter requests, and at
+    any row of the batch."""
+    head_dim, heads, kv_heads = 16, 6, 2
+    lens = [70, 3, 150, 70, 129]
+    k, v, r2t, pool, seq_lens = _cache(kv_heads, head_dim, lens, torch.float32)
+    q = torch.randn(len(lens), heads, head_dim, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    q[3] = q[0]
+    r2t[pool[3]] = r2t[pool[0]]  # row 3 is row 0 again
+    scale = head_dim**-0.5
+    full = decode_attention_triton(q, k, v, r2t, pool, seq_lens, scale)
+    alone = decode_attention_triton(q[:1], k, v, r2t, pool[:1], seq_lens[:1], scale)
+    assert torch.equal(full[0], alone[0]) and torch.equal(full[3], alone[0])
+    flipped = decode_attention_triton(q.flip(0), k, v, r2t, pool.flip(0), seq_lens.flip(0), scale)
+    assert torch.equal(flipped.flip(0), full)
