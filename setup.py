@@ -26,7 +26,7 @@ setup(
         "jinja2",
     ],
     extras_require={
-        "test": ["pytest", "hypothesis", "scipy", "openai", "accelerate"],
+        "test": ["pytest", "hypothesis", "scipy", "openai", "accelerate", "triton==3.9.0"],
         "bench": ["tqdm", "matplotlib"],
         "gpu": ["flashinfer-python", "triton"],
     },

@@ -9,7 +9,9 @@ every contender and configuration alike; each reports the median over its timed 
 
 Contenders:
   ours:<backend>      our Sampler with that sampling backend (any name create_sampler knows:
-                      built-ins, registered factories, a future `triton` backend)
+                      built-ins and registered factories)
+  ours:<backend>+graph  (CUDA) the same step captured once in a CUDA graph and replayed, as a
+                      serving engine runs a fixed-shape decode step (no per-op launch cost)
   torch.argmax        plain argmax over the logits: the floor any sampler is compared with
   hf-transformers     HF's logits-processor pipeline + softmax + multinomial, called as
                       `generate` does (processors(input_ids, scores), input_ids = prompt + output)
@@ -60,11 +62,14 @@ ARGMAX, HF, FLASHINFER, FLOOR = "torch.argmax", "hf-transformers", "flashinfer-k
 # Per device: batch sizes, vocab sizes, our backends, rounds, warm-up iterations per round and
 # timed iterations in all (split evenly over the rounds).
 DEVICE_DEFAULTS = {
-    "cpu": dict(batch_sizes=[1, 16, 64], vocab_sizes=[49152], backends=["pytorch"], rounds=5, warmup=3, iters=100),
+    "cpu": dict(
+        batch_sizes=[1, 16, 64], vocab_sizes=[49152], backends=["pytorch"], graph_backends=[], rounds=5, warmup=3, iters=100
+    ),
     "cuda": dict(
         batch_sizes=[1, 16, 64, 128, 256],
         vocab_sizes=[131072, 151936],
         backends=["pytorch", "flashinfer", "triton"],
+        graph_backends=["triton"],
         rounds=4,
         warmup=5,
         iters=200,
@@ -206,6 +211,24 @@ def ours(backend: str, work: Workload) -> Step:
     return step
 
 
+def ours_graph(backend: str, work: Workload) -> Step:
+    """ours:<backend> replayed from a CUDA graph captured on the first logits tensor it is given
+    (measure() reuses one buffer per round, so each round captures once, in a warm-up call)."""
+    eager = ours(backend, work)
+    captured: dict = {}
+
+    def step(logits: torch.Tensor) -> None:
+        if captured.get("ptr") != logits.data_ptr():
+            eager(logits)  # compiles kernels outside the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                eager(logits)
+            captured.update(ptr=logits.data_ptr(), graph=graph)
+        captured["graph"].replay()
+
+    return step
+
+
 def argmax(work: Workload) -> Step:
     return lambda logits: torch.argmax(logits, -1)
 
@@ -269,13 +292,18 @@ def flashinfer_available() -> bool:
     return True
 
 
-def build_contenders(work: Workload, backends: list[str], with_flashinfer: bool) -> dict[str, Step]:
+def build_contenders(
+    work: Workload, backends: list[str], graph_backends: list[str], with_flashinfer: bool, with_hf: bool
+) -> dict[str, Step]:
     """Every contender that applies to this workload, ours first."""
     builders: dict[str, Callable[[], Optional[Step]]] = {
         f"ours:{name}": (lambda name=name: ours(name, work)) for name in backends
     }
+    for name in graph_backends:
+        builders[f"ours:{name}+graph"] = lambda name=name: ours_graph(name, work)
     builders[ARGMAX] = lambda: argmax(work)
-    builders[HF] = lambda: hf_transformers(work)
+    if with_hf:
+        builders[HF] = lambda: hf_transformers(work)
     if with_flashinfer:
         builders[FLASHINFER] = lambda: flashinfer_kernels(work)
     built = {name: build() for name, build in builders.items()}
@@ -410,6 +438,40 @@ def target_verdict(records: list[dict], ours_name: str) -> str:
     )
 
 
+# The GPU issue's targets: (case, which B, reference contender, most ours may take as a multiple).
+GPU_TARGETS = (
+    ("topk_topp", lambda b, v: b >= 16, FLASHINFER, 0.5),
+    ("minp", lambda b, v: b >= 16, FLASHINFER, 0.35),
+    ("topk_topp", lambda b, v: b == 256 and v == 151936, FLOOR, 3.0),
+    ("greedy", lambda b, v: True, ARGMAX, 1.2),
+)
+
+
+def gpu_target_lines(records: list[dict]) -> list[str]:
+    """One line per target and configuration, for our fastest eager backend and for the CUDA-graph
+    replay, then a count of those met."""
+    med = {(r["case"], r["B"], r["V"], r["backend"]): r["median_us"] for r in records}
+    configs = sorted({(r["case"], r["B"], r["V"]) for r in records})
+    lines, met, total = [], 0, 0
+    for label, graph in (("eager", False), ("graph", True)):
+        for case, applies, reference, limit in GPU_TARGETS:
+            for c, b, v in configs:
+                ours_vals = {n: m for (cc, bb, vv, n), m in med.items() if (cc, bb, vv) == (c, b, v)
+                             and n.startswith("ours:") and n.endswith("+graph") == graph}
+                ref = med.get((c, b, v, reference))
+                if c != case or not applies(b, v) or not ours_vals or ref is None:
+                    continue
+                name, mine = min(ours_vals.items(), key=lambda item: item[1])
+                ok = mine <= limit * ref
+                met, total = met + ok, total + 1
+                lines.append(
+                    f"{label} {case} B={b} V={v}: {name} {mine:,.1f} µs / {reference} {ref:,.1f} µs = "
+                    f"{mine / ref:.2f}x (target <= {limit:g}x): {'MET' if ok else 'NOT MET'}"
+                )
+    lines.append(f"GPU targets met: {met} of {total}")
+    return lines
+
+
 def plot(records: list[dict], path: Path, title: str) -> None:
     """One panel per case: median µs vs B on log axes, one line per contender (and V)."""
     import matplotlib
@@ -478,6 +540,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch-sizes", nargs="+", type=int)
     parser.add_argument("--vocab-sizes", nargs="+", type=int)
     parser.add_argument("--backends", nargs="+", help="our sampling backends, by name (skipped if unavailable)")
+    parser.add_argument("--graph-backends", nargs="*", help="(CUDA) our backends also timed as CUDA-graph replays")
+    parser.add_argument("--no-hf", action="store_true", help="leave out the HF transformers pipeline")
     parser.add_argument("--rounds", type=int, help="passes over all configurations")
     parser.add_argument("--warmup", type=int, help="untimed iterations per configuration and round")
     parser.add_argument("--iters", type=int, help="timed iterations per configuration, over all rounds")
@@ -494,13 +558,14 @@ def run(args: argparse.Namespace, device: torch.device) -> list[dict]:
     """Every configuration once per round, so a burst of outside load on the shared machine
     lands on a slice of each configuration's samples instead of on whole configurations."""
     backends = available_backends(args.backends)
+    graph_backends = [name for name in args.graph_backends if name in backends]
     with_flashinfer = device.type == "cuda" and flashinfer_available()
     benches = []
     for vocab in args.vocab_sizes:
         for case_name in args.cases:
             for batch in args.batch_sizes:
                 work = make_workload(CASES[case_name], batch, vocab, device)
-                contenders = build_contenders(work, backends, with_flashinfer)
+                contenders = build_contenders(work, backends, graph_backends, with_flashinfer, not args.no_hf)
                 benches.append(Bench(work, contenders, {name: [] for name in contenders}))
     per_round = math.ceil(args.iters / args.rounds)
     with tqdm(total=args.rounds * len(benches) * (args.warmup + per_round), unit="it") as bar:
@@ -539,7 +604,8 @@ def main() -> None:
     records = run(args, device)
     if bandwidth is not None:
         records += floor_records(records, bandwidth)
-    ours_name = next((f"ours:{b}" for b in args.backends if any(r["backend"] == f"ours:{b}" for r in records)), "ours")
+    # The table's ratio columns are for the last backend listed (the newest: triton on CUDA).
+    ours_name = next((f"ours:{b}" for b in reversed(args.backends) if any(r["backend"] == f"ours:{b}" for r in records)), "ours")
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
     head = header(started, device, bandwidth)
@@ -549,7 +615,10 @@ def main() -> None:
     print(f"\n{head['date']} | {head['machine']} | torch {head['torch']} ({head['torch_threads']} threads)")
     print(f"command: {head['command']}\n")
     print(markdown_table(records, ours_name))
-    print("\n" + target_verdict(records, ours_name))
+    if device.type == "cuda":
+        print("\n" + "\n".join(gpu_target_lines(records)))
+    else:
+        print("\n" + target_verdict(records, ours_name))
     print(f"wrote {json_path} and {json_path.with_suffix('.png')}")
     if args.profile:
         profile_ours(args.profile, args.backends[0], args.vocab_sizes[0], device)

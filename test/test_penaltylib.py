@@ -395,6 +395,25 @@ def test_merge_of_two_unrequired_sides_is_a_no_op() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_width_bound_retightens_on_cuda_without_a_sync() -> None:
+    counts = TokenCounts.from_lists([[1, 2, 3, 4, 5], [1]], "cuda")
+    for _ in range(10):
+        counts.add(torch.tensor([-1, -1], device="cuda"))  # nothing new: only the bound grows
+    assert counts.width == 15
+    keep, token, first = (torch.tensor([x], device="cuda") for x in (1, 7, 0))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        counts.filter(keep)  # starts the read-back of max length 1
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    counts.add(token)
+    counts.filter(first)  # adopts it: 1, plus one add since
+    assert counts.width == 2 and counts.ids.tolist() == [[1, 7]]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_hot_path_does_not_sync_the_device() -> None:
     params = dict(
         frequency_penalty=0.5, presence_penalty=0.5, repetition_penalty=1.2,

@@ -4,6 +4,7 @@ CUDA backend, seeded rows equal to the CPU's, and no host-device synchronisation
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 import numpy as np
 import pytest
@@ -24,7 +25,11 @@ def _flashinfer_importable() -> bool:
     return True
 
 
-BACKENDS = ["pytorch"] + (["flashinfer"] if _flashinfer_importable() else [])
+def _triton_importable() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+BACKENDS = ["pytorch"] + (["flashinfer"] if _flashinfer_importable() else []) + (["triton"] if _triton_importable() else [])
 
 
 def _logits(rows: int) -> torch.Tensor:
@@ -80,3 +85,47 @@ def test_step_never_synchronises(backend):
         torch.cuda.set_sync_debug_mode(0)
     assert ids.shape == (len(params),) and not out.invalid_rows.any().item()
     assert np.all(ids.cpu().numpy() >= 0)
+
+
+@pytest.mark.skipif(not _triton_importable(), reason="needs triton")
+def test_triton_step_replays_in_cuda_graph_with_new_seeds_and_params():
+    """apply_logits_bias + Sampler.forward captured once; replays with new logits, seeds,
+    temperatures, top_k / top_p / min_p written into the same tensors equal the CPU pytorch path."""
+    vocab = 151936
+    penalties = dict(frequency_penalty=0.4, presence_penalty=0.3, repetition_penalty=1.2, logit_bias={"5": 3.0})
+
+    def params(step: int) -> list[SamplingParams]:
+        return [
+            SamplingParams(temperature=0.0),
+            SamplingParams(temperature=0.7 + 0.1 * step, top_k=50 - step, top_p=0.9, sampling_seed=11 + step),
+            SamplingParams(temperature=0.8, top_p=0.8 - 0.1 * step, min_p=0.05 * (step + 1), sampling_seed=7 * step),
+            SamplingParams(temperature=1.0, top_k=20 + step, sampling_seed=3 + step, **penalties),
+        ]
+
+    prompts = [[1, 2, 3, 5]] * 4
+    info = make_info(params(0), vocab, device="cuda", prompts=prompts)
+    sampler = Sampler("triton")
+    logits = torch.empty(4, vocab, device="cuda")  # [B, V] the graph's input
+    positions = torch.zeros(4, dtype=torch.int64, device="cuda")
+
+    def step() -> torch.Tensor:
+        info.apply_logits_bias(logits)
+        return sampler(LogitsProcessorOutput(next_token_logits=logits), info, positions=positions)
+
+    logits.normal_()
+    step()  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ids = step()
+    for n in range(3):
+        fresh = torch.randn(4, vocab, generator=torch.Generator().manual_seed(n)) * 3
+        new = make_info(params(n), vocab, prompts=prompts)
+        for name in ("temperatures", "top_ks", "top_ps", "min_ps", "sampling_seed"):
+            getattr(info, name).copy_(getattr(new, name))
+        logits.copy_(fresh)
+        positions.fill_(100 + n)
+        graph.replay()
+        cpu_logits = fresh.clone()
+        new.apply_logits_bias(cpu_logits)
+        want, _ = sample(Sampler("pytorch"), cpu_logits, params(n), positions=torch.full((4,), 100 + n))
+        assert torch.equal(ids.cpu(), want), n

@@ -116,7 +116,8 @@ class ServerArgs:
             help="KV-cache capacity in tokens; default sized from the context length and max running requests.")
         add("--chunked-prefill-size", type=int, default=d.chunked_prefill_size, help="Most prompt tokens prefilled per step.")
         add("--sampling-backend", default=d.sampling_backend,
-            help="pytorch, flashinfer, ascend, or a registered backend. Default: flashinfer on CUDA when importable, else pytorch.")
+            help="pytorch, flashinfer, triton, ascend, or a registered backend. "
+            "Default on CUDA: triton when importable (fastest in docs/benchmarks.md), else flashinfer, else pytorch.")
         add("--enable-custom-logit-processor", action="store_true",
             help="Accept custom_logit_processor in requests (off by default: dill payloads run code).")
         add("--custom-logit-processor-allowlist", nargs="+", default=d.custom_logit_processor_allowlist,
@@ -182,7 +183,10 @@ def _default_sampling_backend(device: str) -> str:
         return "pytorch"
     import importlib.util
 
-    return "flashinfer" if importlib.util.find_spec("flashinfer") is not None else "pytorch"
+    for backend in ("triton", "flashinfer"):  # fastest first (docs/benchmarks.md, H100)
+        if importlib.util.find_spec(backend) is not None:
+            return backend
+    return "pytorch"
 
 
 def prepare_server_args(argv: Optional[list[str]] = None) -> ServerArgs:

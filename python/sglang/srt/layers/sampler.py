@@ -81,6 +81,9 @@ class Sampler(nn.Module):
         info = sampling_info
         logits = logits_output.next_token_logits  # [B, V] float32, processed in place by custom processors
         row_errors = self._apply_custom_logit_processors(logits, info)
+        if self.backend.fused:
+            args = (return_logprob, top_logprobs_nums, token_ids_logprobs, positions)
+            return self._fused_forward(logits_output, info, row_errors, *args)
         invalid = self._invalid_rows(logits, row_errors)
 
         greedy_ids = logits.argmax(dim=-1) if info.is_any_greedy else None
@@ -125,6 +128,40 @@ class Sampler(nn.Module):
         return logits_output
 
     # ------------------------------------------------------------------ steps
+
+    def _fused_forward(
+        self,
+        logits_output: LogitsProcessorOutput,
+        info,
+        row_errors: dict[int, str],
+        return_logprob: bool,
+        top_logprobs_nums: Optional[list[int]],
+        token_ids_logprobs: Optional[list[Optional[list[int]]]],
+        positions: Optional[torch.Tensor],
+    ) -> torch.Tensor:
+        """The step through a fused backend: greedy rows, NaN guard, temperature, filters, every
+        row's draw and the logprob statistics in its kernels. The logits stay unscaled."""
+        if info.seeded_rows is not None and positions is None:
+            raise ValueError("positions are required to sample rows that have a sampling_seed.")
+        logits = logits_output.next_token_logits
+        result = None
+        if info.is_all_greedy and not return_logprob:
+            next_ids, invalid = self.backend.greedy(logits)
+        else:
+            result = self.backend.sample_step(logits, info, positions, self.generator)
+            next_ids, invalid = result.ids, result.invalid
+        if row_errors:
+            failed = torch.tensor(sorted(row_errors), dtype=torch.int64, device=logits.device)
+            invalid = invalid.index_fill(0, failed, True)
+            next_ids = torch.where(invalid, torch.full_like(next_ids, -1), next_ids)
+        if return_logprob:
+            self.backend.fill_logprobs(
+                logits_output, logits, info, result, self.logprobs_mode, next_ids, top_logprobs_nums, token_ids_logprobs
+            )
+        logits_output.invalid_rows = invalid
+        logits_output.row_errors = row_errors
+        self._sync_token_ids_across_tp(next_ids, info)
+        return next_ids
 
     def _apply_custom_logit_processors(self, logits: torch.Tensor, info) -> dict[int, str]:
         """Run each distinct processor once on its rows; a processor that fails fails only its rows."""

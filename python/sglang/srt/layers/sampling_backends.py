@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -18,6 +18,9 @@ from sglang.srt.layers.sampling_ops import Support, compute_support, draw_unseed
 
 class SamplingBackend(ABC):
     name: str
+    # A fused backend runs the whole step (greedy rows, NaN guard, seeded rows, logprob
+    # statistics) through sample_step / greedy / fill_logprobs instead of `sample`.
+    fused: bool = False
 
     @abstractmethod
     def sample(self, scaled: torch.Tensor, info, generator: Optional[torch.Generator]) -> torch.Tensor:
@@ -105,8 +108,16 @@ class AscendBackend(SamplingBackend):
         return inverse_cdf_draw(filtered, threshold, u)
 
 
-BUILT_IN_BACKENDS: dict[str, type[SamplingBackend]] = {
+def _triton_backend() -> SamplingBackend:
+    # Imported when chosen: it subclasses SamplingBackend, and importing triton costs seconds.
+    from sglang.srt.layers.triton_backend import TritonBackend
+
+    return TritonBackend()
+
+
+BUILT_IN_BACKENDS: dict[str, Callable[[], SamplingBackend]] = {
     PytorchBackend.name: PytorchBackend,
     FlashInferBackend.name: FlashInferBackend,
     AscendBackend.name: AscendBackend,
+    "triton": _triton_backend,
 }

@@ -15,6 +15,7 @@ from typing import Any, Optional
 import torch
 
 from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor, load_custom_logit_processor
+from sglang.srt.sampling.fused_logits_bias import apply_logits_bias_fused
 from sglang.srt.sampling.penaltylib import BatchedPenalizerOrchestrator
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -225,6 +226,8 @@ class SamplingBatchInfo:
 
     def apply_logits_bias(self, logits: torch.Tensor) -> None:
         """In place, SGLang's order: penalties (additive, then repetition), vocab mask, logit_bias."""
+        if logits.is_cuda and apply_logits_bias_fused(self, logits):
+            return
         if self.penalizer_orchestrator is not None:
             self.penalizer_orchestrator.apply(logits)
         if self.vocab_mask is not None:

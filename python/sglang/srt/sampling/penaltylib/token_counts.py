@@ -9,6 +9,8 @@ it can run on the decode hot path.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Optional
+
 import torch
 
 PAD_ID = -1
@@ -20,7 +22,8 @@ class TokenCounts:
 
     Row b holds its distinct tokens in slots [0, lengths[b]); later slots are PAD_ID with count 0.
     `width` is a host-side upper bound on max(lengths): it grows by one per `add` (knowing whether
-    any row really gained a token would need a device sync) and is re-tightened on `filter`.
+    any row really gained a token would need a device sync) and is re-tightened on `filter` (on
+    CUDA from an asynchronous read-back, adopted at a later filter once it has landed).
     """
 
     def __init__(self, ids: torch.Tensor, counts: torch.Tensor, lengths: torch.Tensor, width: int) -> None:
@@ -28,6 +31,8 @@ class TokenCounts:
         self._counts = counts  # [B, capacity] float32, 0 beyond each row's length
         self._lengths = lengths  # [B, 1] int64
         self.width = width
+        # CUDA: (pinned max(lengths) at the last filter, its copy's event, width then).
+        self._pending_max: Optional[tuple[torch.Tensor, torch.cuda.Event, int]] = None
 
     @classmethod
     def from_lists(cls, histories: list[list[int]], device: torch.device | str) -> TokenCounts:
@@ -86,10 +91,31 @@ class TokenCounts:
         self._ids = self._ids.index_select(0, keep)
         self._counts = self._counts.index_select(0, keep)
         self._lengths = self._lengths.index_select(0, keep)
-        # Re-tighten the bound, which otherwise grows with every step of a long-lived batch. This
-        # reads the device, but filtering happens between steps, after the scheduler has waited
-        # for the step in flight, never inside a decode step.
-        self.width = int(self._lengths.max()) if len(self) else 0
+        self._tighten_width()
+
+    def _tighten_width(self) -> None:
+        """Re-tighten the bound, which otherwise grows with every step of a long-lived batch."""
+        if not len(self):
+            self.width, self._pending_max = 0, None
+        elif not self._lengths.is_cuda:
+            self.width = int(self._lengths.max())
+        else:
+            # Reading the max now would wait for the step in flight: adopt the previous filter's
+            # read-back if it has landed, and start this one's.
+            self._adopt_pending_max()
+            snapshot = torch.empty((), dtype=torch.int64, pin_memory=True)
+            snapshot.copy_(self._lengths.max(), non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            self._pending_max = (snapshot, event, self.width)
+
+    def _adopt_pending_max(self) -> None:
+        if self._pending_max is None or not self._pending_max[1].query():
+            return
+        snapshot, _, width_then = self._pending_max
+        # Rows only left since then (filter), and each add grew a row by at most one column.
+        self.width = min(self.width, int(snapshot) + self.width - width_then)
+        self._pending_max = None
 
     def merge(self, other: TokenCounts) -> None:
         """Append `other`'s rows after this one's."""
@@ -100,6 +126,7 @@ class TokenCounts:
         self._counts = torch.cat([counts, other_counts])
         self._lengths = torch.cat([self._lengths, other._lengths])
         self.width = max(self.width, other.width)
+        self._pending_max = None  # the new rows are not in the snapshot
 
     def _reserve(self, needed: int) -> None:
         # Doubling keeps re-allocation to O(log steps) over a request's life.

@@ -1,0 +1,110 @@
+"""`--sampling-backend triton`: the whole sampling step in the sgl_kernel_ext Triton kernels.
+
+Unlike the other backends, which draw the unseeded rows of already scaled logits, this one takes
+the processed logits and does temperature, greedy rows, the NaN guard, top-k / top-p / min-p and
+the draw of every row (seeded or not) in one kernel chain, leaving the logits unscaled. Every
+sampled row draws by hash-Gumbel; an unseeded row gets a fresh random seed per step from the
+sampler's generator (drawn on the device), so seeded rows never leave the fast path and a step
+has no host synchronisation and captures in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Optional
+
+import torch
+
+from sglang.srt.layers.logprob_processor import clamped_log_softmax, fill_logprobs
+from sglang.srt.layers.sampling_backends import SamplingBackend
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _kernels(name: str):
+    try:
+        return importlib.import_module(f"sgl_kernel_ext.sampling.{name}")
+    except ImportError as err:
+        raise RuntimeError(
+            f"--sampling-backend triton needs the triton package (pip install triton), which is not importable "
+            f"here: {err}. Use --sampling-backend pytorch instead."
+        ) from err
+
+
+class TritonBackend(SamplingBackend):
+    name = "triton"
+    fused = True
+
+    def __init__(self) -> None:
+        self._sample = _kernels("sample")
+        self._logprobs = _kernels("logprobs")
+
+    def sample(self, scaled: torch.Tensor, info, generator: Optional[torch.Generator]) -> torch.Tensor:
+        ones = torch.ones(scaled.shape[0], dtype=torch.float32, device=scaled.device)  # [B]
+        seeds = self._random_seeds(scaled.shape[0], scaled.device, generator)
+        positions = torch.zeros_like(seeds)
+        sampled = info.top_ks.clamp(min=2)  # the Sampler handles greedy rows itself
+        return self._sample.sample_triton(scaled, ones, sampled, info.top_ps, torch.log(info.min_ps), seeds, positions).ids
+
+    def greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """([B] int64 argmax, -1 on invalid rows; [B] bool invalid) in one launch."""
+        return self._sample.greedy_triton(logits)
+
+    def sample_step(
+        self, logits: torch.Tensor, info, positions: Optional[torch.Tensor], generator: Optional[torch.Generator]
+    ):
+        """Every row of the processed `logits` ([B, V] float32): a SampleResult (ids, invalid, lse, ...)."""
+        seeds = self._seeds(info, logits.shape[0], logits.device, generator)
+        if positions is None:
+            positions = torch.zeros_like(seeds)
+        return self._sample.sample_triton(
+            logits, info.temperatures, info.top_ks, info.top_ps, torch.log(info.min_ps), seeds, positions.to(torch.int64)
+        )
+
+    def fill_logprobs(
+        self,
+        output,
+        logits: torch.Tensor,
+        info,
+        result,
+        mode: str,
+        next_ids: torch.Tensor,
+        top_logprobs_nums: Optional[list[int]],
+        token_ids_logprobs: Optional[list[Optional[list[int]]]],
+    ) -> None:
+        """Logprobs from the kernel's row statistics: gathers, plus one top-k over the logits when
+        top logprobs are asked for (the order of logits / T is the order of the logits)."""
+        if mode == "raw":
+            fill_logprobs(output, clamped_log_softmax(logits), next_ids, top_logprobs_nums, token_ids_logprobs)
+            return
+        processed = mode == "processed"
+        lse = result.lse_kept if processed else result.lse
+
+        def gather(ids: torch.Tensor) -> torch.Tensor:
+            return self._logprobs.token_logprobs_triton(logits, info.temperatures, lse, result.threshold, ids, processed)
+
+        output.next_token_logprobs = gather(next_ids.unsqueeze(1)).squeeze(1)
+        max_k = max(top_logprobs_nums or [0])
+        if max_k > 0:
+            indices = torch.topk(logits, min(max_k, logits.shape[1]), dim=-1).indices  # [B, max_k]
+            output.next_token_top_logprobs_val = gather(indices)
+            output.next_token_top_logprobs_idx = indices
+        if token_ids_logprobs is not None and any(ids for ids in token_ids_logprobs):
+            width = max(len(ids or ()) for ids in token_ids_logprobs)
+            padded = [list(ids or ()) + [0] * (width - len(ids or ())) for ids in token_ids_logprobs]
+            index = torch.tensor(padded, dtype=torch.int64, device=logits.device)  # [B, L]
+            output.next_token_token_ids_logprobs_val = gather(index)
+            output.next_token_token_ids_logprobs_idx = [list(ids or ()) for ids in token_ids_logprobs]
+
+    def _seeds(self, info, rows: int, device: torch.device, generator: Optional[torch.Generator]) -> torch.Tensor:
+        """[B] int64: the request's seed on seeded rows, a fresh random one elsewhere."""
+        if info.all_seeded:
+            return info.sampling_seed
+        seeds = self._random_seeds(rows, device, generator)
+        if info.seeded_rows is None:
+            return seeds
+        return seeds.index_copy(0, info.seeded_rows, info.sampling_seed.index_select(0, info.seeded_rows))
+
+    @staticmethod
+    def _random_seeds(rows: int, device: torch.device, generator: Optional[torch.Generator]) -> torch.Tensor:
+        return torch.randint(_INT64_MIN, _INT64_MAX, (rows,), dtype=torch.int64, device=device, generator=generator)
