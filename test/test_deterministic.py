@@ -17,7 +17,10 @@ from sglang.srt.layers.linear import cpu_pack_supported, dense_matmul
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.utils.embedded_model import embedded_model_path
 
-FLAGS = ("--enable-deterministic-inference", "--chunked-prefill-size", "16", "--max-running-requests", "16")
+FLAGS = (
+    "--enable-deterministic-inference", "--chunked-prefill-size", "16", "--max-running-requests", "16",
+    "--enable-custom-logit-processor",
+)
 SETTINGS = {
     "greedy": {"temperature": 0.0},
     "seeded": {
@@ -171,3 +174,23 @@ def test_unseeded_requests_get_fresh_reported_seeds(server) -> None:
     replay = generate_ok(server, [OTHERS[3], PROMPT], sampling_params={**params, "sampling_seed": seeds[0]})[1]
     assert replay["output_ids"] == first["output_ids"]
     assert replay["meta_info"]["sampling_seed"] == seeds[0]
+
+
+def test_logit_bias_and_custom_processor_work_in_the_mode(server) -> None:
+    """Both change the output, and the changed output is still one per prompt whatever the batch."""
+    first = _batch(server, [PROMPT], SETTINGS["seeded"])[0][0][1]
+    biased = {**SETTINGS["seeded"], "logit_bias": {str(first): -100.0}}
+    second = _batch(server, [PROMPT], biased)[0][0][1]
+    params = {**biased, "custom_params": {"token_ids": [second]}}
+    outputs = set()
+    for prompts in ([PROMPT], [OTHERS[0], PROMPT, OTHERS[2], PROMPT]):
+        results = generate_ok(
+            server, prompts, sampling_params={**params, "max_new_tokens": MAX_NEW_TOKENS}, return_logprob=True,
+            custom_logit_processor='{"name": "DisallowedTokensLogitsProcessor"}',
+        )
+        outputs.update(
+            tuple(map(tuple, r["meta_info"]["output_token_logprobs"])) for p, r in zip(prompts, results) if p == PROMPT
+        )
+    assert len(outputs) == 1, outputs
+    assert next(iter(outputs))[0][1] not in (first, second)
+
