@@ -81,7 +81,7 @@ def _check_sample(logits, temps, ks, ps, log_min_ps, seed=0):
 
 
 @pytest.mark.parametrize("name", sorted(_PARAMS))
-@pytest.mark.parametrize("vocab", [300, 20000])  # one chunk; two chunks of the stats/compact grid
+@pytest.mark.parametrize("vocab", [300, 20000])  # one chunk; ten chunks of the chunk grid
 def test_sample_matches_reference(name, vocab):
     logits = _rows(vocab, seed=vocab)
     _check_sample(logits, *_params(name, logits.shape[0], vocab))
@@ -96,6 +96,18 @@ def test_sample_full_row_path_matches_reference(monkeypatch):
     logits = _rows(vocab, seed=1)
     for name in ("topk_topp_minp", "topp_only", "topk_tie"):
         _check_sample(logits, *_params(name, logits.shape[0], vocab), seed=5)
+
+
+def test_sample_chunks_that_saved_too_little_take_the_full_row(monkeypatch):
+    """Small chunks that save few elements: rows whose cut lies below a chunk's saved level take
+    the full-row path (top_k 50), the others gather from three chunks (top_k 5) and, past SMALL
+    candidates, take their thresholds by bisection; same result."""
+    monkeypatch.setattr(sample_kernels, "CHUNK", 128)
+    monkeypatch.setattr(sample_kernels, "LCAP", 8)
+    monkeypatch.setattr(sample_kernels, "SMALL", 4)
+    vocab = 300
+    logits = _rows(vocab, seed=2)
+    _check_sample(logits, *_params("topk_topp_minp", logits.shape[0], vocab), seed=7)
 
 
 def test_sample_new_seed_new_draw():

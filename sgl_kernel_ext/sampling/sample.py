@@ -6,25 +6,25 @@ sampled row draws argmax(scaled + gumbel(hash(seed, position, token id))) over i
 greedy rows (top_k <= 1) take the argmax of the logits (lowest id on ties); rows with NaN, +inf
 or nothing finite are invalid (id -1).
 
-Three launches, no host synchronisation, every decision per row on the device:
+Two launches, no host synchronisation, every decision per row on the device; the logits are
+read once on the fast path:
 
-  1. stats (grid B x chunks, the chunk held in registers): per chunk max / argmax / sum of
-     exp(scaled - chunk max) and a count histogram of scaled values in absolute bins of width
-     1 / BIN_SCALE below the chunk's max bin.
-  2. compact (grid B x chunks): every chunk CTA combines the row's chunk stats (a few KB) into
-     the row max M, the partition Z and a histogram over the row's top NBIN bins. From it each
-     active filter gives a bin its threshold cannot lie below (top-k: where the cumulative count
-     reaches k; top-p: the highest bin above which even an upper bound of the remaining mass is
-     below 1 - top_p; min-p: the bin of M + log(min_p)). The chunk then writes its elements at or
-     above the highest of those bins to a per-row candidate buffer, at offsets known from the
-     histograms (no atomics, token-id order).
-  3. draw (grid B): exact thresholds from the candidates (all elements above the cut are there,
-     so each one's count and mass of strictly greater elements are exact), then Gumbel-max over
-     the kept candidates. A row with no filter, or whose candidates do not fit, takes the exact
-     full-row path: a 32-step bisection over float keys for the thresholds, then Gumbel over the
-     whole row.
-
-Logits are read twice (steps 1 and 2) on the fast path.
+  1. chunk (grid B x chunks of CHUNK, small CTAs so that several share an SM and hide each
+     other's load latency): per chunk max / argmax / sum of exp(scaled - chunk max), a count
+     histogram of scaled values in absolute bins of width 1 / BIN_SCALE below the chunk's max
+     bin, and the chunk's own top bins, up to LCAP elements, saved (value, id) in id order with
+     the lowest bin level down to which the chunk saved everything.
+  2. row (grid B): combines the row's chunk stats once into the row max M, the partition Z and
+     a histogram over the row's top NBIN bins. From it each active filter gives a bin its
+     threshold cannot lie below (top-k: where the cumulative count reaches k; top-p: the
+     highest bin above which even an upper bound of the remaining mass is below 1 - top_p;
+     min-p: the bin of M + log(min_p)); the cut is the highest of those. When every chunk saved
+     down to the cut and the candidates fit in CAP, the row gathers them from the chunks' saved
+     elements (token-id order, offsets from the histograms), takes the exact thresholds from
+     the candidates (all elements above the cut are there, so each one's count and mass of
+     strictly greater elements are exact) and draws by Gumbel-max over the kept ones. Any other
+     row with a sampled draw takes the exact full-row path: a 32-step bisection over float keys
+     for the thresholds, then Gumbel over the whole row.
 """
 
 from __future__ import annotations
@@ -37,16 +37,19 @@ import triton.language as tl
 
 from sgl_kernel_ext.sampling.murmur import hash_gumbel, row_hash_state
 
-CHUNK = 8192  # elements per stats / compact CTA, held in registers
+CHUNK = 2048  # elements per chunk CTA, held in registers (16 per thread at 4 warps)
 NBIN = 64  # histogram bins below each chunk's max bin
 BIN_SCALE = 2.0  # bins per unit of scaled logit: 32 units of range, mass ratio e^0.5 within a bin
+LCAP = 64  # elements a chunk saves from its top bins
 CAP = 2048  # candidates per row on the fast path
-# Candidate counts served by smaller comparison tiles: [SMALL, SMALL] at once, [MEDIUM, 32] tiles.
+# Candidate counts up to SMALL take their thresholds from one [SMALL, SMALL] comparison tile, more
+# by bisection over MEDIUM or CAP candidates in registers.
 SMALL = 128
 MEDIUM = 512
 FULL_BLOCK = 4096  # tile of the full-row path
+_ALL_SAVED = tl.constexpr(-(2**30))  # saved level of a chunk that saved every finite element
 
-# Row modes, set by the compact kernel: 0 candidates, 1 full row, 2 greedy, 3 invalid.
+# Row modes, set by the row kernel: 0 candidates, 1 full row, 2 greedy, 3 invalid.
 
 
 @dataclass
@@ -68,131 +71,86 @@ def _abs_bin(v, BIN_SCALE: tl.constexpr):
 
 
 @triton.jit
-def _chunk_ptrs(fws, iws, B, NC):
-    """Per-chunk scratch in the workspaces: cmax, csum, cxmax (float32), carg, cbad, cvalid, hist (int32)."""
+def _chunk_ptrs(fws, iws, B, NC, NBIN: tl.constexpr, LCAP: tl.constexpr):
+    """Per-chunk scratch in the workspaces: cmax, csum, cxmax, saved values [B * NC, LCAP] (float32);
+    carg, cbad, cvalid, nsaved, saved level, hist [B * NC, NBIN], saved ids [B * NC, LCAP] (int32)."""
     n = B * NC
-    return fws, fws + n, fws + 2 * n, iws, iws + n, iws + 2 * n, iws + 3 * n
+    i = iws + 5 * n
+    return fws, fws + n, fws + 2 * n, fws + 3 * n, iws, iws + n, iws + 2 * n, iws + 3 * n, iws + 4 * n, i, i + n * NBIN
 
 
 @triton.jit
-def _row_ptrs(fws, iws, B, NC, NBIN: tl.constexpr):
-    """Per-row scratch: mode, rmax, rsum, rarg, ncand, nfinite, cand_val [B, CAP], cand_idx [B, CAP]."""
+def _row_ptrs(fws, iws, B, NC, NBIN: tl.constexpr, LCAP: tl.constexpr):
+    """Per-row scratch after the chunks': cand_val [B, CAP] (float32), cand_idx [B, CAP] (int32)."""
     n = B * NC
-    f = fws + 3 * n
-    i = iws + 3 * n + n * NBIN
-    return i, f, f + B, i + B, i + 2 * B, i + 3 * B, f + 2 * B, i + 4 * B
+    return fws + n * (3 + LCAP), iws + n * (5 + NBIN + LCAP)
 
 
 @triton.jit
-def _stats_kernel(
+def _chunk_kernel(
     logits_ptr, stride, temps_ptr, V, B, NC, fws, iws,
-    CHUNK: tl.constexpr, NBIN: tl.constexpr, BIN_SCALE: tl.constexpr,
+    CHUNK: tl.constexpr, NBIN: tl.constexpr, BIN_SCALE: tl.constexpr, LCAP: tl.constexpr,
 ):
-    cmax_ptr, csum_ptr, cxmax_ptr, carg_ptr, cbad_ptr, cvalid_ptr, hist_ptr = _chunk_ptrs(fws, iws, B, NC)
+    cmax_ptr, csum_ptr, cxmax_ptr, sval_ptr, carg_ptr, cbad_ptr, cvalid_ptr, nsaved_ptr, level_ptr, hist_ptr, sidx_ptr = (
+        _chunk_ptrs(fws, iws, B, NC, NBIN, LCAP)
+    )
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
     inb = offs < V
     x = tl.load(logits_ptr + row.to(tl.int64) * stride + offs, mask=inb, other=float("-inf"))
-    s = tl.math.div_rn(x, tl.load(temps_ptr + row))
+    t = tl.load(temps_ptr + row)
+    s = tl.math.div_rn(x, t)
     bad = tl.max(((x != x) | (x == float("inf"))).to(tl.int32), 0)
     xmax = tl.max(x, 0)
     arg = tl.min(tl.where(x == xmax, offs, V), 0)
-    smax = tl.max(s, 0)
+    smax = tl.math.div_rn(xmax, t)  # = max(s): correctly rounded division by t > 0 is monotone
     ref = tl.where(smax == float("-inf"), 0.0, smax)
     csum = tl.sum(tl.exp(s - ref), 0)
     finite = inb & (s > float("-inf"))
-    j = _abs_bin(smax, BIN_SCALE) - _abs_bin(s, BIN_SCALE)
+    a_max = _abs_bin(smax, BIN_SCALE)
+    j = a_max - _abs_bin(s, BIN_SCALE)
     in_range = finite & (j < NBIN)
-    hist = tl.histogram(tl.where(in_range, j, 0), NBIN, mask=in_range)
+    hist = tl.histogram(tl.where(in_range, j, 0), NBIN, mask=in_range)  # [NBIN]
+    n_finite = tl.sum(finite.to(tl.int32), 0)
+    # Save the chunk's top bins while they fit (all of it when it has few finite elements), so the
+    # row kernel finds every candidate above its cut here instead of re-reading the logits.
+    b = tl.arange(0, NBIN)
+    j_saved = tl.max(tl.where(tl.cumsum(hist, 0) <= LCAP, b, -1), 0)
+    save_all = n_finite <= LCAP
+    take = tl.where(save_all, finite, in_range & (j <= j_saved))
+    pos = tl.cumsum(take.to(tl.int32), 0) - 1
     slot = row * NC + chunk
+    out = slot.to(tl.int64) * LCAP + pos
+    tl.store(sval_ptr + out, s, mask=take)
+    tl.store(sidx_ptr + out, offs, mask=take)
     tl.store(cmax_ptr + slot, smax)
     tl.store(csum_ptr + slot, csum)
     tl.store(cxmax_ptr + slot, xmax)
     tl.store(carg_ptr + slot, arg)
     tl.store(cbad_ptr + slot, bad)
-    tl.store(cvalid_ptr + slot, tl.sum(finite.to(tl.int32), 0))
-    tl.store(hist_ptr + slot.to(tl.int64) * NBIN + tl.arange(0, NBIN), hist)
+    tl.store(cvalid_ptr + slot, n_finite)
+    tl.store(nsaved_ptr + slot, tl.sum(take.to(tl.int32), 0))
+    tl.store(level_ptr + slot, tl.where(save_all, _ALL_SAVED, a_max - j_saved))
+    tl.store(hist_ptr + slot.to(tl.int64) * NBIN + b, hist)
 
 
 @triton.jit
-def _compact_kernel(
-    logits_ptr, stride, temps_ptr, top_k_ptr, top_p_ptr, log_min_p_ptr, V, B, NC, fws, iws,
-    CHUNK: tl.constexpr, NBIN: tl.constexpr, BIN_SCALE: tl.constexpr, NCP: tl.constexpr, CAP: tl.constexpr,
+def _gather_candidates(
+    sval_ptr, sidx_ptr, slots, cm, nsaved, start, level, val_ptr, idx_ptr,
+    BIN_SCALE: tl.constexpr, LCAP: tl.constexpr,
 ):
-    cmax_ptr, csum_ptr, cxmax_ptr, carg_ptr, cbad_ptr, cvalid_ptr, hist_ptr = _chunk_ptrs(fws, iws, B, NC)
-    mode_ptr, rmax_ptr, rsum_ptr, rarg_ptr, ncand_ptr, nfinite_ptr, cand_val_ptr, cand_idx_ptr = _row_ptrs(
-        fws, iws, B, NC, NBIN
-    )
-    row = tl.program_id(0)
-    chunk = tl.program_id(1)
-    c = tl.arange(0, NCP)
-    cm = c < NC
-    slots = row * NC + c
-    cmax = tl.load(cmax_ptr + slots, mask=cm, other=float("-inf"))
-    M = tl.max(cmax, 0)
-    ref = tl.where(M == float("-inf"), 0.0, M)
-    csum = tl.load(csum_ptr + slots, mask=cm, other=0.0)
-    Z = tl.sum(tl.where(cmax > float("-inf"), csum * tl.exp(cmax - ref), 0.0), 0)
-    bad = (tl.max(tl.load(cbad_ptr + slots, mask=cm, other=0), 0) > 0) | (M == float("-inf"))
-
-    # Row histogram over its top NBIN bins: g = a_M - absolute bin.
-    a_M = _abs_bin(M, BIN_SCALE)
-    shift = a_M - _abs_bin(cmax, BIN_SCALE)  # [NCP] chunk bin j = g - shift
-    g = tl.arange(0, NBIN)
-    jj = g[None, :] - shift[:, None]  # [NCP, NBIN]
-    hm = cm[:, None] & (jj >= 0) & (jj < NBIN)
-    H = tl.load(hist_ptr + slots.to(tl.int64)[:, None] * NBIN + jj, mask=hm, other=0)  # [NCP, NBIN]
-    G = tl.sum(H, 0)  # [NBIN]
-    count_cum = tl.cumsum(G, 0)
-
-    k = tl.load(top_k_ptr + row)
-    p = tl.load(top_p_ptr + row)
-    log_min_p = tl.load(log_min_p_ptr + row)
-    NONE: tl.constexpr = 2 * NBIN  # filter inactive
-    g_k = tl.min(tl.where(count_cum >= k, g, NBIN), 0)
-    g_k = tl.where(k < V, g_k, NONE)
-    # Mass strictly below bin g, bounded above by each bin's upper edge and the bottom of the
-    # range for elements below it; 1 - that bound <= the mass at or above bin g.
-    upper = (a_M - g + 1).to(tl.float64) / BIN_SCALE
-    w = G.to(tl.float64) * tl.exp(upper - M.to(tl.float64))
-    n_finite = tl.sum(tl.load(cvalid_ptr + slots, mask=cm, other=0), 0)
-    n_below = n_finite - tl.sum(G, 0)
-    bottom = (a_M - NBIN + 1).to(tl.float64) / BIN_SCALE
-    below = tl.sum(w, 0) - tl.cumsum(w, 0) + n_below.to(tl.float64) * tl.exp(bottom - M.to(tl.float64))
-    enough = 1.0 - below / Z.to(tl.float64) >= p.to(tl.float64) + 1e-5
-    g_p = tl.min(tl.where(enough, g, NBIN), 0)
-    g_p = tl.where(p < 1.0, g_p, NONE)
-    g_m = a_M - _abs_bin(M + log_min_p, BIN_SCALE)
-    g_m = tl.where(log_min_p > float("-inf"), tl.minimum(g_m, NBIN), NONE)
-    g_cut = tl.minimum(tl.minimum(g_k, g_p), g_m)
-    n_cand = tl.sum(tl.where(g <= g_cut, G, 0), 0)
-    mode = tl.where((g_cut < NBIN) & (n_cand <= CAP), 0, 1)
-    mode = tl.where(k <= 1, 2, mode)
-    mode = tl.where(bad, 3, mode)
-
-    if chunk == 0:
-        cxmax = tl.load(cxmax_ptr + slots, mask=cm, other=float("-inf"))
-        carg = tl.load(carg_ptr + slots, mask=cm, other=V)
-        tl.store(mode_ptr + row, mode)
-        tl.store(rmax_ptr + row, M)
-        tl.store(rsum_ptr + row, Z)
-        tl.store(rarg_ptr + row, tl.min(tl.where(cxmax == tl.max(cxmax, 0), carg, V), 0))
-        tl.store(ncand_ptr + row, n_cand)
-        tl.store(nfinite_ptr + row, n_finite)
-    if mode == 0:
-        per_chunk = tl.sum(tl.where(g[None, :] <= g_cut, H, 0), 1)  # [NCP]
-        start = tl.sum(tl.where(c < chunk, per_chunk, 0), 0)
-        offs = chunk * CHUNK + tl.arange(0, CHUNK)
-        inb = offs < V
-        x = tl.load(logits_ptr + row.to(tl.int64) * stride + offs, mask=inb, other=float("-inf"))
-        s = tl.math.div_rn(x, tl.load(temps_ptr + row))
-        take = inb & (s > float("-inf")) & (_abs_bin(s, BIN_SCALE) >= a_M - g_cut)
-        pos = start + tl.cumsum(take.to(tl.int32), 0) - 1
-        take = take & (pos < CAP)
-        out = row.to(tl.int64) * CAP + pos
-        tl.store(cand_val_ptr + out, s, mask=take)
-        tl.store(cand_idx_ptr + out, offs, mask=take)
+    """Copy every saved element at or above bin `level` of the row's chunks ([NCP] slots) to the
+    row's candidate list, chunk after chunk at offsets `start` ([NCP]), id order within a chunk."""
+    r = tl.arange(0, LCAP)
+    src = slots.to(tl.int64)[:, None] * LCAP + r[None, :]  # [NCP, LCAP]
+    live = cm[:, None] & (r[None, :] < nsaved[:, None])
+    v = tl.load(sval_ptr + src, mask=live, other=float("-inf"))
+    ix = tl.load(sidx_ptr + src, mask=live, other=0)
+    take = live & (_abs_bin(v, BIN_SCALE) >= level)
+    pos = start[:, None] + tl.cumsum(take.to(tl.int32), 1) - 1
+    tl.store(val_ptr + pos, v, mask=take)
+    tl.store(idx_ptr + pos, ix, mask=take)
 
 
 @triton.jit
@@ -243,17 +201,12 @@ def _full_thresholds(row_ptr, t, V, k, p, M, Z, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _draw_candidates(val_ptr, idx_ptr, n, n_finite, k, p, t_m, M, Z, V, state, N: tl.constexpr, JB: tl.constexpr):
-    """Thresholds and the draw over a row's n candidates (every element above the cut).
-
-    Straight from the definitions, no sort: a token is in the top-k when fewer than k tokens are
-    strictly greater, in the top-p when the mass of strictly greater tokens is < p. Both sets
-    are up-sets in value (the fp32 sums over nested sets are monotone), so their smallest
-    member is the threshold, with ties at it kept."""
-    r = tl.arange(0, N)
-    live = r < n
-    v = tl.load(val_ptr + r, mask=live, other=float("-inf"))
-    ix = tl.load(idx_ptr + r, mask=live, other=0)
+def _pairwise_thresholds(val_ptr, v, live, n, k, p, M, Z, N: tl.constexpr, JB: tl.constexpr):
+    """Top-k and top-p thresholds of n candidates ([N] in v), straight from the definitions: a
+    token is in the top-k when fewer than k tokens are strictly greater, in the top-p when the
+    mass of strictly greater tokens is < p. Both sets are up-sets in value (the fp32 sums over
+    nested sets are monotone), so their smallest member is the threshold, with ties at it kept.
+    O(n * N) comparisons: for few candidates."""
     rank = tl.zeros([N], dtype=tl.int32)
     greater = tl.zeros([N], dtype=tl.float32)
     for jb in range(0, n, JB):
@@ -262,12 +215,50 @@ def _draw_candidates(val_ptr, idx_ptr, n, n_finite, k, p, t_m, M, Z, V, state, N
         gt = vj[None, :] > v[:, None]  # [N, JB]
         rank += tl.sum(gt.to(tl.int32), 1)
         greater += tl.sum(tl.where(gt, (tl.exp(vj - M) / Z)[None, :], 0.0), 1)
+    t_k = tl.min(tl.where(live & (rank < k), v, float("inf")), 0)
+    t_p = tl.min(tl.where(live & (greater < p), v, float("inf")), 0)
+    return t_k, t_p
+
+
+@triton.jit
+def _bisect_thresholds(v, live, k, p, M, Z):
+    """The same thresholds by bisection over float keys, as the full-row path, with the candidates
+    ([N] in v) held in registers: 33 steps of two block sums, for many candidates."""
+    e = tl.where(live, tl.exp(v - M), 0.0)
+    k_lo = _float_key(tl.full([], float("-inf"), tl.float32)).to(tl.int64)
+    k_hi = _float_key(M).to(tl.int64) + 1
+    p_lo = k_lo
+    p_hi = _float_key(M).to(tl.int64)
+    for _ in range(33):
+        k_mid = k_lo + (k_hi - k_lo) // 2
+        p_mid = p_lo + (p_hi - p_lo) // 2
+        k_ok = tl.sum((live & (v >= _key_float(k_mid.to(tl.int32)))).to(tl.int32), 0) >= k
+        k_lo = tl.where(k_ok, k_mid, k_lo)
+        k_hi = tl.where(k_ok, k_hi, k_mid)
+        p_ok = tl.sum(tl.where(v > _key_float(p_mid.to(tl.int32)), e, 0.0), 0) / Z < p
+        p_hi = tl.where(p_ok, p_mid, p_hi)
+        p_lo = tl.where(p_ok, p_lo, p_mid)
+    return _key_float(k_lo.to(tl.int32)), _key_float(p_hi.to(tl.int32))
+
+
+@triton.jit
+def _draw_candidates(
+    val_ptr, idx_ptr, n, n_finite, k, p, t_m, M, Z, V, state, N: tl.constexpr, JB: tl.constexpr,
+):
+    """Thresholds and the draw over a row's n <= N candidates (every element above the cut);
+    thresholds pairwise in [N, JB] tiles, or by bisection when JB is 0."""
+    r = tl.arange(0, N)
+    live = r < n
+    v = tl.load(val_ptr + r, mask=live, other=float("-inf"))
+    ix = tl.load(idx_ptr + r, mask=live, other=0)
+    if JB > 0:
+        t_k, t_p = _pairwise_thresholds(val_ptr, v, live, n, k, p, M, Z, N, JB)
+    else:
+        t_k, t_p = _bisect_thresholds(v, live, k, p, M, Z)
     # A filter whose boundary lies below the cut (fewer than k candidates; candidates holding less
     # than p of the mass, so the first token below the cut is still in the nucleus) is looser than
     # the filter that set the cut, and does not count.
-    t_k = tl.min(tl.where(live & (rank < k), v, float("inf")), 0)
     t_k = tl.where((k < V) & (n >= k), t_k, float("-inf"))
-    t_p = tl.min(tl.where(live & (greater < p), v, float("inf")), 0)
     cand_mass = tl.sum(tl.where(live, tl.exp(v - M) / Z, 0.0), 0)
     boundary_inside = (cand_mass >= p) | (n == n_finite)
     t_p = tl.where((p < 1.0) & boundary_inside, t_p, float("-inf"))
@@ -281,23 +272,72 @@ def _draw_candidates(val_ptr, idx_ptr, n, n_finite, k, p, t_m, M, Z, V, state, N
 
 
 @triton.jit
-def _draw_kernel(
+def _row_kernel(
     logits_ptr, stride, temps_ptr, top_k_ptr, top_p_ptr, log_min_p_ptr, seeds_ptr, pos_ptr, V, B, NC, fws, iws,
     ids_ptr, invalid_ptr, out_ptr,
-    NBIN: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr, MEDIUM: tl.constexpr, BLOCK: tl.constexpr,
+    NBIN: tl.constexpr, BIN_SCALE: tl.constexpr, NCP: tl.constexpr, LCAP: tl.constexpr, CAP: tl.constexpr,
+    SMALL: tl.constexpr, MEDIUM: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    mode_ptr, rmax_ptr, rsum_ptr, rarg_ptr, ncand_ptr, nfinite_ptr, cand_val_ptr, cand_idx_ptr = _row_ptrs(
-        fws, iws, B, NC, NBIN
+    cmax_ptr, csum_ptr, cxmax_ptr, sval_ptr, carg_ptr, cbad_ptr, cvalid_ptr, nsaved_ptr, level_ptr, hist_ptr, sidx_ptr = (
+        _chunk_ptrs(fws, iws, B, NC, NBIN, LCAP)
     )
+    cand_val_ptr, cand_idx_ptr = _row_ptrs(fws, iws, B, NC, NBIN, LCAP)
     lse_ptr, lse_kept_ptr, thr_ptr = out_ptr, out_ptr + B, out_ptr + 2 * B
     row = tl.program_id(0)
-    mode = tl.load(mode_ptr + row)
-    M = tl.load(rmax_ptr + row)
-    Z = tl.load(rsum_ptr + row)
+    c = tl.arange(0, NCP)
+    cm = c < NC
+    slots = row * NC + c
+    cmax = tl.load(cmax_ptr + slots, mask=cm, other=float("-inf"))
+    M = tl.max(cmax, 0)
+    ref = tl.where(M == float("-inf"), 0.0, M)
+    csum = tl.load(csum_ptr + slots, mask=cm, other=0.0)
+    Z = tl.sum(tl.where(cmax > float("-inf"), csum * tl.exp(cmax - ref), 0.0), 0)
+    bad = (tl.max(tl.load(cbad_ptr + slots, mask=cm, other=0), 0) > 0) | (M == float("-inf"))
+
+    # Row histogram over its top NBIN bins: g = a_M - absolute bin.
+    a_M = _abs_bin(M, BIN_SCALE)
+    shift = a_M - _abs_bin(cmax, BIN_SCALE)  # [NCP] chunk bin j = g - shift
+    g = tl.arange(0, NBIN)
+    jj = g[None, :] - shift[:, None]  # [NCP, NBIN]
+    hm = cm[:, None] & (jj >= 0) & (jj < NBIN)
+    H = tl.load(hist_ptr + slots.to(tl.int64)[:, None] * NBIN + jj, mask=hm, other=0)  # [NCP, NBIN]
+    G = tl.sum(H, 0)  # [NBIN]
+    count_cum = tl.cumsum(G, 0)
+
+    k = tl.load(top_k_ptr + row)
+    p = tl.load(top_p_ptr + row)
+    log_min_p = tl.load(log_min_p_ptr + row)
+    NONE: tl.constexpr = 2 * NBIN  # filter inactive
+    g_k = tl.min(tl.where(count_cum >= k, g, NBIN), 0)
+    g_k = tl.where(k < V, g_k, NONE)
+    # Mass strictly below bin g, bounded above by each bin's upper edge and the bottom of the
+    # range for elements below it; 1 - that bound <= the mass at or above bin g.
+    upper = (a_M - g + 1).to(tl.float64) / BIN_SCALE
+    w = G.to(tl.float64) * tl.exp(upper - M.to(tl.float64))
+    n_finite = tl.sum(tl.load(cvalid_ptr + slots, mask=cm, other=0), 0)
+    n_below = n_finite - tl.sum(G, 0)
+    bottom = (a_M - NBIN + 1).to(tl.float64) / BIN_SCALE
+    below = tl.sum(w, 0) - tl.cumsum(w, 0) + n_below.to(tl.float64) * tl.exp(bottom - M.to(tl.float64))
+    enough = 1.0 - below / Z.to(tl.float64) >= p.to(tl.float64) + 1e-5
+    g_p = tl.min(tl.where(enough, g, NBIN), 0)
+    g_p = tl.where(p < 1.0, g_p, NONE)
+    g_m = a_M - _abs_bin(M + log_min_p, BIN_SCALE)
+    g_m = tl.where(log_min_p > float("-inf"), tl.minimum(g_m, NBIN), NONE)
+    g_cut = tl.minimum(tl.minimum(g_k, g_p), g_m)
+    level = a_M - g_cut  # absolute bin of the cut
+    per_chunk = tl.sum(tl.where(g[None, :] <= g_cut, H, 0), 1)  # [NCP] candidates of each chunk
+    n_cand = tl.sum(per_chunk, 0)
+    saved_to = tl.max(tl.load(level_ptr + slots, mask=cm, other=_ALL_SAVED), 0)
+    mode = tl.where((g_cut < NBIN) & (saved_to <= level) & (n_cand <= CAP), 0, 1)
+    mode = tl.where(k <= 1, 2, mode)
+    mode = tl.where(bad, 3, mode)
+
     lse = M + tl.log(Z)
     tl.store(lse_ptr + row, lse)
     tl.store(invalid_ptr + row, (mode == 3).to(tl.int8))
-    token = tl.load(rarg_ptr + row).to(tl.int64)
+    cxmax = tl.load(cxmax_ptr + slots, mask=cm, other=float("-inf"))
+    carg = tl.load(carg_ptr + slots, mask=cm, other=V)
+    token = tl.min(tl.where(cxmax == tl.max(cxmax, 0), carg, V), 0).to(tl.int64)
     lse_kept = lse
     thr = tl.full([], float("-inf"), tl.float32)
     if mode < 2:
@@ -306,21 +346,26 @@ def _draw_kernel(
         t_m = M + tl.load(log_min_p_ptr + row)
         state = row_hash_state(tl.load(seeds_ptr + row), tl.load(pos_ptr + row))
         if mode == 0:
-            n = tl.load(ncand_ptr + row)
-            n_finite = tl.load(nfinite_ptr + row)
+            n = n_cand
             val_ptr = cand_val_ptr + row.to(tl.int64) * CAP
             idx_ptr = cand_idx_ptr + row.to(tl.int64) * CAP
+            nsaved = tl.load(nsaved_ptr + slots, mask=cm, other=0)
+            chunk_start = tl.cumsum(per_chunk, 0) - per_chunk
+            _gather_candidates(
+                sval_ptr, sidx_ptr, slots, cm, nsaved, chunk_start, level, val_ptr, idx_ptr, BIN_SCALE=BIN_SCALE, LCAP=LCAP
+            )
+            tl.debug_barrier()  # the draw reads candidates other threads of this CTA wrote
             if n <= SMALL:
                 token, thr, lse_kept = _draw_candidates(
                     val_ptr, idx_ptr, n, n_finite, k, p, t_m, M, Z, V, state, N=SMALL, JB=SMALL
                 )
             elif n <= MEDIUM:
                 token, thr, lse_kept = _draw_candidates(
-                    val_ptr, idx_ptr, n, n_finite, k, p, t_m, M, Z, V, state, N=MEDIUM, JB=32
+                    val_ptr, idx_ptr, n, n_finite, k, p, t_m, M, Z, V, state, N=MEDIUM, JB=0
                 )
             else:
                 token, thr, lse_kept = _draw_candidates(
-                    val_ptr, idx_ptr, n, n_finite, k, p, t_m, M, Z, V, state, N=CAP, JB=16
+                    val_ptr, idx_ptr, n, n_finite, k, p, t_m, M, Z, V, state, N=CAP, JB=0
                 )
         else:
             row_ptr = logits_ptr + row.to(tl.int64) * stride
@@ -373,9 +418,34 @@ def _greedy_kernel(logits_ptr, stride, V, ids_ptr, invalid_ptr, BLOCK: tl.conste
     tl.store(invalid_ptr + row, invalid.to(tl.int8))
 
 
-def _launch_options(device: torch.device) -> dict:
-    # The interpreter runs a CTA's ops as numpy arrays: warps mean nothing there.
-    return {} if device.type == "cpu" else {"num_warps": 16}
+# Compiled kernels by everything Triton specialises a launch on: Triton's own launch path binds
+# and re-specialises every argument on each call; here the key is one tuple of the arguments
+# (an eager decode step is host-bound at small batch).
+_COMPILED: dict[tuple, object] = {}
+
+
+def _spec(arg) -> object:
+    """What Triton specialises an argument on: a tensor's dtype and 16-byte alignment, an int's
+    value (covers == 1, divisibility by 16 and width), a constexpr's value."""
+    if isinstance(arg, torch.Tensor):
+        return arg.dtype, arg.data_ptr() % 16 == 0
+    return arg
+
+
+def _launch(kernel, grid: tuple, args: tuple, num_warps: int) -> None:
+    """kernel[grid](*args) with every argument positional, constexprs included (their order in the
+    signature); the first launch of a specialisation compiles through Triton, later ones call the
+    compiled kernel directly."""
+    device = args[0].device
+    if device.type == "cpu":  # the interpreter: warps mean nothing there, nothing is compiled
+        kernel[grid](*args)
+        return
+    key = (kernel, device, num_warps, *map(_spec, args))
+    compiled = _COMPILED.get(key)
+    if compiled is None:
+        _COMPILED[key] = kernel[grid](*args, num_warps=num_warps)
+    else:
+        compiled[grid + (1,) * (3 - len(grid))](*args)  # a compiled kernel takes all three grid dims
 
 
 # Scratch per device, grown to the largest batch seen and reused by every call: fewer allocations
@@ -410,26 +480,21 @@ def sample_triton(
     """
     B, V = logits.shape
     dev = logits.device
-    nc = triton.cdiv(V, CHUNK)
-    fws, iws = _workspace(dev, B * (3 * nc + 2 + CAP), B * (3 * nc + nc * NBIN + 4 + CAP))
+    nc = -(-V // CHUNK)  # plain ints: triton.cdiv / next_power_of_2 are ~10 µs constexpr-function calls
+    chunks = B * nc
+    fws, iws = _workspace(dev, chunks * (3 + LCAP) + B * CAP, chunks * (5 + NBIN + LCAP) + B * CAP)
     ids = torch.empty(B, dtype=torch.int64, device=dev)
     invalid = torch.empty(B, dtype=torch.int8, device=dev)
     out = torch.empty(3, B, dtype=torch.float32, device=dev)  # lse, lse_kept, threshold
     temps = temperatures.reshape(B)
-    opts = _launch_options(dev)
     stride = logits.stride(0)
-    _stats_kernel[(B, nc)](
-        logits, stride, temps, V, B, nc, fws, iws, CHUNK=CHUNK, NBIN=NBIN, BIN_SCALE=BIN_SCALE, **opts
-    )
-    _compact_kernel[(B, nc)](
-        logits, stride, temps, top_ks, top_ps, log_min_ps, V, B, nc, fws, iws,
-        CHUNK=CHUNK, NBIN=NBIN, BIN_SCALE=BIN_SCALE, NCP=triton.next_power_of_2(nc), CAP=CAP, **opts,
-    )
-    _draw_kernel[(B,)](
-        logits, stride, temps, top_ks, top_ps, log_min_ps, seeds, positions, V, B, nc, fws, iws,
-        ids, invalid, out, NBIN=NBIN, CAP=CAP, SMALL=SMALL, MEDIUM=MEDIUM, BLOCK=FULL_BLOCK, **opts,
-    )
-    return SampleResult(ids=ids, invalid=invalid.bool(), lse=out[0], lse_kept=out[1], threshold=out[2])
+    # Small chunk CTAs: several per SM overlap their loads (one 16-warp CTA per SM cannot).
+    _launch(_chunk_kernel, (B, nc), (logits, stride, temps, V, B, nc, fws, iws, CHUNK, NBIN, BIN_SCALE, LCAP), 4)
+    row_args = (logits, stride, temps, top_ks, top_ps, log_min_ps, seeds, positions, V, B, nc, fws, iws, ids, invalid, out)
+    row_consts = (NBIN, BIN_SCALE, 1 << (nc - 1).bit_length(), LCAP, CAP, SMALL, MEDIUM, FULL_BLOCK)
+    _launch(_row_kernel, (B,), row_args + row_consts, 16)
+    # A bool view of the int8 flags costs no kernel, unlike .bool().
+    return SampleResult(ids=ids, invalid=invalid.view(torch.bool), lse=out[0], lse_kept=out[1], threshold=out[2])
 
 
 def greedy_triton(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -437,8 +502,8 @@ def greedy_triton(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     B, V = logits.shape
     ids = torch.empty(B, dtype=torch.int64, device=logits.device)
     invalid = torch.empty(B, dtype=torch.int8, device=logits.device)
-    _greedy_kernel[(B,)](logits, logits.stride(0), V, ids, invalid, BLOCK=FULL_BLOCK, **_launch_options(logits.device))
-    return ids, invalid.bool()
+    _launch(_greedy_kernel, (B,), (logits, logits.stride(0), V, ids, invalid, FULL_BLOCK), 16)
+    return ids, invalid.view(torch.bool)
 
 
 # ---------------------------------------------------------------------------------- references
