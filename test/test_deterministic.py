@@ -15,7 +15,6 @@ from test_model_runner import PROMPTS, Driver
 from sglang.srt.layers.batch_invariant import ROW_BLOCK, batch_invariant, row_blocked
 from sglang.srt.layers.linear import cpu_pack_supported, dense_matmul
 from sglang.srt.model_executor.model_runner import ModelRunner
-from sglang.srt.utils.embedded_model import embedded_model_path
 
 FLAGS = (
     "--enable-deterministic-inference", "--chunked-prefill-size", "16", "--max-running-requests", "16",
@@ -74,12 +73,8 @@ def test_row_blocked_matmul_rows_do_not_depend_on_the_batch(packed: bool) -> Non
 
 
 @pytest.fixture(scope="module")
-def deterministic_runner() -> ModelRunner:
-    try:
-        path = embedded_model_path()
-    except FileNotFoundError as err:
-        pytest.skip(str(err))
-    return ModelRunner(path, max_total_tokens=4096, max_running_requests=16, deterministic=True)
+def deterministic_runner(gguf_path: str) -> ModelRunner:
+    return ModelRunner(gguf_path, max_total_tokens=4096, max_running_requests=16, deterministic=True)
 
 
 def test_model_rows_do_not_depend_on_the_batch(deterministic_runner: ModelRunner) -> None:

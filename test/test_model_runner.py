@@ -14,7 +14,6 @@ from sglang.srt.layers import linear
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.utils import hf_transformers_utils
-from sglang.srt.utils.embedded_model import embedded_model_path
 
 from runner_utils import Driver
 
@@ -30,14 +29,6 @@ PROMPTS = [
     torch.randint(0, 49152, (41,), generator=torch.Generator().manual_seed(0)).tolist(),
     torch.randint(0, 49152, (23,), generator=torch.Generator().manual_seed(1)).tolist(),
 ]
-
-
-@pytest.fixture(scope="module")
-def gguf_path() -> str:
-    try:
-        return embedded_model_path()
-    except FileNotFoundError as err:
-        pytest.skip(str(err))
 
 
 @pytest.fixture(scope="module")

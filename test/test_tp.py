@@ -29,7 +29,6 @@ from sglang.srt.distributed.tp_sizes import supported_tp_sizes, tp_split_problem
 from sglang.srt.entrypoints.http_server import ServerProcess
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.server_args import ServerArgs
-from sglang.srt.utils.embedded_model import embedded_model_path
 from test_engine_e2e import _processor_shipped_by_value
 from test_model_runner import LOGIT_ATOL, _save_tiny
 from tp_workers import PROMPTS, collectives_worker, forward_logits, invariant_reduce_worker, logits_worker
@@ -38,14 +37,6 @@ TINY_CASE = "qwen3_head_dim_32_sharded"  # 4 heads, 2 KV heads, vocab 300, 14 sa
 TINY_TP_ATOL = 1e-4  # logits of |x| ~ 10: only the all-reduce's summation order differs
 EXIT_WAIT_S = 30
 FAVOURED = 10  # the token RankDependentProcessor pushes rank r towards: FAVOURED + r
-
-
-@pytest.fixture(scope="module")
-def gguf_path() -> str:
-    try:
-        return embedded_model_path()
-    except FileNotFoundError as err:
-        pytest.skip(str(err))
 
 
 @pytest.fixture(scope="module")
