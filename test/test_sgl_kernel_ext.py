@@ -98,12 +98,14 @@ def test_sample_full_row_path_matches_reference(monkeypatch):
         _check_sample(logits, *_params(name, logits.shape[0], vocab), seed=5)
 
 
-def test_sample_chunks_that_saved_too_little_take_the_full_row(monkeypatch):
-    """Small chunks that save few elements: rows whose cut lies below a chunk's saved level take
-    the full-row path (top_k 50), the others gather from three chunks (top_k 5) and, past SMALL
-    candidates, take their thresholds by bisection; same result."""
+def test_sample_hot_block_tiles_and_overflow(monkeypatch):
+    """Small blocks: rows re-read their hot blocks over several tiles (top_k 5, past SMALL
+    candidates by bisection), rows with more hot blocks than MAX_HOT take the full-row path
+    (top_k 50); same result."""
     monkeypatch.setattr(sample_kernels, "CHUNK", 128)
-    monkeypatch.setattr(sample_kernels, "LCAP", 8)
+    monkeypatch.setattr(sample_kernels, "BLOCK_SIZE", 8)
+    monkeypatch.setattr(sample_kernels, "HOT_TILE", 2)
+    monkeypatch.setattr(sample_kernels, "MAX_HOT", 8)
     monkeypatch.setattr(sample_kernels, "SMALL", 4)
     vocab = 300
     logits = _rows(vocab, seed=2)

@@ -6,25 +6,25 @@ sampled row draws argmax(scaled + gumbel(hash(seed, position, token id))) over i
 greedy rows (top_k <= 1) take the argmax of the logits (lowest id on ties); rows with NaN, +inf
 or nothing finite are invalid (id -1).
 
-Two launches, no host synchronisation, every decision per row on the device; the logits are
-read once on the fast path:
+Two launches, no host synchronisation, every decision per row on the device:
 
   1. chunk (grid B x chunks of CHUNK, small CTAs so that several share an SM and hide each
-     other's load latency): per chunk max / argmax / sum of exp(scaled - chunk max), a count
-     histogram of scaled values in absolute bins of width 1 / BIN_SCALE below the chunk's max
-     bin, and the chunk's own top bins, up to LCAP elements, saved (value, id) in id order with
-     the lowest bin level down to which the chunk saved everything.
-  2. row (grid B): combines the row's chunk stats once into the row max M, the partition Z and
-     a histogram over the row's top NBIN bins. From it each active filter gives a bin its
-     threshold cannot lie below (top-k: where the cumulative count reaches k; top-p: the
-     highest bin above which even an upper bound of the remaining mass is below 1 - top_p;
-     min-p: the bin of M + log(min_p)); the cut is the highest of those. When every chunk saved
-     down to the cut and the candidates fit in CAP, the row gathers them from the chunks' saved
-     elements (token-id order, offsets from the histograms), takes the exact thresholds from
-     the candidates (all elements above the cut are there, so each one's count and mass of
-     strictly greater elements are exact) and draws by Gumbel-max over the kept ones. Any other
-     row with a sampled draw takes the exact full-row path: a 32-step bisection over float keys
-     for the thresholds, then Gumbel over the whole row.
+     other's load latency): per chunk the max and sum of exp(scaled - chunk max), the count of
+     finite elements, and the max and runner-up of each block of BLOCK_SIZE elements. Nothing else per
+     element: this pass reads all the logits, and block-wide histograms, scans and scattered
+     stores here cost several times the read itself.
+  2. row (grid B): combines the chunk stats into the row max M and partition Z, and from the
+     block maxima and runners-up (distinct elements of the row) a lower bound for each active
+     filter's threshold: the k-th largest of them has at least k elements at or above it; those
+     whose mass reaches top_p bound the nucleus from below; min-p's threshold is known. Every
+     element at or above the highest bound (the cut) lies in a block whose max reaches the cut
+     ("hot" blocks): the row re-reads only those, keeps the elements at or above the cut as
+     candidates (token-id order), takes the exact thresholds from the candidates (all elements
+     above the cut are there, so each one's count and mass of strictly greater elements are
+     exact) and draws by Gumbel-max over the kept ones. A row with no bound (no filter, or
+     filters looser than the block maxima can show), too many hot blocks or candidates takes the
+     exact full-row path: a 32-step bisection over float keys for the thresholds, then Gumbel
+     over the whole row.
 """
 
 from __future__ import annotations
@@ -38,16 +38,24 @@ import triton.language as tl
 from sgl_kernel_ext.sampling.murmur import hash_gumbel, row_hash_state
 
 CHUNK = 2048  # elements per chunk CTA, held in registers (16 per thread at 4 warps)
-NBIN = 64  # histogram bins below each chunk's max bin
-BIN_SCALE = 2.0  # bins per unit of scaled logit: 32 units of range, mass ratio e^0.5 within a bin
-LCAP = 64  # elements a chunk saves from its top bins
+# Elements per block whose max and runner-up the chunk pass saves. Small blocks: those are then
+# most of a row's nucleus (on N(0, 4.3^2) logits, the maxima of 32-blocks hold >= 0.94 of the
+# mass, with the runners-up >= 0.98; 128-blocks' maxima 0.86), so they bound top-p as well as
+# top-k.
+BLOCK_SIZE = 32
+HOT_TILE = 128  # hot blocks the row kernel re-reads at once (4096 elements, 8 per thread at 16 warps)
+MAX_HOT = 2048  # hot blocks a row may have on the fast path
+BOUND_RANGE = 64.0  # the bounds are searched within this many units of scaled logit below the max
+# Bisection steps of the bounds: resolution BOUND_RANGE / 2**8 = 0.25 (on the H100, 8 steps beat 12
+# at every batch size; at 6 the loose top-p cut leaves more than CAP candidates).
+BOUND_STEPS = 8
 CAP = 2048  # candidates per row on the fast path
 # Candidate counts up to SMALL take their thresholds from one [SMALL, SMALL] comparison tile, more
 # by bisection over MEDIUM or CAP candidates in registers.
 SMALL = 128
 MEDIUM = 512
 FULL_BLOCK = 4096  # tile of the full-row path
-_ALL_SAVED = tl.constexpr(-(2**30))  # saved level of a chunk that saved every finite element
+ROW_WARPS = 16  # the row kernel: 16 warps beat 8 and 4 at every batch size on the H100
 
 # Row modes, set by the row kernel: 0 candidates, 1 full row, 2 greedy, 3 invalid.
 
@@ -62,95 +70,117 @@ class SampleResult:
 
 
 @triton.jit
-def _abs_bin(v, BIN_SCALE: tl.constexpr):
-    """floor(v * BIN_SCALE) as int32, clamped so -inf / NaN / huge values stay representable."""
-    f = tl.floor(v * BIN_SCALE)
-    f = tl.where(f > -1.0e9, f, -1.0e9)
-    f = tl.where(f < 1.0e9, f, 1.0e9)
-    return f.to(tl.int32)
-
-
-@triton.jit
-def _chunk_ptrs(fws, iws, B, NC, NBIN: tl.constexpr, LCAP: tl.constexpr):
-    """Per-chunk scratch in the workspaces: cmax, csum, cxmax, saved values [B * NC, LCAP] (float32);
-    carg, cbad, cvalid, nsaved, saved level, hist [B * NC, NBIN], saved ids [B * NC, LCAP] (int32)."""
+def _scratch(fws, iws, B, NC, NB, MAX_HOT: tl.constexpr, CAP: tl.constexpr):
+    """Pointers into the workspaces: per chunk cmax, csum (float32) and cbad, cvalid (int32); per
+    row the raw block maxima and runners-up [B, NB] each and candidate values [B, CAP] (float32),
+    hot block list [B, MAX_HOT] and candidate ids [B, CAP] (int32)."""
     n = B * NC
-    i = iws + 5 * n
-    return fws, fws + n, fws + 2 * n, fws + 3 * n, iws, iws + n, iws + 2 * n, iws + 3 * n, iws + 4 * n, i, i + n * NBIN
-
-
-@triton.jit
-def _row_ptrs(fws, iws, B, NC, NBIN: tl.constexpr, LCAP: tl.constexpr):
-    """Per-row scratch after the chunks': cand_val [B, CAP] (float32), cand_idx [B, CAP] (int32)."""
-    n = B * NC
-    return fws + n * (3 + LCAP), iws + n * (5 + NBIN + LCAP)
+    bmax = fws + 2 * n
+    hot = iws + 2 * n
+    return fws, fws + n, iws, iws + n, bmax, bmax + B * NB, bmax + 2 * B * NB, hot, hot + B * MAX_HOT
 
 
 @triton.jit
 def _chunk_kernel(
     logits_ptr, stride, temps_ptr, V, B, NC, fws, iws,
-    CHUNK: tl.constexpr, NBIN: tl.constexpr, BIN_SCALE: tl.constexpr, LCAP: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_SIZE: tl.constexpr, MAX_HOT: tl.constexpr, CAP: tl.constexpr,
 ):
-    cmax_ptr, csum_ptr, cxmax_ptr, sval_ptr, carg_ptr, cbad_ptr, cvalid_ptr, nsaved_ptr, level_ptr, hist_ptr, sidx_ptr = (
-        _chunk_ptrs(fws, iws, B, NC, NBIN, LCAP)
-    )
+    NSUB: tl.constexpr = CHUNK // BLOCK_SIZE
+    NB = NC * NSUB
+    cmax_ptr, csum_ptr, cbad_ptr, cvalid_ptr, bmax_ptr, bsec_ptr, _, _, _ = _scratch(fws, iws, B, NC, NB, MAX_HOT, CAP)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
-    offs = chunk * CHUNK + tl.arange(0, CHUNK)
-    inb = offs < V
-    x = tl.load(logits_ptr + row.to(tl.int64) * stride + offs, mask=inb, other=float("-inf"))
+    sub = tl.arange(0, NSUB)
+    offs = chunk * CHUNK + sub[:, None] * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)[None, :]  # [NSUB, BLOCK_SIZE]
+    x = tl.load(logits_ptr + row.to(tl.int64) * stride + offs, mask=offs < V, other=float("-inf"))
     t = tl.load(temps_ptr + row)
-    s = tl.math.div_rn(x, t)
-    bad = tl.max(((x != x) | (x == float("inf"))).to(tl.int32), 0)
-    xmax = tl.max(x, 0)
-    arg = tl.min(tl.where(x == xmax, offs, V), 0)
-    smax = tl.math.div_rn(xmax, t)  # = max(s): correctly rounded division by t > 0 is monotone
+    bmax = tl.max(x, 1)  # [NSUB]
+    # The largest value below the max: another element of the block (a tie with the max is
+    # skipped, which only loosens the row's bounds).
+    bsec = tl.max(tl.where(x < bmax[:, None], x, float("-inf")), 1)  # [NSUB]
+    xmax = tl.max(bmax, 0)
+    smax = tl.math.div_rn(xmax, t)  # = max(scaled): correctly rounded division by t > 0 is monotone
     ref = tl.where(smax == float("-inf"), 0.0, smax)
-    csum = tl.sum(tl.exp(s - ref), 0)
-    finite = inb & (s > float("-inf"))
-    a_max = _abs_bin(smax, BIN_SCALE)
-    j = a_max - _abs_bin(s, BIN_SCALE)
-    in_range = finite & (j < NBIN)
-    hist = tl.histogram(tl.where(in_range, j, 0), NBIN, mask=in_range)  # [NBIN]
-    n_finite = tl.sum(finite.to(tl.int32), 0)
-    # Save the chunk's top bins while they fit (all of it when it has few finite elements), so the
-    # row kernel finds every candidate above its cut here instead of re-reading the logits.
-    b = tl.arange(0, NBIN)
-    j_saved = tl.max(tl.where(tl.cumsum(hist, 0) <= LCAP, b, -1), 0)
-    save_all = n_finite <= LCAP
-    take = tl.where(save_all, finite, in_range & (j <= j_saved))
-    pos = tl.cumsum(take.to(tl.int32), 0) - 1
+    s = tl.math.div_rn(x, t)
+    csum = tl.sum(tl.sum(tl.exp(s - ref), 1), 0)
+    n_finite = tl.sum(tl.sum((s > float("-inf")).to(tl.int32), 1), 0)
+    # A NaN makes the sum NaN (the max may skip it); +inf makes the max +inf.
+    bad = ((xmax == float("inf")) | (csum != csum)).to(tl.int32)
     slot = row * NC + chunk
-    out = slot.to(tl.int64) * LCAP + pos
-    tl.store(sval_ptr + out, s, mask=take)
-    tl.store(sidx_ptr + out, offs, mask=take)
+    tl.store(bmax_ptr + row.to(tl.int64) * NB + chunk * NSUB + sub, bmax)
+    tl.store(bsec_ptr + row.to(tl.int64) * NB + chunk * NSUB + sub, bsec)
     tl.store(cmax_ptr + slot, smax)
     tl.store(csum_ptr + slot, csum)
-    tl.store(cxmax_ptr + slot, xmax)
-    tl.store(carg_ptr + slot, arg)
     tl.store(cbad_ptr + slot, bad)
     tl.store(cvalid_ptr + slot, n_finite)
-    tl.store(nsaved_ptr + slot, tl.sum(take.to(tl.int32), 0))
-    tl.store(level_ptr + slot, tl.where(save_all, _ALL_SAVED, a_max - j_saved))
-    tl.store(hist_ptr + slot.to(tl.int64) * NBIN + b, hist)
+
+
+@triton.jit
+def _count_mass(bs, ws, bs2, ws2, tau):
+    """Count and mass (unnormalised) of the block maxima and runners-up at or above tau."""
+    count = tl.sum((bs >= tau).to(tl.int32) + (bs2 >= tau).to(tl.int32), 0)
+    mass = tl.sum(tl.where(bs >= tau, ws, 0.0) + tl.where(bs2 >= tau, ws2, 0.0), 0)
+    return count, mass
+
+
+@triton.jit
+def _lower_bounds(bs, bs2, k, p, M, Z, V, BOUND_RANGE: tl.constexpr, BOUND_STEPS: tl.constexpr):
+    """Lower bounds of the top-k and top-p thresholds from the scaled block maxima and runners-up
+    ([NBP] each in bs, bs2; -inf where absent): distinct elements of the row. -inf where they
+    cannot show a bound within BOUND_RANGE of the max.
+
+    top-k: the largest tested value with at least k of them at or above it. top-p: the largest
+    tested value where they hold at least top_p of the mass: every element below it has at least
+    that mass strictly above it, so is outside the nucleus (1e-5 of slack for the different order
+    of the fp32 sums)."""
+    ws = tl.exp(bs - M)
+    ws2 = tl.exp(bs2 - M)
+    target = (p + 1e-5) * Z
+    k_lo = M - BOUND_RANGE
+    k_hi = M
+    p_lo = k_lo
+    p_hi = M
+    count, mass = _count_mass(bs, ws, bs2, ws2, k_lo)
+    k_found = count >= k
+    p_found = mass >= target
+    for _ in range(BOUND_STEPS):
+        k_mid = (k_lo + k_hi) * 0.5
+        p_mid = (p_lo + p_hi) * 0.5
+        count, _ = _count_mass(bs, ws, bs2, ws2, k_mid)
+        k_ok = count >= k
+        k_lo = tl.where(k_ok, k_mid, k_lo)
+        k_hi = tl.where(k_ok, k_hi, k_mid)
+        _, mass = _count_mass(bs, ws, bs2, ws2, p_mid)
+        p_ok = mass >= target
+        p_lo = tl.where(p_ok, p_mid, p_lo)
+        p_hi = tl.where(p_ok, p_hi, p_mid)
+    cut_k = tl.where(k_found & (k < V), k_lo, float("-inf"))
+    cut_p = tl.where(p_found & (p < 1.0), p_lo, float("-inf"))
+    return cut_k, cut_p
 
 
 @triton.jit
 def _gather_candidates(
-    sval_ptr, sidx_ptr, slots, cm, nsaved, start, level, val_ptr, idx_ptr,
-    BIN_SCALE: tl.constexpr, LCAP: tl.constexpr,
+    row_ptr, t, V, hot_ptr, n_hot, cut, val_ptr, idx_ptr,
+    BLOCK_SIZE: tl.constexpr, HOT_TILE: tl.constexpr, CAP: tl.constexpr,
 ):
-    """Copy every saved element at or above bin `level` of the row's chunks ([NCP] slots) to the
-    row's candidate list, chunk after chunk at offsets `start` ([NCP]), id order within a chunk."""
-    r = tl.arange(0, LCAP)
-    src = slots.to(tl.int64)[:, None] * LCAP + r[None, :]  # [NCP, LCAP]
-    live = cm[:, None] & (r[None, :] < nsaved[:, None])
-    v = tl.load(sval_ptr + src, mask=live, other=float("-inf"))
-    ix = tl.load(sidx_ptr + src, mask=live, other=0)
-    take = live & (_abs_bin(v, BIN_SCALE) >= level)
-    pos = start[:, None] + tl.cumsum(take.to(tl.int32), 1) - 1
-    tl.store(val_ptr + pos, v, mask=take)
-    tl.store(idx_ptr + pos, ix, mask=take)
+    """Re-read the row's hot blocks (ids in hot_ptr, ascending) HOT_TILE at a time and append every
+    element at or above `cut` to the candidate list (token-id order). Returns the candidate count
+    (the list holds the first CAP)."""
+    i = tl.arange(0, HOT_TILE * BLOCK_SIZE)
+    n = tl.zeros([], dtype=tl.int32)
+    for first in range(0, n_hot, HOT_TILE):
+        h = first + i // BLOCK_SIZE
+        blk = tl.load(hot_ptr + h, mask=h < n_hot, other=0)
+        offs = blk * BLOCK_SIZE + i % BLOCK_SIZE
+        live = (h < n_hot) & (offs < V)
+        s = tl.math.div_rn(tl.load(row_ptr + offs, mask=live, other=float("-inf")), t)
+        take = live & (s >= cut)
+        pos = n + tl.cumsum(take.to(tl.int32), 0) - 1
+        tl.store(val_ptr + pos, s, mask=take & (pos < CAP))
+        tl.store(idx_ptr + pos, offs, mask=take & (pos < CAP))
+        n += tl.sum(take.to(tl.int32), 0)
+    return n
 
 
 @triton.jit
@@ -275,15 +305,20 @@ def _draw_candidates(
 def _row_kernel(
     logits_ptr, stride, temps_ptr, top_k_ptr, top_p_ptr, log_min_p_ptr, seeds_ptr, pos_ptr, V, B, NC, fws, iws,
     ids_ptr, invalid_ptr, out_ptr,
-    NBIN: tl.constexpr, BIN_SCALE: tl.constexpr, NCP: tl.constexpr, LCAP: tl.constexpr, CAP: tl.constexpr,
-    SMALL: tl.constexpr, MEDIUM: tl.constexpr, BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_SIZE: tl.constexpr, NCP: tl.constexpr, HOT_TILE: tl.constexpr, MAX_HOT: tl.constexpr,
+    BOUND_RANGE: tl.constexpr, BOUND_STEPS: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr,
+    MEDIUM: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    cmax_ptr, csum_ptr, cxmax_ptr, sval_ptr, carg_ptr, cbad_ptr, cvalid_ptr, nsaved_ptr, level_ptr, hist_ptr, sidx_ptr = (
-        _chunk_ptrs(fws, iws, B, NC, NBIN, LCAP)
+    NSUB: tl.constexpr = CHUNK // BLOCK_SIZE
+    NBP: tl.constexpr = NCP * NSUB
+    NB = NC * NSUB
+    cmax_ptr, csum_ptr, cbad_ptr, cvalid_ptr, bmax_ptr, bsec_ptr, cand_val_ptr, hot_ptr, cand_idx_ptr = _scratch(
+        fws, iws, B, NC, NB, MAX_HOT, CAP
     )
-    cand_val_ptr, cand_idx_ptr = _row_ptrs(fws, iws, B, NC, NBIN, LCAP)
     lse_ptr, lse_kept_ptr, thr_ptr = out_ptr, out_ptr + B, out_ptr + 2 * B
     row = tl.program_id(0)
+    row_ptr = logits_ptr + row.to(tl.int64) * stride
+    t = tl.load(temps_ptr + row)
     c = tl.arange(0, NCP)
     cm = c < NC
     slots = row * NC + c
@@ -293,67 +328,47 @@ def _row_kernel(
     csum = tl.load(csum_ptr + slots, mask=cm, other=0.0)
     Z = tl.sum(tl.where(cmax > float("-inf"), csum * tl.exp(cmax - ref), 0.0), 0)
     bad = (tl.max(tl.load(cbad_ptr + slots, mask=cm, other=0), 0) > 0) | (M == float("-inf"))
+    n_finite = tl.sum(tl.load(cvalid_ptr + slots, mask=cm, other=0), 0)
 
-    # Row histogram over its top NBIN bins: g = a_M - absolute bin.
-    a_M = _abs_bin(M, BIN_SCALE)
-    shift = a_M - _abs_bin(cmax, BIN_SCALE)  # [NCP] chunk bin j = g - shift
-    g = tl.arange(0, NBIN)
-    jj = g[None, :] - shift[:, None]  # [NCP, NBIN]
-    hm = cm[:, None] & (jj >= 0) & (jj < NBIN)
-    H = tl.load(hist_ptr + slots.to(tl.int64)[:, None] * NBIN + jj, mask=hm, other=0)  # [NCP, NBIN]
-    G = tl.sum(H, 0)  # [NBIN]
-    count_cum = tl.cumsum(G, 0)
-
+    b = tl.arange(0, NBP)
+    live = b < NB
+    bx = tl.load(bmax_ptr + row.to(tl.int64) * NB + b, mask=live, other=float("-inf"))  # [NBP] raw block maxima
+    bs = tl.math.div_rn(bx, t)  # the scaled value of each block's max element
+    bx2 = tl.load(bsec_ptr + row.to(tl.int64) * NB + b, mask=live, other=float("-inf"))
+    bs2 = tl.math.div_rn(bx2, t)
     k = tl.load(top_k_ptr + row)
     p = tl.load(top_p_ptr + row)
     log_min_p = tl.load(log_min_p_ptr + row)
-    NONE: tl.constexpr = 2 * NBIN  # filter inactive
-    g_k = tl.min(tl.where(count_cum >= k, g, NBIN), 0)
-    g_k = tl.where(k < V, g_k, NONE)
-    # Mass strictly below bin g, bounded above by each bin's upper edge and the bottom of the
-    # range for elements below it; 1 - that bound <= the mass at or above bin g.
-    upper = (a_M - g + 1).to(tl.float64) / BIN_SCALE
-    w = G.to(tl.float64) * tl.exp(upper - M.to(tl.float64))
-    n_finite = tl.sum(tl.load(cvalid_ptr + slots, mask=cm, other=0), 0)
-    n_below = n_finite - tl.sum(G, 0)
-    bottom = (a_M - NBIN + 1).to(tl.float64) / BIN_SCALE
-    below = tl.sum(w, 0) - tl.cumsum(w, 0) + n_below.to(tl.float64) * tl.exp(bottom - M.to(tl.float64))
-    enough = 1.0 - below / Z.to(tl.float64) >= p.to(tl.float64) + 1e-5
-    g_p = tl.min(tl.where(enough, g, NBIN), 0)
-    g_p = tl.where(p < 1.0, g_p, NONE)
-    g_m = a_M - _abs_bin(M + log_min_p, BIN_SCALE)
-    g_m = tl.where(log_min_p > float("-inf"), tl.minimum(g_m, NBIN), NONE)
-    g_cut = tl.minimum(tl.minimum(g_k, g_p), g_m)
-    level = a_M - g_cut  # absolute bin of the cut
-    per_chunk = tl.sum(tl.where(g[None, :] <= g_cut, H, 0), 1)  # [NCP] candidates of each chunk
-    n_cand = tl.sum(per_chunk, 0)
-    saved_to = tl.max(tl.load(level_ptr + slots, mask=cm, other=_ALL_SAVED), 0)
-    mode = tl.where((g_cut < NBIN) & (saved_to <= level) & (n_cand <= CAP), 0, 1)
+    t_m = M + log_min_p
+    cut_k, cut_p = _lower_bounds(bs, bs2, k, p, M, Z, V, BOUND_RANGE, BOUND_STEPS)
+    cut = tl.maximum(tl.maximum(cut_k, cut_p), t_m)
+    hot = live & (bs >= cut)
+    n_hot = tl.sum(hot.to(tl.int32), 0)
+    mode = tl.where((cut > float("-inf")) & (n_hot <= MAX_HOT), 0, 1)
     mode = tl.where(k <= 1, 2, mode)
     mode = tl.where(bad, 3, mode)
 
     lse = M + tl.log(Z)
     tl.store(lse_ptr + row, lse)
     tl.store(invalid_ptr + row, (mode == 3).to(tl.int8))
-    cxmax = tl.load(cxmax_ptr + slots, mask=cm, other=float("-inf"))
-    carg = tl.load(carg_ptr + slots, mask=cm, other=V)
-    token = tl.min(tl.where(cxmax == tl.max(cxmax, 0), carg, V), 0).to(tl.int64)
+    # Greedy: the lowest id holding the max lies in the lowest block whose max it is.
+    x_top = tl.max(bx, 0)
+    first = tl.min(tl.where(bx == x_top, b, NBP), 0)
+    first_offs = first * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    xb = tl.load(row_ptr + first_offs, mask=first_offs < V, other=float("-inf"))
+    token = tl.min(tl.where(xb == x_top, first_offs, V), 0).to(tl.int64)
     lse_kept = lse
     thr = tl.full([], float("-inf"), tl.float32)
     if mode < 2:
-        k = tl.load(top_k_ptr + row)
-        p = tl.load(top_p_ptr + row)
-        t_m = M + tl.load(log_min_p_ptr + row)
         state = row_hash_state(tl.load(seeds_ptr + row), tl.load(pos_ptr + row))
+        n = tl.full([], CAP + 1, tl.int32)  # > CAP: the full-row path
         if mode == 0:
-            n = n_cand
             val_ptr = cand_val_ptr + row.to(tl.int64) * CAP
             idx_ptr = cand_idx_ptr + row.to(tl.int64) * CAP
-            nsaved = tl.load(nsaved_ptr + slots, mask=cm, other=0)
-            chunk_start = tl.cumsum(per_chunk, 0) - per_chunk
-            _gather_candidates(
-                sval_ptr, sidx_ptr, slots, cm, nsaved, chunk_start, level, val_ptr, idx_ptr, BIN_SCALE=BIN_SCALE, LCAP=LCAP
-            )
+            row_hot_ptr = hot_ptr + row.to(tl.int64) * MAX_HOT
+            tl.store(row_hot_ptr + tl.cumsum(hot.to(tl.int32), 0) - 1, b, mask=hot)
+            tl.debug_barrier()  # the gather reads block ids other threads of this CTA wrote
+            n = _gather_candidates(row_ptr, t, V, row_hot_ptr, n_hot, cut, val_ptr, idx_ptr, BLOCK_SIZE, HOT_TILE, CAP)
             tl.debug_barrier()  # the draw reads candidates other threads of this CTA wrote
             if n <= SMALL:
                 token, thr, lse_kept = _draw_candidates(
@@ -363,13 +378,11 @@ def _row_kernel(
                 token, thr, lse_kept = _draw_candidates(
                     val_ptr, idx_ptr, n, n_finite, k, p, t_m, M, Z, V, state, N=MEDIUM, JB=0
                 )
-            else:
+            elif n <= CAP:
                 token, thr, lse_kept = _draw_candidates(
                     val_ptr, idx_ptr, n, n_finite, k, p, t_m, M, Z, V, state, N=CAP, JB=0
                 )
-        else:
-            row_ptr = logits_ptr + row.to(tl.int64) * stride
-            t = tl.load(temps_ptr + row)
+        if n > CAP:
             t_k = tl.full([], float("-inf"), tl.float32)
             t_p = tl.full([], float("-inf"), tl.float32)
             if (k < V) | (p < 1.0):
@@ -482,17 +495,21 @@ def sample_triton(
     dev = logits.device
     nc = -(-V // CHUNK)  # plain ints: triton.cdiv / next_power_of_2 are ~10 µs constexpr-function calls
     chunks = B * nc
-    fws, iws = _workspace(dev, chunks * (3 + LCAP) + B * CAP, chunks * (5 + NBIN + LCAP) + B * CAP)
+    nb = nc * (CHUNK // BLOCK_SIZE)
+    fws, iws = _workspace(dev, chunks * 2 + B * (2 * nb + CAP), chunks * 2 + B * (MAX_HOT + CAP))
     ids = torch.empty(B, dtype=torch.int64, device=dev)
     invalid = torch.empty(B, dtype=torch.int8, device=dev)
     out = torch.empty(3, B, dtype=torch.float32, device=dev)  # lse, lse_kept, threshold
     temps = temperatures.reshape(B)
     stride = logits.stride(0)
     # Small chunk CTAs: several per SM overlap their loads (one 16-warp CTA per SM cannot).
-    _launch(_chunk_kernel, (B, nc), (logits, stride, temps, V, B, nc, fws, iws, CHUNK, NBIN, BIN_SCALE, LCAP), 4)
+    _launch(_chunk_kernel, (B, nc), (logits, stride, temps, V, B, nc, fws, iws, CHUNK, BLOCK_SIZE, MAX_HOT, CAP), 4)
     row_args = (logits, stride, temps, top_ks, top_ps, log_min_ps, seeds, positions, V, B, nc, fws, iws, ids, invalid, out)
-    row_consts = (NBIN, BIN_SCALE, 1 << (nc - 1).bit_length(), LCAP, CAP, SMALL, MEDIUM, FULL_BLOCK)
-    _launch(_row_kernel, (B,), row_args + row_consts, 16)
+    row_consts = (
+        CHUNK, BLOCK_SIZE, 1 << (nc - 1).bit_length(), HOT_TILE, MAX_HOT, BOUND_RANGE, BOUND_STEPS, CAP, SMALL, MEDIUM,
+        FULL_BLOCK,
+    )
+    _launch(_row_kernel, (B,), row_args + row_consts, ROW_WARPS)
     # A bool view of the int8 flags costs no kernel, unlike .bool().
     return SampleResult(ids=ids, invalid=invalid.view(torch.bool), lse=out[0], lse_kept=out[1], threshold=out[2])
 
