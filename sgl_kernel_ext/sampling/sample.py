@@ -16,7 +16,8 @@ Two launches, no host synchronisation, every decision per row on the device:
   2. row (grid B): combines the chunk stats into the row max M and partition Z, and from the
      block maxima and runners-up (distinct elements of the row) a lower bound for each active
      filter's threshold: the k-th largest of them has at least k elements at or above it; those
-     whose mass reaches top_p bound the nucleus from below; min-p's threshold is known. Every
+     whose mass reaches top_p bound the nucleus from below (not searched when a top-k bound
+     already leaves few candidates); min-p's threshold is known. Every
      element at or above the highest bound (the cut) lies in a block whose max reaches the cut
      ("hot" blocks): the row re-reads only those, keeps the elements at or above the cut as
      candidates (token-id order), takes the exact thresholds from the candidates (all elements
@@ -116,47 +117,51 @@ def _chunk_kernel(
 
 
 @triton.jit
-def _count_mass(bs, ws, bs2, ws2, tau):
-    """Count and mass (unnormalised) of the block maxima and runners-up at or above tau."""
-    count = tl.sum((bs >= tau).to(tl.int32) + (bs2 >= tau).to(tl.int32), 0)
-    mass = tl.sum(tl.where(bs >= tau, ws, 0.0) + tl.where(bs2 >= tau, ws2, 0.0), 0)
-    return count, mass
+def _count_at_least(bs, bs2, tau):
+    return tl.sum((bs >= tau).to(tl.int32) + (bs2 >= tau).to(tl.int32), 0)
 
 
 @triton.jit
-def _lower_bounds(bs, bs2, k, p, M, Z, V, BOUND_RANGE: tl.constexpr, BOUND_STEPS: tl.constexpr):
-    """Lower bounds of the top-k and top-p thresholds from the scaled block maxima and runners-up
-    ([NBP] each in bs, bs2; -inf where absent): distinct elements of the row. -inf where they
-    cannot show a bound within BOUND_RANGE of the max.
+def _mass_at_least(bs, ws, bs2, ws2, tau):
+    return tl.sum(tl.where(bs >= tau, ws, 0.0) + tl.where(bs2 >= tau, ws2, 0.0), 0)
 
-    top-k: the largest tested value with at least k of them at or above it. top-p: the largest
-    tested value where they hold at least top_p of the mass: every element below it has at least
-    that mass strictly above it, so is outside the nucleus (1e-5 of slack for the different order
-    of the fp32 sums)."""
+
+# The bounds come from the scaled block maxima and runners-up ([NBP] each in bs, bs2; -inf where
+# absent): distinct elements of the row. Each is the largest value tested by bisection within
+# BOUND_RANGE below the max M where they show the filter's condition, -inf where they do not.
+
+
+@triton.jit
+def _top_k_bound(bs, bs2, k, M, BOUND_RANGE: tl.constexpr, BOUND_STEPS: tl.constexpr):
+    """At least k of them at or above it: so at least k elements, and the k-th largest is not below."""
+    lo = M - BOUND_RANGE
+    hi = M
+    found = _count_at_least(bs, bs2, lo) >= k
+    for _ in range(BOUND_STEPS):
+        mid = (lo + hi) * 0.5
+        ok = _count_at_least(bs, bs2, mid) >= k
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid)
+    return tl.where(found, lo, float("-inf"))
+
+
+@triton.jit
+def _top_p_bound(bs, bs2, p, M, Z, BOUND_RANGE: tl.constexpr, BOUND_STEPS: tl.constexpr):
+    """They hold at least top_p of the mass at or above it: every element below it has at least
+    that mass strictly above it, so is outside the nucleus (1e-5 of slack for the different
+    order of the fp32 sums)."""
     ws = tl.exp(bs - M)
     ws2 = tl.exp(bs2 - M)
     target = (p + 1e-5) * Z
-    k_lo = M - BOUND_RANGE
-    k_hi = M
-    p_lo = k_lo
-    p_hi = M
-    count, mass = _count_mass(bs, ws, bs2, ws2, k_lo)
-    k_found = count >= k
-    p_found = mass >= target
+    lo = M - BOUND_RANGE
+    hi = M
+    found = _mass_at_least(bs, ws, bs2, ws2, lo) >= target
     for _ in range(BOUND_STEPS):
-        k_mid = (k_lo + k_hi) * 0.5
-        p_mid = (p_lo + p_hi) * 0.5
-        count, _ = _count_mass(bs, ws, bs2, ws2, k_mid)
-        k_ok = count >= k
-        k_lo = tl.where(k_ok, k_mid, k_lo)
-        k_hi = tl.where(k_ok, k_hi, k_mid)
-        _, mass = _count_mass(bs, ws, bs2, ws2, p_mid)
-        p_ok = mass >= target
-        p_lo = tl.where(p_ok, p_mid, p_lo)
-        p_hi = tl.where(p_ok, p_hi, p_mid)
-    cut_k = tl.where(k_found & (k < V), k_lo, float("-inf"))
-    cut_p = tl.where(p_found & (p < 1.0), p_lo, float("-inf"))
-    return cut_k, cut_p
+        mid = (lo + hi) * 0.5
+        ok = _mass_at_least(bs, ws, bs2, ws2, mid) >= target
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid)
+    return tl.where(found, lo, float("-inf"))
 
 
 @triton.jit
@@ -340,7 +345,14 @@ def _row_kernel(
     p = tl.load(top_p_ptr + row)
     log_min_p = tl.load(log_min_p_ptr + row)
     t_m = M + log_min_p
-    cut_k, cut_p = _lower_bounds(bs, bs2, k, p, M, Z, V, BOUND_RANGE, BOUND_STEPS)
+    cut_k = tl.full([], float("-inf"), tl.float32)
+    if (k > 1) & (k < V):
+        cut_k = _top_k_bound(bs, bs2, k, M, BOUND_RANGE, BOUND_STEPS)
+    # A top-k cut of few candidates needs no top-p bound: the exact thresholds come from the
+    # candidates either way.
+    cut_p = tl.full([], float("-inf"), tl.float32)
+    if (k > 1) & (p < 1.0) & ((cut_k == float("-inf")) | (k > SMALL)):
+        cut_p = _top_p_bound(bs, bs2, p, M, Z, BOUND_RANGE, BOUND_STEPS)
     cut = tl.maximum(tl.maximum(cut_k, cut_p), t_m)
     hot = live & (bs >= cut)
     n_hot = tl.sum(hot.to(tl.int32), 0)
