@@ -53,6 +53,10 @@ _PARAMS = {
     "minp_only": [(1.0, None, 1.0, 0.2), (0.5, None, 1.0, 0.01)],
     "no_filter": [(1.0, None, 1.0, 0.0), (0.8, 10**9, 1.0, 0.0)],
     "greedy_mix": [(1.0, 1, 1.0, 0.0), (0.6, 7, 0.95, 0.0)],
+    # top_k past SMALL: the top-p bound is searched too
+    "large_topk_topp": [(0.7, 500, 0.9, 0.0), (1.0, 1000, 0.95, 0.0)],
+    # scaled gaps far beyond BOUND_RANGE: no bound, the full-row path
+    "tiny_temperature": [(0.01, 50, 1.0, 0.0), (0.02, 300, 0.9, 0.0)],
 }
 
 
