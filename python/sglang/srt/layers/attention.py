@@ -40,7 +40,7 @@ class GatherWorkspace:
 class DecodeMetadata:
     kv_indices: torch.Tensor  # [B * L] int64 KV slots, padding -> slot 0
     max_len: int  # L
-    mask: torch.Tensor  # [B, 1, 1, L] bool, True = attend
+    mask: torch.Tensor  # [B, 1, 1, L] additive, model dtype: 0 = attend, -inf = padding
     k_out: torch.Tensor  # [B * L, Hk, D] gather destination, shared by the layers
     v_out: torch.Tensor
 
@@ -82,7 +82,9 @@ def build_attention_metadata(
         valid = torch.arange(max_len, device=rows.device) < forward_batch.seq_lens.unsqueeze(1)  # [B, L] bool
         # Padding reads the zeroed slot 0: stale slots could hold anything, and 0 * NaN is NaN.
         k_out, v_out = workspace.take(rows.numel())
-        return DecodeMetadata((rows * valid).view(-1), max_len, valid[:, None, None, :], k_out, v_out)
+        # Additive, built once for all layers: SDPA would convert a bool mask in every layer.
+        bias = torch.zeros(valid.shape, dtype=k_out.dtype, device=rows.device).masked_fill_(~valid, float("-inf"))
+        return DecodeMetadata((rows * valid).view(-1), max_len, bias[:, None, None, :], k_out, v_out)
     starts, kv_indices, masks = [], [], []
     start = 0
     for i, (prefix, n) in enumerate(zip(forward_batch.extend_prefix_lens_cpu, forward_batch.extend_seq_lens_cpu)):

@@ -26,6 +26,6 @@ class RMSNorm(nn.Module):
             x = x + residual
             residual = x
         # Normalised in float32, weight applied in the model dtype, as transformers does.
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
-        out = self.weight * normed
+        # In place: normed is always a fresh tensor.
+        out = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype).mul_(self.weight)
         return out if residual is None else (out, residual)

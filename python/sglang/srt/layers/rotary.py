@@ -51,12 +51,15 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_sin_cache", cos_sin, persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [N] -> cos, sin [N, 1, D/2] in `dtype`; looked up once per step for all layers."""
+        """positions [N] -> cos [N, 1, D] (both halves) and sin [N, 1, D] with its first half
+        negated, in `dtype`; built once per step for all layers, so that apply_rotary_emb is
+        three ops."""
         cos, sin = self.cos_sin_cache[positions].to(dtype).unsqueeze(1).split(self.half, dim=-1)
-        return cos, sin
+        return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
 
 
-def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [N, heads, D] (q and k heads may be stacked) -> rotated, same shape."""
+def apply_rotary_emb(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x [N, heads, D] (q and k heads may be stacked) -> rotated, same shape:
+    [x1 * cos - x2 * sin, x2 * cos + x1 * sin] = x * cos + [x2, x1] * [-sin, sin]."""
     x1, x2 = x.split(x.shape[-1] // 2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return torch.cat([x2, x1], dim=-1).mul_(signed_sin).addcmul_(x, cos)

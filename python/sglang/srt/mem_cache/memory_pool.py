@@ -80,8 +80,10 @@ class KVCache:
 
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """loc [N] int64 slots; k, v [N, num_kv_heads, head_dim]."""
-        self.k_buffers[layer_id][loc] = k
-        self.v_buffers[layer_id][loc] = v
+        # index_copy_ copies whole rows; buf[loc] = k (index_put_) goes through the general
+        # advanced-indexing kernel, slower per call on CPU.
+        self.k_buffers[layer_id].index_copy_(0, loc, k)
+        self.v_buffers[layer_id].index_copy_(0, loc, v)
 
     def get_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k_buffers[layer_id], self.v_buffers[layer_id]

@@ -21,7 +21,7 @@ from sglang.srt.layers.rotary import RotaryEmbedding, apply_rotary_emb
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
-# cos, sin [N, 1, D/2] of this step's positions.
+# cos, signed sin [N, 1, D] of this step's positions (RotaryEmbedding.forward).
 Rope = tuple[torch.Tensor, torch.Tensor]
 
 # Checkpoint projection -> (our fused parameter, shard id passed to its weight_loader).
@@ -44,7 +44,7 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [N, I / tp] each
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(gate).mul_(up))
 
 
 class LlamaAttention(nn.Module):
