@@ -116,6 +116,17 @@ def test_sample_hot_block_tiles_and_overflow(monkeypatch):
     _check_sample(logits, *_params("topk_topp_minp", logits.shape[0], vocab), seed=7)
 
 
+def test_sample_top_p_that_rounds_to_zero_keeps_the_max():
+    """top_p = 1e-46 passes validation (> 0) but is 0.0 in fp32: the max token is still kept."""
+    logits = torch.arange(8, dtype=torch.float32).unsqueeze(0)
+    temps, ks, ps, log_min_ps = (torch.ones(1), torch.tensor([5], dtype=torch.int32), torch.tensor([1e-46]),
+                                 torch.full((1,), NEG_INF))
+    _check_sample(logits, temps, ks, ps, log_min_ps)
+    assert sample_kernels.sample_triton(*(t.to(DEVICE) for t in (logits, temps, ks, ps, log_min_ps)),
+                                        torch.zeros(1, dtype=torch.int64, device=DEVICE),
+                                        torch.zeros(1, dtype=torch.int64, device=DEVICE)).ids.item() == 7
+
+
 def test_sample_new_seed_new_draw():
     logits = torch.zeros(1, 1000)
     args = _params("no_filter", 1, 1000)

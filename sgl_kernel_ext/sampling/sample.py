@@ -251,7 +251,8 @@ def _pairwise_thresholds(val_ptr, v, live, n, k, p, M, Z, N: tl.constexpr, JB: t
         rank += tl.sum(gt.to(tl.int32), 1)
         greater += tl.sum(tl.where(gt, (tl.exp(vj - M) / Z)[None, :], 0.0), 1)
     t_k = tl.min(tl.where(live & (rank < k), v, float("inf")), 0)
-    t_p = tl.min(tl.where(live & (greater < p), v, float("inf")), 0)
+    # The max is always in the nucleus, even for a top_p that rounds to 0 in fp32.
+    t_p = tl.min(tl.where(live & ((greater < p) | (rank == 0)), v, float("inf")), 0)
     return t_k, t_p
 
 
