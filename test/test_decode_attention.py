@@ -13,11 +13,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from sgl_kernel_ext.attention.decode_attention import (  # noqa: E402
-    BLOCK_N,
-    decode_attention_reference,
-    decode_attention_triton,
-)
+from sgl_kernel_ext.attention.decode_attention import BLOCK_N, decode_attention_triton  # noqa: E402
+from sgl_kernel_ext.attention.reference import decode_attention_reference  # noqa: E402
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 

@@ -1,9 +1,10 @@
 """Paged attention over the KV cache with torch SDPA.
 
 Each request's new queries attend causally to all of its tokens [0, seq_len), whose KV slots
-are read through req_to_token. Decode is one batched SDPA over a padded gather (per request in
-batch-invariant mode); extend runs one SDPA per request, since prompt chunks differ widely in
-length.
+are read through req_to_token. Decode reads the slots in place with a kernel where there is one
+(the C kernel on CPU in float32; the Triton kernel on CUDA in batch-invariant mode), and otherwise
+runs one batched SDPA over a padded gather (per request in batch-invariant mode); extend runs one
+SDPA per request, since prompt chunks differ widely in length.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sgl_kernel_ext.attention.decode_attention_cpu import cpu_decode_attention_available, decode_attention_cpu
 from sglang.srt.layers.batch_invariant import is_batch_invariant
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
@@ -56,23 +58,24 @@ class ExtendMetadata:
 
 
 @dataclass
-class InvariantDecodeMetadata:
-    """Batch-invariant decode on CUDA: the Triton kernel reads each request's slots itself."""
+class PagedDecodeMetadata:
+    """Decode by a kernel that reads each request's slots itself; its rows never depend on the
+    batch, so it also serves batch-invariant mode."""
 
     req_to_token: torch.Tensor  # [R, C] int64
     req_pool_indices: torch.Tensor  # [B] int64
     seq_lens: torch.Tensor  # [B] int64
 
 
-AttentionMetadata = DecodeMetadata | ExtendMetadata | InvariantDecodeMetadata
+AttentionMetadata = DecodeMetadata | ExtendMetadata | PagedDecodeMetadata
 
 
 def build_attention_metadata(
     forward_batch: ForwardBatch, req_to_token: torch.Tensor, workspace: GatherWorkspace
 ) -> AttentionMetadata:
     """Computed once per step and shared by every layer."""
-    if forward_batch.forward_mode.is_decode() and is_batch_invariant() and req_to_token.is_cuda:
-        return InvariantDecodeMetadata(req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens)
+    if forward_batch.forward_mode.is_decode() and _paged_decode_kernel_applies(req_to_token, workspace.k.dtype):
+        return PagedDecodeMetadata(req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens)
     max_len = max(forward_batch.seq_lens_cpu)
     rows = req_to_token[forward_batch.req_pool_indices, :max_len]  # [B, L] int64
     # The padded batched decode reduces over the batch's longest length, so a row's bits would
@@ -94,6 +97,13 @@ def build_attention_metadata(
         masks.append(_prefix_causal_mask(prefix, n, rows.device) if prefix else None)
     k_out, v_out = workspace.take(max_len)
     return ExtendMetadata(starts, forward_batch.extend_seq_lens_cpu, kv_indices, masks, k_out, v_out)
+
+
+def _paged_decode_kernel_applies(req_to_token: torch.Tensor, kv_dtype: torch.dtype) -> bool:
+    if req_to_token.is_cuda:
+        # Batch-invariant mode only: the padded batched SDPA is faster on a GPU.
+        return is_batch_invariant()
+    return kv_dtype == torch.float32 and cpu_decode_attention_available()
 
 
 def _prefix_causal_mask(prefix: int, n: int, device: torch.device) -> torch.Tensor:
@@ -120,18 +130,24 @@ class Attention(nn.Module):
         kv_cache.set_kv(self.layer_id, forward_batch.out_cache_loc, k, v)
         k_buf, v_buf = kv_cache.get_kv(self.layer_id)
         meta = forward_batch.attn_metadata
-        if isinstance(meta, InvariantDecodeMetadata):
-            # Imported here: triton is only a GPU (and test) dependency.
-            from sgl_kernel_ext.attention.decode_attention import decode_attention_triton
-
-            out = decode_attention_triton(
-                q, k_buf, v_buf, meta.req_to_token, meta.req_pool_indices, meta.seq_lens, self.scaling
-            )  # [B, Hq, D]
+        if isinstance(meta, PagedDecodeMetadata):
+            out = self._paged_decode(q, k_buf, v_buf, meta)  # [B, Hq, D]
         elif isinstance(meta, DecodeMetadata):
             out = self._decode(q, k_buf, v_buf, meta)
         else:
             out = self._extend(q, k_buf, v_buf, meta)
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)
+
+    def _paged_decode(
+        self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, meta: PagedDecodeMetadata
+    ) -> torch.Tensor:
+        args = (q, k_buf, v_buf, meta.req_to_token, meta.req_pool_indices, meta.seq_lens, self.scaling)
+        if not q.is_cuda:
+            return decode_attention_cpu(*args)
+        # Imported here: triton is only a GPU (and test) dependency.
+        from sgl_kernel_ext.attention.decode_attention import decode_attention_triton
+
+        return decode_attention_triton(*args)
 
     def _decode(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, meta: DecodeMetadata) -> torch.Tensor:
         batch = q.shape[0]

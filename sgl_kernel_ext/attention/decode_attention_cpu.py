@@ -1,0 +1,97 @@
+"""Decode attention on the CPU with the C kernel in decode_attention_cpu.c: each request's K/V rows
+are read where they sit in the paged cache, so no per-layer gather into a padded batch, and each
+row's result is independent of its batch-mates. Same function as reference.decode_attention_reference."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Optional
+
+import torch
+
+from sgl_kernel_ext.cpu_build import load_kernel_library
+
+_PTR, _I64 = ctypes.c_void_p, ctypes.c_int64
+_ARGTYPES = [
+    _PTR, _I64,  # q, its row stride
+    _PTR, _PTR,  # k_buf, v_buf
+    _PTR, _I64,  # req_to_token, its row stride
+    _PTR, _PTR,  # req_pool_indices, seq_lens
+    _I64, _I64, _I64, _I64,  # batch, KV heads, query heads per KV head, head_dim
+    ctypes.c_float,  # scale
+    _PTR,  # out
+    ctypes.c_int,  # OpenMP threads
+]
+
+
+@functools.cache
+def _kernel() -> Optional[ctypes._CFuncPtr]:
+    lib = load_kernel_library("attention/decode_attention_cpu.c")
+    if lib is None:
+        return None
+    fn = lib.decode_attention_f32
+    fn.argtypes, fn.restype = _ARGTYPES, ctypes.c_int
+    return fn
+
+
+def cpu_decode_attention_available() -> bool:
+    """Whether the kernel could be built here (builds it on the first call)."""
+    return _kernel() is not None
+
+
+def decode_attention_cpu(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """q [B, Hq, D] float32 (rows may be strided); k_buf, v_buf [S, Hk, D] float32; req_to_token
+    [R, C], req_pool_indices [B], seq_lens [B] int64, all on the CPU -> [B, Hq, D] float32."""
+    kernel = _kernel()
+    if kernel is None:
+        raise RuntimeError("The CPU decode-attention kernel is not available (see the warning on its build).")
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_buf.shape[1]
+    _check(q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens)
+    out = torch.empty((batch, num_heads, head_dim), dtype=torch.float32)  # [B, Hq, D]
+    failed = kernel(
+        q.data_ptr(), q.stride(0), k_buf.data_ptr(), v_buf.data_ptr(),
+        req_to_token.data_ptr(), req_to_token.stride(0), req_pool_indices.data_ptr(), seq_lens.data_ptr(),
+        batch, num_kv_heads, num_heads // num_kv_heads, head_dim, scale, out.data_ptr(), torch.get_num_threads(),
+    )
+    if failed:
+        raise MemoryError("decode attention could not allocate its score buffers")
+    return out
+
+
+def _check(q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens) -> None:
+    """The kernel walks raw pointers, so layouts and bounds are checked here."""
+    for name, t, dtype in (
+        ("q", q, torch.float32), ("k_buf", k_buf, torch.float32), ("v_buf", v_buf, torch.float32),
+        ("req_to_token", req_to_token, torch.int64), ("req_pool_indices", req_pool_indices, torch.int64),
+        ("seq_lens", seq_lens, torch.int64),
+    ):
+        if t.device.type != "cpu" or t.dtype != dtype:
+            raise ValueError(f"{name} must be a {dtype} CPU tensor, got {t.dtype} on {t.device}.")
+    if q.stride(2) != 1 or q.stride(1) != q.shape[2]:
+        raise ValueError("q's heads and head_dim must be packed (only its rows may be strided).")
+    if not (k_buf.is_contiguous() and v_buf.is_contiguous() and req_to_token.is_contiguous()):
+        raise ValueError("k_buf, v_buf and req_to_token must be contiguous.")
+    if not (req_pool_indices.is_contiguous() and seq_lens.is_contiguous()):
+        raise ValueError("req_pool_indices and seq_lens must be contiguous.")
+    if q.shape[1] % k_buf.shape[1] or k_buf.shape != v_buf.shape or k_buf.shape[2] != q.shape[2]:
+        raise ValueError(f"Shapes do not fit: q {tuple(q.shape)}, k_buf {tuple(k_buf.shape)}, v_buf {tuple(v_buf.shape)}.")
+    if seq_lens.shape != req_pool_indices.shape or seq_lens.shape[0] != q.shape[0]:
+        raise ValueError("q, req_pool_indices and seq_lens must have one row per request.")
+    if q.shape[0] == 0:
+        return
+    shortest, longest = map(int, torch.aminmax(seq_lens))
+    if shortest < 1 or longest > req_to_token.shape[1]:
+        raise ValueError(f"seq_lens must lie in [1, {req_to_token.shape[1]}].")
+    low, high = map(int, torch.aminmax(req_pool_indices))
+    if low < 0 or high >= req_to_token.shape[0]:
+        raise ValueError(f"req_pool_indices must lie in [0, {req_to_token.shape[0]}).")
