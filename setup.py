@@ -9,6 +9,8 @@ setup(
     packages=["sglang", "sgl_kernel_ext"]
     + ["sglang." + p for p in find_packages("python/sglang")]
     + ["sgl_kernel_ext." + p for p in find_packages("sgl_kernel_ext")],
+    # The CPU kernels' C sources, compiled on first use (sgl_kernel_ext/cpu_build.py).
+    package_data={"sgl_kernel_ext": ["*/*.c"]},
     install_requires=[
         "torch",
         "numpy",
