@@ -13,9 +13,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 #if defined(__AVX2__) && defined(__FMA__) && !defined(PORTABLE_ONLY)
 #include <immintrin.h>
 #define HAVE_AVX2 1

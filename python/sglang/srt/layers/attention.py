@@ -114,7 +114,7 @@ def _prefix_causal_mask(prefix: int, n: int, device: torch.device) -> torch.Tens
 
 
 class Attention(nn.Module):
-    """Stores this step's K/V into the cache, then attends over the cached K/V."""
+    """Stores this step's K/V into the cache (unless the caller has), then attends over the cached K/V."""
 
     def __init__(self, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int, scaling: float) -> None:
         super().__init__()
@@ -123,11 +123,13 @@ class Attention(nn.Module):
         self.scaling = scaling
 
     def forward(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward_batch: ForwardBatch
+        self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], forward_batch: ForwardBatch
     ) -> torch.Tensor:
-        """q [N, Hq, D]; k, v [N, Hk, D] -> [N, Hq * D]."""
+        """q [N, Hq, D]; k, v [N, Hk, D], or None where the caller has already stored this step's
+        K/V in the cache -> [N, Hq * D]."""
         kv_cache = forward_batch.kv_cache
-        kv_cache.set_kv(self.layer_id, forward_batch.out_cache_loc, k, v)
+        if k is not None:
+            kv_cache.set_kv(self.layer_id, forward_batch.out_cache_loc, k, v)
         k_buf, v_buf = kv_cache.get_kv(self.layer_id)
         meta = forward_batch.attn_metadata
         if isinstance(meta, PagedDecodeMetadata):
@@ -136,7 +138,7 @@ class Attention(nn.Module):
             out = self._decode(q, k_buf, v_buf, meta)
         else:
             out = self._extend(q, k_buf, v_buf, meta)
-        return out.reshape(q.shape[0], self.num_heads * self.head_dim)
+        return out.reshape(q.shape[0], self.num_heads * self.head_dim)  # [N, Hq * D]
 
     def _paged_decode(
         self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, meta: PagedDecodeMetadata

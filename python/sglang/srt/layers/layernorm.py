@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sgl_kernel_ext.norm.rmsnorm_cpu import rmsnorm_cpu, rmsnorm_cpu_applies
 from sglang.srt.layers.linear import default_weight_loader, make_param
 
 
@@ -22,6 +23,10 @@ class RMSNorm(nn.Module):
     ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """x [..., H]. With `residual`, normalises x + residual and also returns that sum as the
         next residual."""
+        if rmsnorm_cpu_applies(x, self.weight) and (residual is None or residual.is_contiguous()):
+            # One C call on CPU; the sum is written into `residual`, which nothing else holds.
+            out = rmsnorm_cpu(x, self.weight, self.eps, residual)
+            return out if residual is None else (out, residual)
         if residual is not None:
             x = x + residual
             residual = x

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sgl_kernel_ext.rotary.rope_store_cpu import rope_store_cpu, rope_store_cpu_applies
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.attention import Attention
 from sglang.srt.layers.layernorm import RMSNorm
@@ -71,8 +72,14 @@ class LlamaAttention(nn.Module):
 
     def forward(self, rope: Rope, x: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
         n, d, heads, kv_heads = x.shape[0], self.attn.head_dim, self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(x)  # [N, (Hq + 2 Hk) * D]
+        k_buf, v_buf = forward_batch.kv_cache.get_kv(self.attn.layer_id)
+        if self.q_norm is None and rope_store_cpu_applies(qkv, k_buf):
+            # One C call on CPU: q rotated in place, k rotated and v copied into the cache.
+            q = rope_store_cpu(qkv, heads, *rope, forward_batch.out_cache_loc, k_buf, v_buf)  # [N, Hq, D]
+            return self.o_proj(self.attn(q, None, None, forward_batch))
         # q and k heads are adjacent in the fused output, so they are normed and rotated as one tensor.
-        qk, v = self.qkv_proj(x).split([(heads + kv_heads) * d, kv_heads * d], dim=-1)
+        qk, v = qkv.split([(heads + kv_heads) * d, kv_heads * d], dim=-1)
         qk = qk.view(n, heads + kv_heads, d)
         if self.q_norm is not None:
             qk = torch.cat([self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])], dim=1)
