@@ -460,3 +460,121 @@ def test_top_p_support_on_a_large_vocab(scale, top_p):
     expected = torch.zeros_like(got)
     expected.scatter_(1, order, before < top_p)
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("scale", [6.0, 1.0, 0.02])  # kept set inside 512, beyond 512, most of the vocab
+def test_min_p_support_on_a_large_vocab(scale):
+    """Min-p without top-p takes a window as wide as the largest kept set on the CPU (a row with a
+    top_k beyond it sends the batch to the growing windows); the support must equal the definition."""
+    vocab = 10_000
+    logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(8)) * scale
+    for params in ([_params(min_p=0.05)] * 4, [_params(min_p=0.05)] * 3 + [_params(min_p=0.2, top_k=3000)]):
+        info = make_info(params, vocab)
+        logprobs = Sampler(logprobs_mode="processed")._logprobs(logits.clone(), info)
+        got = logprobs > torch.finfo(torch.float32).min
+        floor = logits.amax(dim=-1, keepdim=True) + torch.log(info.min_ps).unsqueeze(1)
+        expected = logits >= torch.maximum(floor, logits.topk(3000, dim=-1).values[:, -1:].where(info.top_ks.unsqueeze(1) < vocab, float("-inf")))
+        assert torch.equal(got, expected)
+        ids, _ = sample(Sampler(generator=torch.Generator().manual_seed(1)), logits, params)
+        assert expected.gather(1, ids.unsqueeze(1)).all()
+
+
+# ----------------------------------------------------------------------------------------- CPU row groups
+
+# benchmark/bench_serving.py's mix: a B=16 batch has 4 greedy, 4 seeded and 8 unseeded sampled rows.
+SERVING_MIX = [
+    dict(temperature=0.7, top_p=0.9, top_k=50, repetition_penalty=1.1),
+    dict(temperature=0.0),
+    dict(temperature=0.8, min_p=0.05, frequency_penalty=0.3, presence_penalty=0.2),
+    dict(temperature=0.7, top_p=0.9, top_k=50, sampling_seed=1234),
+]
+
+
+class _BatchWideSampler(Sampler):
+    """The path every backend shares: one support over the whole batch (greedy rows included),
+    then a second one over the seeded rows. The CPU pytorch path must give the same tokens."""
+
+    def _cpu_plan(self, info, logits):
+        return None
+
+
+def _run(sampler, logits, params, positions, prompts=None):
+    info = make_info(params, logits.shape[1], prompts=prompts)
+    batch_logits = logits.clone()
+    info.apply_logits_bias(batch_logits)
+    return sampler(LogitsProcessorOutput(next_token_logits=batch_logits), info, positions=positions)
+
+
+def test_serving_mix_equals_batch_wide_path():
+    """Every row of the serving mix, unseeded ones included (the same uniforms meet the same
+    supports), equals the batch-wide path; seeded rows equal the row sampled alone."""
+    vocab, rows = 8192, 16
+    params = [_params(**SERVING_MIX[i % 4]) for i in range(rows)]
+    prompts = [[(7 * i + j) % vocab for j in range(12)] for i in range(rows)]
+    gen = torch.Generator().manual_seed(11)
+    grouped, batch_wide = Sampler(generator=torch.Generator().manual_seed(3)), _BatchWideSampler(generator=torch.Generator().manual_seed(3))
+    for step in range(6):
+        logits = torch.randn(rows, vocab, generator=gen) * 3.0
+        positions = torch.arange(rows) + 40 + step
+        ids = _run(grouped, logits, params, positions, prompts)
+        assert torch.equal(ids, _run(batch_wide, logits, params, positions, prompts))
+        for row in range(3, rows, 4):
+            solo = _run(Sampler(), logits[row : row + 1], params[row : row + 1], positions[row : row + 1], prompts[row : row + 1])
+            assert ids[row] == solo[0], (step, row)
+        for row in range(1, rows, 4):
+            assert ids[row] == _run(Sampler(), logits[row : row + 1], params[row : row + 1], positions[row : row + 1], prompts[row : row + 1])[0]
+
+
+_MIX_POOL = [
+    dict(temperature=0.0),
+    dict(top_k=1, temperature=0.6),
+    dict(temperature=1.3),
+    dict(top_k=5),
+    dict(top_k=200, top_p=0.9),
+    dict(top_k=40, min_p=0.1),
+    dict(top_p=0.7),
+    dict(min_p=0.05),
+    dict(min_p=0.3, top_p=0.95),
+    dict(temperature=0.8, top_k=20, top_p=0.8, min_p=0.02),
+]
+
+
+@pytest.mark.parametrize("scale", [3.0, 0.05])  # windows hold the supports / most of the vocab is kept
+def test_random_mixes_keep_greedy_and_seeded_tokens(scale):
+    """Random mixes of every kind of row, seeded or not: greedy and seeded rows equal the batch-wide
+    path and the row sampled alone, whichever groups, windows and fallbacks the batch takes."""
+    vocab = 3000
+    rng = np.random.default_rng(5)
+    gen = torch.Generator().manual_seed(6)
+    for trial in range(12):
+        rows = int(rng.integers(2, 12))
+        kinds = rng.integers(0, len(_MIX_POOL), rows)
+        seeded = rng.random(rows) < 0.5
+        params = [
+            _params(**_MIX_POOL[k], **({"sampling_seed": int(1000 * trial + r)} if s else {}))
+            for r, (k, s) in enumerate(zip(kinds, seeded))
+        ]
+        logits = torch.randn(rows, vocab, generator=gen) * scale
+        positions = torch.arange(rows) + trial
+        ids = _run(Sampler(generator=torch.Generator().manual_seed(trial)), logits, params, positions)
+        batch_wide = _run(_BatchWideSampler(generator=torch.Generator().manual_seed(trial)), logits, params, positions)
+        for r, p in enumerate(params):
+            if p.top_k <= 1 or p.sampling_seed is not None:
+                assert ids[r] == batch_wide[r], (trial, r, _MIX_POOL[kinds[r]])
+                assert ids[r] == _run(Sampler(), logits[r : r + 1], [p], positions[r : r + 1])[0], (trial, r)
+
+
+@pytest.mark.parametrize("name", ["top_k_top_p_min_p", "top_p_min_p", "min_p_0.2", "temperature_0.7"])
+def test_distribution_of_rows_in_a_mixed_batch(name):
+    """Unseeded and seeded rows drawn next to greedy rows and rows of other groups keep their
+    filtered softmax (the CPU path selects each group's rows and draws its parts apart)."""
+    case = CASES[name]
+    mates = [_params(temperature=0.0), _params(top_k=3, sampling_seed=7), _params(temperature=1.3)]
+    params = []
+    for i in range(DRAWS):
+        params += [_params(**case), mates[i % 3], _params(sampling_seed=i, **case)]
+    ids, _ = sample(Sampler(generator=torch.Generator().manual_seed(9)), _logits(len(params)), params, positions=torch.full((len(params),), 5))
+    assert_matches_distribution(ids[0::3], _expected(case))
+    assert_matches_distribution(ids[2::3], _expected(case))
+    mate_ids = ids[1::3]
+    assert set(mate_ids[0::3].tolist()) == {0} and set(mate_ids[1::3].tolist()) <= {0, 1, 2}

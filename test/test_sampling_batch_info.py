@@ -83,6 +83,38 @@ def test_filter_and_merge_keep_rows():
     assert a.is_all_greedy and a.seeded_rows is None
 
 
+def test_cpu_sample_plan_follows_filter_and_merge():
+    """The CPU sampler caches its row groups on the info; a filter or merge must drop them, so
+    each row keeps its own parameters (a stale grouping would sample rows with a mate's)."""
+
+    def params(i):
+        return [
+            SamplingParams(temperature=0.0),
+            SamplingParams(top_k=2, sampling_seed=i),
+            SamplingParams(min_p=0.5, sampling_seed=i),
+            SamplingParams(top_p=0.3, sampling_seed=i),
+        ][i % 4]
+
+    logits = torch.randn(8, V, generator=torch.Generator().manual_seed(4)) * 3.0
+    positions = torch.arange(8)
+
+    def sample(info, rows):
+        out = LogitsProcessorOutput(next_token_logits=logits[rows].clone())
+        return Sampler()(out, info, positions=positions[rows])
+
+    info = make_info([params(i) for i in range(6)], V)
+    sample(info, list(range(6)))
+    assert info.cpu_sample_plan is not None
+    info.filter_batch([5, 0, 2])
+    assert info.cpu_sample_plan is None
+    fresh = make_info([params(i) for i in (5, 0, 2)], V)
+    assert torch.equal(sample(info, [5, 0, 2]), sample(fresh, [5, 0, 2]))
+    info.merge_batch(make_info([params(i) for i in (3, 6, 7)], V))
+    assert info.cpu_sample_plan is None
+    rows = [5, 0, 2, 3, 6, 7]
+    assert torch.equal(sample(info, rows), sample(make_info([params(i) for i in rows], V), rows))
+
+
 # ----------------------------------------------------------------------------------------- overlap trace
 
 

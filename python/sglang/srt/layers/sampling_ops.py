@@ -10,9 +10,9 @@ space: token i is kept iff scaled[i] >= threshold. The threshold is the largest 
 
 Every backend samples from exactly this set, so supports agree across backends. The
 threshold is computed from a descending top-W window when every row has a small top_k, or (on
-the CPU) when a top-p nucleus fits a window; otherwise from a full sort. The threshold is
-exact on every path; the window may miss tokens tied with the threshold beyond it, which
-`Support.window_complete` reports.
+the CPU) when a top-p nucleus fits a window or only min-p filters; otherwise from a full sort.
+The threshold is exact on every path; the window may miss tokens tied with the threshold
+beyond it, or (min-p) kept tokens beyond it, which `Support.window_complete` reports.
 """
 
 from __future__ import annotations
@@ -46,6 +46,16 @@ class Support:
             return torch.ones(self.vals.shape[0], dtype=torch.bool, device=self.vals.device)
         return self.vals[:, -1] < self.threshold[:, 0]
 
+    def select(self, rows: torch.Tensor) -> "Support":
+        """The support of rows `rows` ([R] int64) only; each row's values are its own."""
+        threshold, vals, idx = (t.index_select(0, rows) for t in (self.threshold, self.vals, self.idx))
+        return Support(threshold=threshold, vals=vals, idx=idx, vocab_size=self.vocab_size)
+
+    def window_draws(self) -> bool:
+        """Whether draws may stay inside the window: CPU only (the check reads the device), and
+        every row's kept tokens must all be in it."""
+        return not self.is_full and not self.vals.is_cuda and bool(self.window_complete().all())
+
 
 def compute_support(
     scaled: torch.Tensor,
@@ -66,9 +76,21 @@ def compute_support(
     if window is not None and window + 1 < vocab:
         # One extra column shows whether ties with the k-th value run past the window.
         return _support_in(scaled, *torch.topk(scaled, window + 1, dim=-1), top_ks, top_ps, min_ps, need_top_p, need_min_p)[0]
-    if need_top_p and not scaled.is_cuda:
+    if need_min_p and not need_top_p and not scaled.is_cuda:
+        # Min-p alone keeps the tokens >= max + log(min_p) (the threshold _support_in computes,
+        # the same way): a window as wide as the largest kept set holds every row's support.
+        floor = scaled.amax(dim=-1, keepdim=True) + torch.log(min_ps).unsqueeze(1)  # [B, 1]
+        width = int((scaled >= floor).sum(dim=-1).max())
+        if width + 1 < vocab:
+            vals, idx = torch.topk(scaled, width + 1, dim=-1)
+            support, exact = _support_in(scaled, vals, idx, top_ks, top_ps, min_ps, need_top_p, need_min_p)
+            if bool(exact.all()):  # rows with a top_k beyond the window need a wider one
+                return support
+    if (need_top_p or need_min_p) and not scaled.is_cuda:
         # A top-p nucleus is usually far smaller than the vocabulary and a CPU sort of [B, V]
         # costs ~50x a top-k; try growing windows, keep one only if it is exact for every row.
+        # A min-p threshold (max + log min_p) is exact from any window; a window that misses
+        # some of its kept tokens only sends the draw to the full row (window_complete).
         for width in _CPU_NUCLEUS_WINDOWS:
             if width + 1 >= vocab:
                 break
@@ -168,17 +190,26 @@ def inverse_cdf_draw(values: torch.Tensor, threshold: torch.Tensor, u: torch.Ten
 
 
 def draw_unseeded(
-    scaled: torch.Tensor, support: Optional[Support], generator: Optional[torch.Generator]
+    scaled: torch.Tensor,
+    support: Optional[Support],
+    generator: Optional[torch.Generator],
+    u: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Token ids [B] int64 from the filtered softmax, one uniform per row."""
-    u = uniform_open_closed(scaled.shape[0], scaled.device, generator)
+    """Token ids [B] int64 from the filtered softmax, one uniform per row (`u` [B, 1] if given)."""
+    if u is None:
+        u = uniform_open_closed(scaled.shape[0], scaled.device, generator)
     if support is None:
         return inverse_cdf_draw(scaled, torch.full_like(u, NEG_INF), u)
-    if not support.is_full and not scaled.is_cuda and bool(support.window_complete().all()):
+    if support.window_draws():
         # CPU only: the check is free there, and the draw then stays inside the small window.
-        col = inverse_cdf_draw(support.vals, support.threshold, u)
-        return support.idx.gather(1, col.unsqueeze(1)).squeeze(1)
+        return draw_unseeded_in_window(support, u)
     return inverse_cdf_draw(scaled, support.threshold, u)
+
+
+def draw_unseeded_in_window(support: Support, u: torch.Tensor) -> torch.Tensor:
+    """draw_unseeded when `support.window_draws()`: the same token for the same u, from the window."""
+    col = inverse_cdf_draw(support.vals, support.threshold, u)
+    return support.idx.gather(1, col.unsqueeze(1)).squeeze(1)
 
 
 def draw_seeded(
@@ -192,13 +223,23 @@ def draw_seeded(
     The noise is keyed by token id, not rank, so the result depends only on (seed, position,
     logits) whichever path computed the support.
     """
+    if support is not None and support.window_draws():
+        return draw_seeded_in_window(support, seeds, positions)
     threshold = support.threshold if support is not None else torch.full_like(scaled[:, :1], NEG_INF)
-    if support is not None and not support.is_full and not scaled.is_cuda and bool(support.window_complete().all()):
-        cols = support.idx  # [B, W] token ids
-        values = support.vals
-    else:
-        cols = torch.arange(scaled.shape[1], device=scaled.device)  # [V]
-        values = scaled
+    cols = torch.arange(scaled.shape[1], device=scaled.device)  # [V]
+    return _gumbel_argmax(scaled, cols, threshold, seeds, positions)
+
+
+def draw_seeded_in_window(support: Support, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """draw_seeded when `support.window_draws()`: the kept tokens are all in the window."""
+    return _gumbel_argmax(support.vals, support.idx, support.threshold, seeds, positions)
+
+
+def _gumbel_argmax(
+    values: torch.Tensor, cols: torch.Tensor, threshold: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    """The kept column (values >= threshold) with the largest value + noise(token id); cols are
+    the token ids of the columns, [N] shared or [B, N] per row."""
     noise = hash_gumbel(seeds, positions, cols)  # [B, N] float64
     scores = torch.where(values >= threshold, values.double() + noise, torch.full_like(noise, NEG_INF))
     best = scores.argmax(dim=-1, keepdim=True)  # [B, 1]

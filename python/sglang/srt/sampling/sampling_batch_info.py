@@ -63,6 +63,8 @@ class SamplingBatchInfo:
     logit_bias_values: Optional[torch.Tensor] = field(init=False)  # [B, K] float32, pad 0.0
     custom_logit_processor: Optional[dict[str, ProcessorEntry]] = field(init=False)
     custom_params: Optional[list[Optional[dict]]] = field(init=False)
+    # The CPU sampler's grouping of these rows, built on first use (see sampler._CpuPlan).
+    cpu_sample_plan: Optional[Any] = field(init=False, default=None)
 
     @classmethod
     def from_schedule_batch(cls, batch: Any, vocab_size: int) -> "SamplingBatchInfo":
@@ -100,6 +102,7 @@ class SamplingBatchInfo:
 
     def _rebuild(self) -> None:
         params = [row.params for row in self.rows]
+        self.cpu_sample_plan = None
         self._refresh_flags(params)
         self._build_param_tensors(params)
         self._build_seeds(params)
