@@ -15,25 +15,13 @@ pytest.importorskip("triton")
 
 from sgl_kernel_ext.attention.decode_attention import BLOCK_N, decode_attention_triton  # noqa: E402
 from sgl_kernel_ext.attention.reference import decode_attention_reference  # noqa: E402
+from paged_kv_utils import paged_kv_cache  # noqa: E402
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 
 
 def _cache(num_kv_heads: int, head_dim: int, lens: list[int], dtype: torch.dtype, seed: int = 0):
-    """A paged KV cache whose slots are shuffled, and req_to_token rows pointing into it."""
-    gen = torch.Generator().manual_seed(seed)
-    slots = sum(lens) + 1
-    k = torch.randn(slots, num_kv_heads, head_dim, generator=gen).to(dtype)
-    v = torch.randn(slots, num_kv_heads, head_dim, generator=gen).to(dtype)
-    perm = torch.randperm(slots - 1, generator=gen) + 1
-    req_to_token = torch.zeros(len(lens) + 2, max(lens) + 5, dtype=torch.int64)
-    offset = 0
-    for row, n in enumerate(lens):
-        req_to_token[row + 2, :n] = perm[offset : offset + n]
-        offset += n
-    pool_indices = torch.arange(len(lens), dtype=torch.int64) + 2
-    to = lambda t: t.to(DEVICE)  # noqa: E731
-    return to(k), to(v), to(req_to_token), to(pool_indices), to(torch.tensor(lens, dtype=torch.int64))
+    return tuple(t.to(DEVICE) for t in paged_kv_cache(num_kv_heads, head_dim, lens, dtype, seed))
 
 
 @pytest.mark.parametrize("heads,kv_heads,dtype", [(9, 3, torch.float32), (4, 4, torch.float32), (8, 2, torch.bfloat16)])

@@ -12,25 +12,10 @@ import sgl_kernel_ext.attention.decode_attention_cpu as cpu_attention
 from sgl_kernel_ext.attention.decode_attention_cpu import decode_attention_cpu
 from sgl_kernel_ext.attention.reference import decode_attention_reference
 from sgl_kernel_ext.cpu_build import load_kernel_library
+from paged_kv_utils import paged_kv_cache
 
 if not cpu_attention.cpu_decode_attention_available():
     pytest.skip("no working C compiler: the CPU kernel is not built", allow_module_level=True)
-
-
-def paged_cache(num_kv_heads: int, head_dim: int, lens: list[int], seed: int = 0):
-    """K/V pools whose slots are shuffled, and req_to_token rows (from row 2 on) pointing into them."""
-    gen = torch.Generator().manual_seed(seed)
-    slots = sum(lens) + 1
-    k = torch.randn(slots, num_kv_heads, head_dim, generator=gen) * 2
-    v = torch.randn(slots, num_kv_heads, head_dim, generator=gen)
-    perm = torch.randperm(slots - 1, generator=gen) + 1
-    req_to_token = torch.zeros(len(lens) + 2, max(lens) + 7, dtype=torch.int64)
-    offset = 0
-    for row, n in enumerate(lens):
-        req_to_token[row + 2, :n] = perm[offset : offset + n]
-        offset += n
-    pool_indices = torch.arange(len(lens), dtype=torch.int64) + 2
-    return k, v, req_to_token, pool_indices, torch.tensor(lens, dtype=torch.int64)
 
 
 CASES = [
@@ -55,7 +40,7 @@ def kernel_variant(request, monkeypatch):
 
 @pytest.mark.parametrize("num_kv_heads,group,head_dim,lens", CASES)
 def test_matches_reference(kernel_variant, num_kv_heads, group, head_dim, lens) -> None:
-    k, v, r2t, pool, seq_lens = paged_cache(num_kv_heads, head_dim, lens)
+    k, v, r2t, pool, seq_lens = paged_kv_cache(num_kv_heads, head_dim, lens)
     q = torch.randn(len(lens), num_kv_heads * group, head_dim, generator=torch.Generator().manual_seed(1))
     scale = head_dim**-0.5
     got = decode_attention_cpu(q, k, v, r2t, pool, seq_lens, scale)
@@ -64,7 +49,7 @@ def test_matches_reference(kernel_variant, num_kv_heads, group, head_dim, lens) 
 
 
 def test_one_token_request_returns_its_value_row() -> None:
-    k, v, r2t, pool, seq_lens = paged_cache(3, 64, [1])
+    k, v, r2t, pool, seq_lens = paged_kv_cache(3, 64, [1])
     q = torch.randn(1, 9, 64)
     got = decode_attention_cpu(q, k, v, r2t, pool, seq_lens, 0.125)
     slot = r2t[pool[0], 0]
@@ -73,7 +58,7 @@ def test_one_token_request_returns_its_value_row() -> None:
 
 def test_strided_query_rows_are_read_in_place() -> None:
     """The model hands over q as a slice of the fused q/k projection."""
-    k, v, r2t, pool, seq_lens = paged_cache(3, 64, [9, 30])
+    k, v, r2t, pool, seq_lens = paged_kv_cache(3, 64, [9, 30])
     qk = torch.randn(2, 9 + 3, 64)
     q = qk[:, :9]
     assert not q.is_contiguous()
@@ -83,7 +68,7 @@ def test_strided_query_rows_are_read_in_place() -> None:
 
 def test_rows_do_not_depend_on_the_batch() -> None:
     lens = [7, 150, 64, 1, 99]
-    k, v, r2t, pool, seq_lens = paged_cache(3, 64, lens)
+    k, v, r2t, pool, seq_lens = paged_kv_cache(3, 64, lens)
     q = torch.randn(len(lens), 9, 64)
     full = decode_attention_cpu(q, k, v, r2t, pool, seq_lens, 0.125)
     for b in range(len(lens)):
@@ -105,7 +90,7 @@ def test_rows_do_not_depend_on_the_batch() -> None:
     ],
 )
 def test_layouts_it_cannot_read_are_refused(change, message) -> None:
-    k, v, r2t, pool, seq_lens = paged_cache(3, 64, [4, 6])
+    k, v, r2t, pool, seq_lens = paged_kv_cache(3, 64, [4, 6])
     args = dict(q=torch.randn(2, 9, 64), k_buf=k, v_buf=v, req_to_token=r2t, req_pool_indices=pool, seq_lens=seq_lens)
     with pytest.raises(ValueError, match=message):
         decode_attention_cpu(**change(args), scale=0.125)

@@ -8,6 +8,9 @@ from typing import Optional
 
 import torch
 
+from sgl_kernel_ext.attention.decode_attention_cpu import cpu_decode_attention_available
+from sgl_kernel_ext.norm.rmsnorm_cpu import rmsnorm_cpu_applies
+from sgl_kernel_ext.rotary.rope_store_cpu import rope_store_cpu_applies
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed.communication import min_across_ranks
 from sglang.srt.distributed.parallel_state import tp_cpu_group
@@ -50,6 +53,8 @@ class ModelRunner:
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.model_config = ModelConfig.from_path(model_path, context_length)
         self.vocab_size = self.model_config.vocab_size
+        if self.device.type == "cpu":
+            _build_cpu_kernels()
         self.model = load_model(self.model_config, model_path, self.dtype, self.device, tp_rank, tp_size)
 
         self.max_total_num_tokens = max_total_tokens or self._default_max_total_tokens(max_running_requests)
@@ -99,6 +104,15 @@ class ModelRunner:
                 forward_batch, self.req_to_token_pool.req_to_token, self.attn_workspace
             )
             return self.model(forward_batch)
+
+
+def _build_cpu_kernels() -> None:
+    """Compile (or load from the cache) the C kernels the CPU layers use, now rather than inside
+    the first request; the linears' kernel is built by the loader."""
+    probe = torch.zeros(1, 2)
+    cpu_decode_attention_available()
+    rmsnorm_cpu_applies(probe, torch.zeros(2))
+    rope_store_cpu_applies(probe, torch.zeros(1, 1, 2))
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
