@@ -24,6 +24,9 @@ from typing import Optional
 
 logger = logging.getLogger(__name__)
 
+# ctypes types of the kernels' pointer and int64 arguments.
+PTR, I64 = ctypes.c_void_p, ctypes.c_int64
+
 BASE_FLAGS = ("-O3", "-fno-math-errno", "-shared", "-fPIC")
 # Tried in order: a compiler without OpenMP (Apple clang) or -march=native still gets a build.
 FLAG_SETS = (("-march=native", "-fopenmp"), ("-fopenmp",), ("-march=native",), ())
@@ -53,6 +56,20 @@ def load_kernel_library(source_name: str, defines: tuple[str, ...] = ()) -> Opti
             errors.append(f"{' '.join(extra) or 'plain'}: {_describe(err)}")
     logger.warning("Could not build %s; the plain-torch path is used. %s", source_name, " | ".join(errors))
     return None
+
+
+@functools.cache
+def load_kernel(
+    source_name: str, function: str, argtypes: tuple, restype: Optional[type], defines: tuple[str, ...] = ()
+) -> Optional[ctypes._CFuncPtr]:
+    """The C function `function` of the compiled `source_name`, typed for ctypes, or None where
+    the source could not be built (the caller keeps its plain-torch path)."""
+    lib = load_kernel_library(source_name, defines)
+    if lib is None:
+        return None
+    fn = getattr(lib, function)
+    fn.argtypes, fn.restype = list(argtypes), restype
+    return fn
 
 
 def _build(compiler: str, source: Path, flags: tuple[str, ...]) -> Path:

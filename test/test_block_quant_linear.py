@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import sgl_kernel_ext.gemm.block_quant_linear as bq
-from sgl_kernel_ext.cpu_build import load_kernel_library
+from sgl_kernel_ext.cpu_build import load_kernel
 from sgl_kernel_ext.gemm.block_quant_linear import (
     block_quant_linear,
     block_quant_linear_reference,
@@ -74,9 +74,8 @@ def test_weights_not_made_of_blocks_are_left_alone(weight) -> None:
 @pytest.fixture(params=["native", "portable"])
 def kernel_variant(request, monkeypatch):
     if request.param == "portable":
-        fn = load_kernel_library("gemm/block_quant_linear.c", ("PORTABLE_ONLY",)).block_quant_linear_f32
-        fn.argtypes, fn.restype = bq._ARGTYPES, bq.ctypes.c_int
-        monkeypatch.setattr(bq, "_kernel", lambda: fn)
+        portable = load_kernel(*bq._KERNEL, defines=("PORTABLE_ONLY",))
+        monkeypatch.setattr(bq, "_kernel", lambda: portable)
     return request.param
 
 

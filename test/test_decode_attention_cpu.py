@@ -11,7 +11,7 @@ import torch
 import sgl_kernel_ext.attention.decode_attention_cpu as cpu_attention
 from sgl_kernel_ext.attention.decode_attention_cpu import decode_attention_cpu
 from sgl_kernel_ext.attention.reference import decode_attention_reference
-from sgl_kernel_ext.cpu_build import load_kernel_library
+from sgl_kernel_ext.cpu_build import load_kernel
 from paged_kv_utils import paged_kv_cache
 
 if not cpu_attention.cpu_decode_attention_available():
@@ -31,10 +31,8 @@ CASES = [
 @pytest.fixture(params=["native", "portable"])
 def kernel_variant(request, monkeypatch):
     if request.param == "portable":
-        lib = load_kernel_library("attention/decode_attention_cpu.c", ("PORTABLE_ONLY",))
-        fn = lib.decode_attention_f32
-        fn.argtypes, fn.restype = cpu_attention._ARGTYPES, cpu_attention.ctypes.c_int
-        monkeypatch.setattr(cpu_attention, "_kernel", lambda: fn)
+        portable = load_kernel(*cpu_attention._KERNEL, defines=("PORTABLE_ONLY",))
+        monkeypatch.setattr(cpu_attention, "_kernel", lambda: portable)
     return request.param
 
 

@@ -5,34 +5,30 @@ row's result is independent of its batch-mates. Same function as reference.decod
 from __future__ import annotations
 
 import ctypes
-import functools
 from typing import Optional
 
 import torch
 
-from sgl_kernel_ext.cpu_build import load_kernel_library
+from sgl_kernel_ext.cpu_build import I64, PTR, load_kernel
 
-_PTR, _I64 = ctypes.c_void_p, ctypes.c_int64
-_ARGTYPES = [
-    _PTR, _I64,  # q, its row stride
-    _PTR, _PTR,  # k_buf, v_buf
-    _PTR, _I64,  # req_to_token, its row stride
-    _PTR, _PTR,  # req_pool_indices, seq_lens
-    _I64, _I64, _I64, _I64,  # batch, KV heads, query heads per KV head, head_dim
+_ARGTYPES = (
+    PTR, I64,  # q, its row stride
+    PTR, PTR,  # k_buf, v_buf
+    PTR, I64,  # req_to_token, its row stride
+    PTR, PTR,  # req_pool_indices, seq_lens
+    I64, I64, I64, I64,  # batch, KV heads, query heads per KV head, head_dim
     ctypes.c_float,  # scale
-    _PTR,  # out
+    PTR,  # out
     ctypes.c_int,  # OpenMP threads
-]
+)
 
 
-@functools.cache
+# (source, C function, argument types, result type): also built with -DPORTABLE_ONLY by the tests.
+_KERNEL = ("attention/decode_attention_cpu.c", "decode_attention_f32", _ARGTYPES, ctypes.c_int)
+
+
 def _kernel() -> Optional[ctypes._CFuncPtr]:
-    lib = load_kernel_library("attention/decode_attention_cpu.c")
-    if lib is None:
-        return None
-    fn = lib.decode_attention_f32
-    fn.argtypes, fn.restype = _ARGTYPES, ctypes.c_int
-    return fn
+    return load_kernel(*_KERNEL)
 
 
 def cpu_decode_attention_available() -> bool:

@@ -9,13 +9,12 @@ it was loaded with; it only reads 5-9 bits per weight instead of 32.
 from __future__ import annotations
 
 import ctypes
-import functools
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from sgl_kernel_ext.cpu_build import load_kernel_library
+from sgl_kernel_ext.cpu_build import I64, PTR, load_kernel
 
 TILE_N = 16
 BLOCK_K = 32
@@ -23,8 +22,7 @@ BLOCK_K = 32
 # (the block's minimum), Q8_0's symmetric 8-bit codes without one (scale = max |w| / 127).
 FORMATS = ((4, 0, 15, True), (8, -127, 127, False))
 
-_PTR, _I64 = ctypes.c_void_p, ctypes.c_int64
-_ARGTYPES = [_PTR, _I64, _I64, _PTR, ctypes.c_int, _I64, _PTR, _PTR, ctypes.c_int]
+_ARGTYPES = (PTR, I64, I64, PTR, ctypes.c_int, I64, PTR, PTR, ctypes.c_int)
 
 
 @dataclass
@@ -37,14 +35,12 @@ class BlockQuantWeight:
     in_features: int
 
 
-@functools.cache
+# (source, C function, argument types, result type): also built with -DPORTABLE_ONLY by the tests.
+_KERNEL = ("gemm/block_quant_linear.c", "block_quant_linear_f32", _ARGTYPES, ctypes.c_int)
+
+
 def _kernel() -> Optional[ctypes._CFuncPtr]:
-    lib = load_kernel_library("gemm/block_quant_linear.c")
-    if lib is None:
-        return None
-    fn = lib.block_quant_linear_f32
-    fn.argtypes, fn.restype = _ARGTYPES, ctypes.c_int
-    return fn
+    return load_kernel(*_KERNEL)
 
 
 def block_quant_kernel_available() -> bool:

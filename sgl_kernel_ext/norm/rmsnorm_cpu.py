@@ -4,25 +4,21 @@ rmsnorm_cpu.c, and its plain-torch reference."""
 from __future__ import annotations
 
 import ctypes
-import functools
 from typing import Optional
 
 import torch
 
-from sgl_kernel_ext.cpu_build import load_kernel_library
+from sgl_kernel_ext.cpu_build import I64, PTR, load_kernel
 
-_PTR, _I64 = ctypes.c_void_p, ctypes.c_int64
-_ARGTYPES = [_PTR, _PTR, _PTR, _PTR, ctypes.c_float, _I64, _I64, _PTR, ctypes.c_int]
+_ARGTYPES = (PTR, PTR, PTR, PTR, ctypes.c_float, I64, I64, PTR, ctypes.c_int)
 
 
-@functools.cache
+# (source, C function, argument types, result type): also built with -DPORTABLE_ONLY by the tests.
+_KERNEL = ("norm/rmsnorm_cpu.c", "rmsnorm_f32", _ARGTYPES, None)
+
+
 def _kernel() -> Optional[ctypes._CFuncPtr]:
-    lib = load_kernel_library("norm/rmsnorm_cpu.c")
-    if lib is None:
-        return None
-    fn = lib.rmsnorm_f32
-    fn.argtypes, fn.restype = _ARGTYPES, None
-    return fn
+    return load_kernel(*_KERNEL)
 
 
 def rmsnorm_cpu_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
