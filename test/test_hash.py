@@ -4,7 +4,7 @@ import random
 import pytest
 import torch
 
-import sglang.srt.layers.utils.hash as hash_mod
+from sgl_kernel_ext.sampling import murmur_reference as hash_mod  # the one torch definition
 from sglang.srt.layers.utils.hash import (
     hash_gumbel,
     hash_uniform,
@@ -83,6 +83,13 @@ def test_shape_assertions(seed, positions, cols):
     for f in (murmur_hash32, hash_uniform, hash_gumbel):
         with pytest.raises(AssertionError):
             f(seed, positions, cols)
+
+
+def test_sglang_path_reexports_the_one_definition():
+    import sglang.srt.layers.utils.hash as sglang_hash
+
+    for name in ("murmur_hash32", "murmur_hash32_scalar", "hash_uniform", "hash_gumbel"):
+        assert getattr(sglang_hash, name) is getattr(hash_mod, name)
 
 
 def test_row_chunking_is_invisible(monkeypatch):

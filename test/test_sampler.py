@@ -18,6 +18,7 @@ from sglang.srt.layers.sampler import (
     create_sampler,
     register_sampler_backend,
 )
+from sglang.srt.layers.sampling_backends import FusedSamplingBackend, SamplingBackend
 from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor, register_custom_logit_processor
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -390,6 +391,99 @@ def test_registry():
     assert create_sampler("ascend").backend.name == "ascend"
 
 
+class _ArgmaxBackend(SamplingBackend):
+    """A custom plain backend: the unseeded rows take their argmax."""
+
+    name = "test_argmax"
+
+    def sample(self, scaled, info, generator):
+        return scaled.argmax(dim=-1)
+
+
+class _FakeFused(FusedSamplingBackend):
+    """Records which of the fused interface's methods the sampler calls."""
+
+    name = "test_fused"
+
+    def __init__(self):
+        self.calls = []
+
+    def sample(self, scaled, info, generator):
+        raise AssertionError("a fused backend's step never calls sample")
+
+    def greedy(self, logits):
+        self.calls.append("greedy")
+        return logits.argmax(dim=-1), torch.zeros(logits.shape[0], dtype=torch.bool)
+
+    def sample_step(self, logits, info, positions, generator):
+        self.calls.append("sample_step")
+        return types.SimpleNamespace(ids=logits.argmin(dim=-1), invalid=torch.zeros(logits.shape[0], dtype=torch.bool))
+
+    def fill_logprobs(self, output, logits, info, result, mode, next_ids, top_logprobs_nums, token_ids_logprobs):
+        self.calls.append(("fill_logprobs", mode))
+
+
+def test_step_is_chosen_at_construction():
+    """The device (given, or the generator's) fixes the step once; without either the first
+    call's logits fix it."""
+    assert Sampler("pytorch", device="cpu").step_name == "cpu_grouped"
+    assert Sampler("pytorch", generator=torch.Generator()).step_name == "cpu_grouped"
+    assert Sampler("pytorch", device="cuda").step_name == "torch"  # no CUDA needed to decide
+    assert Sampler("ascend", device="cpu").step_name == "torch"
+    assert Sampler(_FakeFused()).step_name == "fused"
+    cpu = Sampler("pytorch", device="cpu")
+    assert cpu._step == cpu._cpu_grouped_step
+    lazy = Sampler("pytorch")
+    assert lazy.step_name == "undecided" and lazy.device is None
+    ids, _ = sample(lazy, _logits(3), [_params(temperature=0.0)] * 3)
+    assert ids.tolist() == [0, 0, 0]
+    assert lazy.step_name == "cpu_grouped" and lazy.device == torch.device("cpu")
+
+
+def test_fused_backend_runs_through_its_interface():
+    backend = _FakeFused()
+    sampler = Sampler(backend, logprobs_mode="scaled")
+    ids, _ = sample(sampler, _logits(2), [_params(temperature=0.0)] * 2)
+    assert ids.tolist() == [0, 0] and backend.calls == ["greedy"]
+    backend.calls.clear()
+    ids, out = sample(sampler, _logits(2), [_params(temperature=0.7)] * 2, return_logprob=True)
+    assert ids.tolist() == [V - 1] * 2 and backend.calls == ["sample_step", ("fill_logprobs", "scaled")]
+    assert not out.invalid_rows.any()
+
+
+def test_registered_backend_class_builds_a_sampler():
+    register_sampler_backend(_ArgmaxBackend.name, _ArgmaxBackend)
+    assert _ArgmaxBackend.name in SAMPLING_BACKEND_CHOICES
+    sampler = create_sampler(_ArgmaxBackend.name, device="cpu")
+    assert isinstance(sampler.backend, _ArgmaxBackend) and sampler.step_name == "torch"
+    ids, _ = sample(sampler, _logits(2), [_params(temperature=0.7)] * 2)
+    assert ids.tolist() == [0, 0]
+
+
+def test_registering_a_backend_missing_a_declared_method_fails():
+    class NoFill(FusedSamplingBackend):
+        name = "test_no_fill"
+
+        def sample(self, scaled, info, generator):
+            return scaled.argmax(dim=-1)
+
+        def greedy(self, logits):
+            return logits.argmax(dim=-1), torch.zeros(logits.shape[0], dtype=torch.bool)
+
+    with pytest.raises(TypeError, match="NoFill does not implement fill_logprobs, sample_step, declared by FusedSamplingBackend"):
+        register_sampler_backend("test_no_fill", NoFill)
+
+    class NotABackend:
+        def sample(self, scaled, info, generator):
+            return scaled.argmax(dim=-1)
+
+    with pytest.raises(TypeError, match="must be a subclass of SamplingBackend"):
+        register_sampler_backend("test_not_a_backend", NotABackend)
+    assert not {"test_no_fill", "test_not_a_backend"} & SAMPLING_BACKEND_CHOICES
+    with pytest.raises(ValueError, match="sampling_backend must be one of"):
+        Sampler("test_no_fill")
+
+
 def test_flashinfer_missing_is_a_clear_startup_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "flashinfer", None)
     with pytest.raises(RuntimeError, match="flashinfer"):
@@ -494,8 +588,8 @@ class _BatchWideSampler(Sampler):
     """The path every backend shares: one support over the whole batch (greedy rows included),
     then a second one over the seeded rows. The CPU pytorch path must give the same tokens."""
 
-    def _cpu_plan(self, info, logits):
-        return None
+    def _choose_step(self, device):
+        return sampler_module.TORCH_STEP, self._torch_step
 
 
 def _run(sampler, logits, params, positions, prompts=None):

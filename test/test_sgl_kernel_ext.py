@@ -8,6 +8,8 @@ only when triton cannot be imported.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -243,6 +245,19 @@ def test_sampler_triton_backend_seeded_rows_equal_pytorch():
     torch.testing.assert_close(got_out.next_token_top_logprobs_val.cpu()[:4], want_out.next_token_top_logprobs_val[:4])
 
 
+def test_sampling_kernels_never_import_sglang():
+    """The kernels and their torch definitions take tensors; sglang imports them, never the reverse."""
+    modules = ("support", "murmur_reference", "murmur", "sample", "logprobs", "penalties")
+    code = "import sys\n" + "".join(f"import sgl_kernel_ext.sampling.{m}\n" for m in modules)
+    code += "assert not [m for m in sys.modules if m.split('.')[0] == 'sglang'], 'sglang imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "TRITON_INTERPRET": "1"})
+
+
+def test_triton_sampler_takes_the_fused_step():
+    sampler = Sampler("triton")
+    assert sampler.step_name == "fused" and sampler._step == sampler._fused_step
+
+
 def test_triton_backend_sample_draws_inside_the_support():
     """The SamplingBackend API (`sample` on already scaled logits) keeps to sampling_ops' support."""
     from sglang.srt.layers.sampling_ops import compute_support
@@ -259,3 +274,29 @@ def test_triton_backend_sample_draws_inside_the_support():
         scaled, cpu_info.top_ks, cpu_info.top_ps, cpu_info.min_ps, window=None, need_top_p=True, need_min_p=True
     )
     assert (scaled.gather(1, ids.unsqueeze(1)) >= support.threshold).all()
+
+
+@pytest.mark.parametrize("width", [0, 3, 130])
+def test_token_counts_add_matches_reference(width: int) -> None:
+    from sgl_kernel_ext.sampling.token_counts import token_counts_add_triton
+    from sgl_kernel_ext.sampling.token_counts_reference import token_counts_add_reference
+
+    gen = torch.Generator().manual_seed(width)
+    rows, capacity = 6, width + 4
+    lengths = torch.randint(0, width + 1, (rows, 1), generator=gen)
+    lengths[0] = width  # a full row
+    ids = torch.full((rows, capacity), -1, dtype=torch.int64)
+    counts = torch.zeros(rows, capacity)
+    for b in range(rows):
+        n = int(lengths[b])
+        ids[b, :n] = torch.randperm(500, generator=gen)[:n]
+        counts[b, :n] = torch.randint(1, 5, (n,), generator=gen).float()
+    # Seen tokens, new tokens and a flagged row (-1).
+    tokens = torch.tensor([int(ids[0, 0]) if width else 7, 999, -1, int(ids[3, int(lengths[3]) - 1]) if int(lengths[3]) else 5, 998, 999])
+    want = [t.clone() for t in (ids, counts, lengths)]
+    token_counts_add_reference(*want, tokens, width)
+    got = [t.clone().to(DEVICE) for t in (ids, counts, lengths)]
+    token_counts_add_triton(*got, tokens.to(DEVICE), width)
+    for g, w in zip(got, want):
+        assert torch.equal(g.cpu(), w)
+    assert int(want[2][2]) == int(lengths[2]) and int(want[2][1]) == int(lengths[1]) + 1

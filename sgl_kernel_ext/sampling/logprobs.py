@@ -12,11 +12,13 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_kernel_ext.triton_launch import launch
+
 FLOAT32_MIN = -3.4028234663852886e38
 _FLOAT32_MIN = tl.constexpr(FLOAT32_MIN)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L"])
 def _token_logprobs_kernel(
     logits_ptr, stride, temps_ptr, lse_ptr, thr_ptr, ids_ptr, out_ptr, L,
     PROCESSED: tl.constexpr, BLOCK: tl.constexpr,
@@ -51,7 +53,7 @@ def token_logprobs_triton(
     ids = ids.contiguous()
     out = torch.empty(B, L, dtype=torch.float32, device=logits.device)
     if L > 0:
-        _token_logprobs_kernel[(B,)](
+        launch(_token_logprobs_kernel, (B,),
             logits, logits.stride(0), temperatures.reshape(B), lse, threshold, ids, out, L,
             PROCESSED=processed, BLOCK=max(triton.next_power_of_2(L), 16),
         )

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_kernel_ext.triton_launch import launch
+
 BLOCK = 128
 
 
@@ -58,7 +60,12 @@ def _additive(row_ptr, ids_ptr, counts_ptr, penalty, W, PRESENCE: tl.constexpr, 
         tl.store(row_ptr + ids, x + (-penalty) * weight, mask=live)
 
 
-@triton.jit
+# The lists' widths, strides and presence change with the batch: specialising on them would
+# compile in the serving loop, so they are runtime values (one compiled kernel for every batch).
+@triton.jit(do_not_specialize=[
+    "freq_stride", "Wf", "pres_stride", "Wp", "stop_stride", "S", "rep_stride", "Wr", "bias_stride", "K",
+    "HAS_FREQ", "HAS_PRES", "HAS_MIN_NEW", "HAS_REP", "HAS_BIAS",
+])
 def _penalties_kernel(
     logits_ptr, stride,
     freq_ids_ptr, freq_counts_ptr, freq_pen_ptr, freq_stride, Wf,
@@ -66,20 +73,19 @@ def _penalties_kernel(
     stop_ids_ptr, out_lens_ptr, min_new_ptr, stop_stride, S,
     rep_ids_ptr, rep_pen_ptr, rep_stride, Wr,
     bias_ids_ptr, bias_vals_ptr, bias_stride, K,
-    HAS_FREQ: tl.constexpr, HAS_PRES: tl.constexpr, HAS_MIN_NEW: tl.constexpr,
-    HAS_REP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_FREQ, HAS_PRES, HAS_MIN_NEW, HAS_REP, HAS_BIAS, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
     row_ptr = logits_ptr + row.to(tl.int64) * stride
-    if HAS_FREQ:
+    if HAS_FREQ != 0:
         base = row.to(tl.int64) * freq_stride
         _additive(row_ptr, freq_ids_ptr + base, freq_counts_ptr + base, tl.load(freq_pen_ptr + row), Wf, False, BLOCK)
         tl.debug_barrier()
-    if HAS_PRES:
+    if HAS_PRES != 0:
         base = row.to(tl.int64) * pres_stride
         _additive(row_ptr, pres_ids_ptr + base, pres_counts_ptr + base, tl.load(pres_pen_ptr + row), Wp, True, BLOCK)
         tl.debug_barrier()
-    if HAS_MIN_NEW:
+    if HAS_MIN_NEW != 0:
         if tl.load(out_lens_ptr + row) < tl.load(min_new_ptr + row):
             for start in range(0, S, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
@@ -87,7 +93,7 @@ def _penalties_kernel(
                 x = tl.load(row_ptr + ids, mask=ids >= 0)
                 tl.store(row_ptr + ids, x + float("-inf"), mask=ids >= 0)
         tl.debug_barrier()
-    if HAS_REP:
+    if HAS_REP != 0:
         penalty = tl.load(rep_pen_ptr + row)
         for start in range(0, Wr, BLOCK):
             offs = start + tl.arange(0, BLOCK)
@@ -96,7 +102,7 @@ def _penalties_kernel(
             scaled = tl.where(x > 0, tl.math.div_rn(x, penalty), x * penalty)
             tl.store(row_ptr + ids, scaled, mask=ids >= 0)
         tl.debug_barrier()
-    if HAS_BIAS:
+    if HAS_BIAS != 0:
         for start in range(0, K, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             ids = tl.load(bias_ids_ptr + row.to(tl.int64) * bias_stride + offs, mask=offs < K, other=0)
@@ -106,26 +112,37 @@ def _penalties_kernel(
             tl.store(row_ptr + ids, x + bias, mask=live)
 
 
-def _list_args(logits: torch.Tensor, ids: Optional[torch.Tensor], *per_row: Optional[torch.Tensor]) -> list:
+def _list_args(logits: torch.Tensor, ids: Optional[torch.Tensor], *per_row: Optional[torch.Tensor],
+               dtypes: tuple[torch.dtype, ...]) -> list:
     """Pointers, row stride and width of one list (its per-entry tensors share the ids' stride);
-    an absent list passes the logits as a stand-in pointer, and its phase is compiled out."""
+    an absent list passes empty stand-ins of the same dtypes (a pointer's dtype is part of the
+    compiled signature) and width 0, and its phase is skipped."""
     if ids is None:
-        return [logits] * (1 + len(per_row)) + [0, 0]
+        return [_empty(logits.device, dtype) for dtype in (torch.int64, *dtypes)] + [0, 0]
     return [ids, *per_row, ids.stride(0), ids.shape[1]]
+
+
+_EMPTY: dict[tuple, torch.Tensor] = {}
+
+
+def _empty(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    key = (device, dtype)
+    if key not in _EMPTY:
+        _EMPTY[key] = torch.empty(16, dtype=dtype, device=device)
+    return _EMPTY[key]
 
 
 def apply_penalties_triton(logits: torch.Tensor, lists: PenaltyLists) -> None:
     """Apply `lists` to `logits` ([B, V] float32, unit stride along V) in place."""
-    _penalties_kernel[(logits.shape[0],)](
+    launch(_penalties_kernel, (logits.shape[0],),
         logits, logits.stride(0),
-        *_list_args(logits, lists.freq_ids, lists.freq_counts, lists.freq_penalty),
-        *_list_args(logits, lists.pres_ids, lists.pres_counts, lists.pres_penalty),
-        *_list_args(logits, lists.stop_ids, lists.output_lens, lists.min_new_tokens),
-        *_list_args(logits, lists.rep_ids, lists.rep_penalty),
-        *_list_args(logits, lists.bias_ids, lists.bias_values),
-        HAS_FREQ=lists.freq_ids is not None, HAS_PRES=lists.pres_ids is not None,
-        HAS_MIN_NEW=lists.stop_ids is not None, HAS_REP=lists.rep_ids is not None,
-        HAS_BIAS=lists.bias_ids is not None, BLOCK=BLOCK,
+        *_list_args(logits, lists.freq_ids, lists.freq_counts, lists.freq_penalty, dtypes=(torch.float32, torch.float32)),
+        *_list_args(logits, lists.pres_ids, lists.pres_counts, lists.pres_penalty, dtypes=(torch.float32, torch.float32)),
+        *_list_args(logits, lists.stop_ids, lists.output_lens, lists.min_new_tokens, dtypes=(torch.int64, torch.int64)),
+        *_list_args(logits, lists.rep_ids, lists.rep_penalty, dtypes=(torch.float32,)),
+        *_list_args(logits, lists.bias_ids, lists.bias_values, dtypes=(torch.float32,)),
+        int(lists.freq_ids is not None), int(lists.pres_ids is not None), int(lists.stop_ids is not None),
+        int(lists.rep_ids is not None), int(lists.bias_ids is not None), BLOCK=BLOCK,
         # x + (-p) * c must round twice, as the torch path does, not once as a fused multiply-add.
         enable_fp_fusion=False,
     )

@@ -1,6 +1,6 @@
 """Filtered sampling without a sort: top-k (ties kept) / joint top-p / min-p + hash-Gumbel draw.
 
-The support is the one defined in sglang.srt.layers.sampling_ops: with scaled = logits / T,
+The support is the one defined in support.py (the plain-torch rule): with scaled = logits / T,
 token i is kept iff scaled[i] >= max(k-th largest, top-p boundary, max + log(min_p)). Every
 sampled row draws argmax(scaled + gumbel(hash(seed, position, token id))) over its kept tokens;
 greedy rows (top_k <= 1) take the argmax of the logits (lowest id on ties); rows with NaN, +inf
@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel_ext.sampling.murmur import hash_gumbel, row_hash_state
+from sgl_kernel_ext.sampling.support import NEG_INF, compute_support, draw_seeded
 
 CHUNK = 2048  # elements per chunk CTA, held in registers (16 per thread at 4 warps)
 # Elements per block whose max and runner-up the chunk pass saves. Small blocks: those are then
@@ -81,7 +82,8 @@ def _scratch(fws, iws, B, NC, NB, MAX_HOT: tl.constexpr, CAP: tl.constexpr):
     return fws, fws + n, iws, iws + n, bmax, bmax + B * NB, bmax + 2 * B * NB, hot, hot + B * MAX_HOT
 
 
-@triton.jit
+# The batch size is not specialised on (== 1, % 16): a new batch size must never compile.
+@triton.jit(do_not_specialize=["B"])
 def _chunk_kernel(
     logits_ptr, stride, temps_ptr, V, B, NC, fws, iws,
     CHUNK: tl.constexpr, BLOCK_SIZE: tl.constexpr, MAX_HOT: tl.constexpr, CAP: tl.constexpr,
@@ -307,7 +309,7 @@ def _draw_candidates(
     return token, thr, lse_kept
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["B"])
 def _row_kernel(
     logits_ptr, stride, temps_ptr, top_k_ptr, top_p_ptr, log_min_p_ptr, seeds_ptr, pos_ptr, V, B, NC, fws, iws,
     ids_ptr, invalid_ptr, out_ptr,
@@ -548,23 +550,21 @@ def sample_reference(
     seeds: torch.Tensor,
     positions: torch.Tensor,
 ) -> SampleResult:
-    """The same function in plain torch: sampling_ops' support from a full sort, hash-Gumbel draw."""
-    from sglang.srt.layers.sampling_ops import compute_support, draw_seeded
-
+    """The same function in plain torch: support.py's rule (min-p from log_min_ps, as the kernel
+    takes it) and its hash-Gumbel draw."""
     B, V = logits.shape
     scaled = logits / temperatures.reshape(B, 1)  # [B, V] float32
     greedy_ids, invalid = greedy_reference(logits)
     safe = torch.where(invalid.unsqueeze(1), torch.zeros_like(scaled), scaled)
-    support = compute_support(safe, top_ks, top_ps, top_ps, window=None, need_top_p=True, need_min_p=False)
-    # min-p from log(min_p) directly, as the kernel does: exp then log need not round-trip.
-    support.threshold = torch.maximum(support.threshold, support.vals[:, :1] + log_min_ps.unsqueeze(1))
-    threshold = support.threshold  # [B, 1]
+    support = compute_support(
+        safe, top_ks, top_ps, window=None, need_top_p=True, need_min_p=True, log_min_ps=log_min_ps
+    )
     drawn = draw_seeded(safe, support, seeds, positions)
     greedy = (top_ks <= 1).unsqueeze(1)  # [B, 1]; greedy rows keep everything
-    threshold = torch.where(greedy, torch.full_like(threshold, float("-inf")), threshold)
+    threshold = torch.where(greedy, torch.full_like(support.threshold, NEG_INF), support.threshold)  # [B, 1]
     ids = torch.where(greedy.squeeze(1), greedy_ids, drawn)
     ids = torch.where(invalid, torch.full_like(ids, -1), ids)
-    kept = torch.where(scaled >= threshold, scaled, torch.full_like(scaled, float("-inf")))
+    kept = torch.where(scaled >= threshold, scaled, torch.full_like(scaled, NEG_INF))
     return SampleResult(
         ids=ids,
         invalid=invalid,

@@ -11,7 +11,7 @@ Modes (per server, never per batch, so a row's logprobs never depend on its batc
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -60,9 +60,21 @@ def fill_logprobs(
         values, indices = torch.topk(logprobs, min(max_k, logprobs.shape[1]), dim=-1)
         output.next_token_top_logprobs_val = values
         output.next_token_top_logprobs_idx = indices
-    if token_ids_logprobs is not None and any(ids for ids in token_ids_logprobs):
-        width = max(len(ids or ()) for ids in token_ids_logprobs)
-        padded = [list(ids or ()) + [0] * (width - len(ids or ())) for ids in token_ids_logprobs]
-        index = torch.tensor(padded, dtype=torch.int64, device=logprobs.device)  # [B, L]
-        output.next_token_token_ids_logprobs_val = logprobs.gather(1, index)
-        output.next_token_token_ids_logprobs_idx = [list(ids or ()) for ids in token_ids_logprobs]
+    fill_token_ids_logprobs(output, token_ids_logprobs, logprobs.device, lambda index: logprobs.gather(1, index))
+
+
+def fill_token_ids_logprobs(
+    output,
+    token_ids_logprobs: Optional[list[Optional[list[int]]]],
+    device: torch.device,
+    gather: Callable[[torch.Tensor], torch.Tensor],
+) -> None:
+    """Set `next_token_token_ids_logprobs_val` to `gather(index)` ([B, L] float32) for the requested
+    ids as index ([B, L] int64; row i's first len(ids) columns, padded with id 0), and `_idx` to the
+    id lists; nothing when no row asks for any."""
+    if token_ids_logprobs is None or not any(ids for ids in token_ids_logprobs):
+        return
+    width = max(len(ids or ()) for ids in token_ids_logprobs)
+    padded = [list(ids or ()) + [0] * (width - len(ids or ())) for ids in token_ids_logprobs]
+    output.next_token_token_ids_logprobs_val = gather(torch.tensor(padded, dtype=torch.int64, device=device))
+    output.next_token_token_ids_logprobs_idx = [list(ids or ()) for ids in token_ids_logprobs]

@@ -4,9 +4,14 @@ Order per step (after SamplingBatchInfo.apply_logits_bias):
   custom processors -> NaN/inf guard -> greedy (argmax, lowest id on ties) -> temperature ->
   top-k / top-p / min-p + draw (backend; seeded rows by hash-Gumbel) -> logprobs -> TP sync.
 Nothing here reads a device value on the host, so a CUDA step never synchronises; every
-decision is a host flag set when the batch was built. On the CPU the pytorch backend's step
-groups the rows once per batch (_CpuPlan): greedy rows only take an argmax, and each group of
-sampled rows computes its support once for its unseeded and seeded rows, with the same tokens.
+decision is a host flag set when the batch was built.
+
+The step is chosen once, when the sampler's device is known (vLLM's TopKTopPSampler does the
+same by platform): a fused backend runs its own kernels (_fused_step); the pytorch backend on the
+CPU groups the rows once per batch (_CpuPlan, _cpu_grouped_step): greedy rows only take an argmax,
+and each group of sampled rows computes its support once for its unseeded and seeded rows, with
+the same tokens as the batch-wide path; every other backend and device takes the batch-wide torch
+path (_torch_step).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -22,7 +27,15 @@ from torch import nn
 
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.logprob_processor import LOGPROBS_MODES, clamped_log_softmax, default_logprobs_mode, fill_logprobs
-from sglang.srt.layers.sampling_backends import BUILT_IN_BACKENDS, PytorchBackend, SamplingBackend
+from sglang.srt.layers.sampling_backends import (
+    BACKENDS,
+    BUILT_IN_BACKENDS,
+    FusedSamplingBackend,
+    PytorchBackend,
+    SamplingBackend,
+    every_row_support,
+    register_backend,
+)
 from sglang.srt.layers.sampling_ops import (
     Support,
     compute_support,
@@ -49,22 +62,45 @@ def sync_token_ids_requested() -> bool:
     return _env_true("SYNC_TOKEN_IDS_ACROSS_TP") or _env_true("SGLANG_SYNC_TOKEN_IDS_ACROSS_TP")
 
 
+class _LogprobRequest(NamedTuple):
+    """What a step's caller asked for besides the sampled token's logprob (unpacks into fill_logprobs' order)."""
+
+    top_logprobs_nums: Optional[list[int]]
+    token_ids_logprobs: Optional[list[Optional[list[int]]]]
+
+
+class _StepCall(NamedTuple):
+    """One forward call, as every step takes it."""
+
+    output: LogitsProcessorOutput  # next_token_logits [B, V] float32; the step sets the logprobs on it
+    info: object  # SamplingBatchInfo
+    row_errors: dict[int, str]  # rows whose custom processor failed
+    positions: Optional[torch.Tensor]  # [B] int64
+    logprobs: Optional[_LogprobRequest]  # None: no logprobs
+
+
+# A step: one call -> (next ids [B] int64, -1 on invalid rows; invalid [B] bool).
+Step = Callable[[_StepCall], tuple[torch.Tensor, torch.Tensor]]
+
+# Names of the steps, as Sampler.step_name reports them.
+FUSED_STEP, CPU_GROUPED_STEP, TORCH_STEP, UNDECIDED = "fused", "cpu_grouped", "torch", "undecided"
+
+
 class Sampler(nn.Module):
     def __init__(
         self,
-        backend: str = "pytorch",
+        backend: Union[str, SamplingBackend] = "pytorch",
         *,
         tp_group: Optional[dist.ProcessGroup] = None,
         logprobs_mode: Optional[str] = None,
         generator: Optional[torch.Generator] = None,
         deterministic: bool = False,
+        device: Optional[Union[torch.device, str]] = None,
     ) -> None:
+        """`device` is where the logits will be; by default the generator's device, and without
+        a generator the first call's logits decide it (then it is fixed)."""
         super().__init__()
-        if backend not in BUILT_IN_BACKENDS:
-            raise ValueError(
-                f"sampling_backend must be one of {sorted(BUILT_IN_BACKENDS)} for the built-in Sampler, got {backend!r}."
-            )
-        self.backend: SamplingBackend = BUILT_IN_BACKENDS[backend]()
+        self.backend = _make_backend(backend)
         self.logprobs_mode = logprobs_mode or default_logprobs_mode()
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {', '.join(LOGPROBS_MODES)}, got {self.logprobs_mode!r}.")
@@ -74,6 +110,32 @@ class Sampler(nn.Module):
         self.generator = generator
         # --enable-deterministic-inference: a seeded row's token must not depend on its batch-mates.
         self.deterministic = deterministic
+        if device is None and generator is not None:
+            device = generator.device
+        self._bind(None if device is None else torch.device(device))
+
+    def _bind(self, device: Optional[torch.device]) -> None:
+        """Fix the step (and what depends on the device) for logits on `device`."""
+        self.device = device
+        # Top-p sums over the seeded rows' window: on the CPU a sequential prefix sum whose values
+        # do not depend on the window's width, on CUDA a parallel scan whose rounding does.
+        # Deterministic mode on CUDA therefore thresholds over the full sort, whose width is the
+        # vocabulary whatever the batch.
+        self._seeded_full_sort = self.deterministic and device is not None and device.type == "cuda"
+        self.step_name, self._step = self._choose_step(device)
+
+    def _choose_step(self, device: Optional[torch.device]) -> tuple[str, Step]:
+        if isinstance(self.backend, FusedSamplingBackend):
+            return FUSED_STEP, self._fused_step
+        if device is None:
+            return UNDECIDED, self._step_on_first_call
+        if type(self.backend) is PytorchBackend and device.type == "cpu":
+            return CPU_GROUPED_STEP, self._cpu_grouped_step
+        return TORCH_STEP, self._torch_step
+
+    def _step_on_first_call(self, call: _StepCall) -> tuple[torch.Tensor, torch.Tensor]:
+        self._bind(call.output.next_token_logits.device)
+        return self._step(call)
 
     def forward(
         self,
@@ -90,38 +152,12 @@ class Sampler(nn.Module):
         seeded rows and is required when any row has a sampling_seed.
         """
         info = sampling_info
-        logits = logits_output.next_token_logits  # [B, V] float32, processed in place by custom processors
-        row_errors = self._apply_custom_logit_processors(logits, info)
-        if self.backend.fused:
-            args = (return_logprob, top_logprobs_nums, token_ids_logprobs, positions)
-            return self._fused_forward(logits_output, info, row_errors, *args)
-        invalid = self._invalid_rows(logits, row_errors)
-
-        plan = self._cpu_plan(info, logits)
-        if plan is not None and plan.greedy_rows is not None:
-            # Only the greedy rows: a CPU argmax costs ~6x an amax per element.
-            greedy_ids = logits.index_select(0, plan.greedy_rows).argmax(dim=-1)  # [G]
-        else:
-            greedy_ids = logits.argmax(dim=-1) if info.is_any_greedy else None
-        raw_logprobs = clamped_log_softmax(logits) if return_logprob and self.logprobs_mode == "raw" else None
-        scaled = logits
-        if info.need_temperature_scaling and (return_logprob or not info.is_all_greedy):
-            # In place, as SGLang does: next_token_logits holds the scaled logits afterwards,
-            # and a second [B, V] buffer would cost more than the division.
-            scaled = logits.div_(info.temperatures)
-        if info.is_all_greedy:
-            next_ids = greedy_ids
-        elif plan is not None:
-            next_ids = self._sample_cpu(scaled, info, plan, positions, greedy_ids)
-        else:
-            next_ids = self._sample(scaled, info, positions)
-            if greedy_ids is not None:
-                next_ids = torch.where(info.greedy_mask, greedy_ids, next_ids)
-        next_ids = torch.where(invalid, torch.full_like(next_ids, -1), next_ids)
-
-        if return_logprob:
-            logprobs = raw_logprobs if raw_logprobs is not None else self._logprobs(scaled, info)
-            fill_logprobs(logits_output, logprobs, next_ids, top_logprobs_nums, token_ids_logprobs)
+        if info.seeded_rows is not None and positions is None:
+            raise ValueError("positions are required to sample rows that have a sampling_seed.")
+        # next_token_logits: [B, V] float32, processed in place by custom processors.
+        row_errors = self._apply_custom_logit_processors(logits_output.next_token_logits, info)
+        logprobs = _LogprobRequest(top_logprobs_nums, token_ids_logprobs) if return_logprob else None
+        next_ids, invalid = self._step(_StepCall(logits_output, info, row_errors, positions, logprobs))
         logits_output.invalid_rows = invalid
         logits_output.row_errors = row_errors
         self._sync_token_ids_across_tp(next_ids, info)
@@ -147,39 +183,81 @@ class Sampler(nn.Module):
 
     # ------------------------------------------------------------------ steps
 
-    def _fused_forward(
-        self,
-        logits_output: LogitsProcessorOutput,
-        info,
-        row_errors: dict[int, str],
-        return_logprob: bool,
-        top_logprobs_nums: Optional[list[int]],
-        token_ids_logprobs: Optional[list[Optional[list[int]]]],
-        positions: Optional[torch.Tensor],
-    ) -> torch.Tensor:
+    def _fused_step(self, call: _StepCall) -> tuple[torch.Tensor, torch.Tensor]:
         """The step through a fused backend: greedy rows, NaN guard, temperature, filters, every
         row's draw and the logprob statistics in its kernels. The logits stay unscaled."""
-        if info.seeded_rows is not None and positions is None:
-            raise ValueError("positions are required to sample rows that have a sampling_seed.")
-        logits = logits_output.next_token_logits
+        output, info, row_errors, positions, logprobs = call
+        logits = output.next_token_logits
         result = None
-        if info.is_all_greedy and not return_logprob:
+        if info.is_all_greedy and logprobs is None:
             next_ids, invalid = self.backend.greedy(logits)
         else:
             result = self.backend.sample_step(logits, info, positions, self.generator)
             next_ids, invalid = result.ids, result.invalid
         if row_errors:
-            failed = torch.tensor(sorted(row_errors), dtype=torch.int64, device=logits.device)
-            invalid = invalid.index_fill(0, failed, True)
+            invalid = _flag_failed_rows(invalid, row_errors)
             next_ids = torch.where(invalid, torch.full_like(next_ids, -1), next_ids)
-        if return_logprob:
-            self.backend.fill_logprobs(
-                logits_output, logits, info, result, self.logprobs_mode, next_ids, top_logprobs_nums, token_ids_logprobs
-            )
-        logits_output.invalid_rows = invalid
-        logits_output.row_errors = row_errors
-        self._sync_token_ids_across_tp(next_ids, info)
-        return next_ids
+        if logprobs is not None:
+            self.backend.fill_logprobs(output, logits, info, result, self.logprobs_mode, next_ids, *logprobs)
+        return next_ids, invalid
+
+    def _torch_step(self, call: _StepCall) -> tuple[torch.Tensor, torch.Tensor]:
+        """Plain backends: one support over the whole batch (greedy rows included), a second one
+        over the seeded rows."""
+        return self._unfused_step(call, self._greedy_ids, self._draw_batch_wide)
+
+    def _cpu_grouped_step(self, call: _StepCall) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pytorch backend on the CPU: the same tokens from one support per group of rows."""
+        return self._unfused_step(call, self._greedy_ids_grouped, self._draw_grouped)
+
+    def _unfused_step(
+        self,
+        call: _StepCall,
+        greedy: Callable[[torch.Tensor, object], Optional[torch.Tensor]],
+        draw: Callable[..., torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A plain backend's step; `greedy` gives the greedy rows' ids, `draw` the sampled rows'."""
+        output, info, row_errors, positions, logprobs = call
+        logits = output.next_token_logits
+        invalid = self._invalid_rows(logits, row_errors)
+        greedy_ids = greedy(logits, info)
+        raw_logprobs = clamped_log_softmax(logits) if logprobs is not None and self.logprobs_mode == "raw" else None
+        scaled = logits
+        if info.need_temperature_scaling and (logprobs is not None or not info.is_all_greedy):
+            # In place, as SGLang does: next_token_logits holds the scaled logits afterwards,
+            # and a second [B, V] buffer would cost more than the division.
+            scaled = logits.div_(info.temperatures)
+        next_ids = greedy_ids if info.is_all_greedy else draw(scaled, info, positions, greedy_ids)
+        next_ids = torch.where(invalid, torch.full_like(next_ids, -1), next_ids)
+        if logprobs is not None:
+            values = raw_logprobs if raw_logprobs is not None else self._logprobs(scaled, info)
+            fill_logprobs(output, values, next_ids, *logprobs)
+        return next_ids, invalid
+
+    @staticmethod
+    def _greedy_ids(logits: torch.Tensor, info) -> Optional[torch.Tensor]:
+        """[B] int64 argmax of every row when some row is greedy."""
+        return logits.argmax(dim=-1) if info.is_any_greedy else None
+
+    def _greedy_ids_grouped(self, logits: torch.Tensor, info) -> Optional[torch.Tensor]:
+        """[G] argmax of only the greedy rows of a mixed batch (a CPU argmax costs ~6x an amax per
+        element), else as _greedy_ids."""
+        if info.is_all_greedy or not info.is_any_greedy:
+            return self._greedy_ids(logits, info)
+        return logits.index_select(0, self._cpu_plan(info, logits.shape[0]).greedy_rows).argmax(dim=-1)
+
+    def _draw_batch_wide(
+        self, scaled: torch.Tensor, info, positions: Optional[torch.Tensor], greedy_ids: Optional[torch.Tensor]
+    ) -> torch.Tensor:
+        next_ids = self._sample(scaled, info, positions)
+        if greedy_ids is None:
+            return next_ids
+        return torch.where(info.greedy_mask, greedy_ids, next_ids)
+
+    def _draw_grouped(
+        self, scaled: torch.Tensor, info, positions: Optional[torch.Tensor], greedy_ids: Optional[torch.Tensor]
+    ) -> torch.Tensor:
+        return self._sample_cpu(scaled, info, self._cpu_plan(info, scaled.shape[0]), positions, greedy_ids)
 
     def _apply_custom_logit_processors(self, logits: torch.Tensor, info) -> dict[int, str]:
         """Run each distinct processor once on its rows; a processor that fails fails only its rows."""
@@ -208,10 +286,7 @@ class Sampler(nn.Module):
     def _invalid_rows(logits: torch.Tensor, row_errors: dict[int, str]) -> torch.Tensor:
         """[B] bool: NaN or +inf anywhere, or nothing finite to sample (all -inf)."""
         invalid = ~torch.isfinite(logits.amax(dim=-1))  # amax propagates NaN and +inf
-        if row_errors:
-            failed = torch.tensor(sorted(row_errors), dtype=torch.int64, device=logits.device)
-            invalid = invalid.index_fill(0, failed, True)
-        return invalid
+        return _flag_failed_rows(invalid, row_errors) if row_errors else invalid
 
     def _sample(self, scaled: torch.Tensor, info, positions: Optional[torch.Tensor]) -> torch.Tensor:
         if info.all_seeded:
@@ -220,8 +295,6 @@ class Sampler(nn.Module):
             next_ids = self.backend.sample(scaled, info, self.generator)
         if info.seeded_rows is None:
             return next_ids
-        if positions is None:
-            raise ValueError("positions are required to sample rows that have a sampling_seed.")
         rows = info.seeded_rows
         seeded_scaled = scaled.index_select(0, rows)  # [S, V]
         support = None
@@ -231,7 +304,7 @@ class Sampler(nn.Module):
                 info.top_ks.index_select(0, rows),
                 info.top_ps.index_select(0, rows),
                 info.min_ps.index_select(0, rows),
-                window=self._seeded_window(info, scaled),
+                window=None if self._seeded_full_sort else info.max_top_k,
                 need_top_p=info.need_top_p_sampling,
                 need_min_p=info.need_min_p_sampling,
             )
@@ -239,12 +312,11 @@ class Sampler(nn.Module):
         seeded_ids = draw_seeded(seeded_scaled, support, seeds, positions.index_select(0, rows).to(torch.int64))
         return next_ids.index_copy(0, rows, seeded_ids)
 
-    def _cpu_plan(self, info, logits: torch.Tensor) -> Optional["_CpuPlan"]:
-        """The row groups of a CPU step with the pytorch backend (built once per batch), else None."""
-        if logits.is_cuda or info.is_all_greedy or type(self.backend) is not PytorchBackend:
-            return None
+    @staticmethod
+    def _cpu_plan(info, batch_size: int) -> "_CpuPlan":
+        """The row groups of a CPU step, built once per batch (the batch drops it when its rows change)."""
         plan = getattr(info, "cpu_sample_plan", None)
-        if plan is None or plan.batch_size != logits.shape[0]:
+        if plan is None or plan.batch_size != batch_size:
             plan = _CpuPlan.build(info)
             info.cpu_sample_plan = plan
         return plan
@@ -265,8 +337,6 @@ class Sampler(nn.Module):
         first columns hold the same mass at any width), and the Gumbel argmax is keyed by token id,
         so the token depends only on (seed, logits, position). Unseeded rows: one uniform per batch
         row, drawn for the whole batch as before, so the same u meets the same support."""
-        if plan.seeded and positions is None:
-            raise ValueError("positions are required to sample rows that have a sampling_seed.")
         u = uniform_open_closed(scaled.shape[0], scaled.device, self.generator) if plan.unseeded else None
         if plan.whole_batch:  # one group, all seeded or all unseeded: no row selection
             group = plan.groups[0]
@@ -321,30 +391,11 @@ class Sampler(nn.Module):
             need_min_p=group.need_min_p,
         )
 
-    def _seeded_window(self, info, scaled: torch.Tensor) -> Optional[int]:
-        """The top-W window of the seeded rows' support, or None for a full sort.
-
-        The window is the batch's largest top_k. Top-p sums probabilities over it: on the CPU a
-        sequential prefix sum whose values do not depend on the window's width, on CUDA a
-        parallel scan whose rounding does. Deterministic mode on CUDA therefore thresholds over
-        the full sort, whose width is the vocabulary whatever the batch."""
-        if self.deterministic and scaled.is_cuda:
-            return None
-        return info.max_top_k
-
     def _logprobs(self, scaled: torch.Tensor, info) -> torch.Tensor:
         if self.logprobs_mode == "scaled":
             return clamped_log_softmax(scaled)
-        support = compute_support(
-            scaled,
-            info.top_ks,
-            info.top_ps,
-            info.min_ps,
-            window=info.max_top_k,
-            need_top_p=info.need_top_p_sampling,
-            need_min_p=info.need_min_p_sampling,
-        )
-        kept = torch.where(scaled >= support.threshold, scaled, torch.full_like(scaled, float("-inf")))
+        support = every_row_support(scaled, info)
+        kept = torch.where(support.keeps(scaled), scaled, torch.full_like(scaled, float("-inf")))
         return clamped_log_softmax(kept)
 
     def _sync_token_ids_across_tp(self, next_ids: torch.Tensor, info) -> None:
@@ -449,23 +500,44 @@ class _CpuPlan:
         )
 
 
-def register_sampler_backend(name: str, factory: Callable[[], Sampler]) -> None:
-    """Make `--sampling-backend name` build its Sampler with `factory()`."""
+def _flag_failed_rows(invalid: torch.Tensor, row_errors: dict[int, str]) -> torch.Tensor:
+    """`invalid` ([B] bool) with the rows whose custom processor failed set too."""
+    failed = torch.tensor(sorted(row_errors), dtype=torch.int64, device=invalid.device)
+    return invalid.index_fill(0, failed, True)
+
+
+def _make_backend(backend: Union[str, SamplingBackend]) -> SamplingBackend:
+    if isinstance(backend, SamplingBackend):
+        return backend
+    if backend not in BACKENDS:
+        raise ValueError(f"sampling_backend must be one of {sorted(BACKENDS)} for the built-in Sampler, got {backend!r}.")
+    return BACKENDS[backend]()
+
+
+def register_sampler_backend(name: str, factory: Union[Callable[[], Sampler], type[SamplingBackend]]) -> None:
+    """Make `--sampling-backend name` build its Sampler with `factory()`, or, given a
+    SamplingBackend class, a Sampler over that backend (checked against the interface now)."""
     if not isinstance(name, str) or not name:
         raise ValueError("backend must be a non-empty string")
-    if name in _CUSTOM_SAMPLER_FACTORIES or name in BUILT_IN_SAMPLING_BACKENDS:
+    is_backend = isinstance(factory, type) and not issubclass(factory, Sampler)
+    if is_backend:
+        register_backend(name, factory)  # raises TypeError on a class missing a declared method
+    if name in SAMPLING_BACKEND_CHOICES:
         logger.warning("Overriding sampling backend %r", name)
-    _CUSTOM_SAMPLER_FACTORIES[name] = factory
+    if is_backend:
+        _CUSTOM_SAMPLER_FACTORIES.pop(name, None)
+    else:
+        _CUSTOM_SAMPLER_FACTORIES[name] = factory
     SAMPLING_BACKEND_CHOICES.add(name)
 
 
 def create_sampler(backend: Optional[str] = None, **kwargs) -> Sampler:
-    """A registered factory wins; otherwise a built-in name (None = pytorch)."""
+    """A registered Sampler factory wins; otherwise a built-in or registered backend (None = pytorch)."""
     if backend in _CUSTOM_SAMPLER_FACTORIES:
         sampler = _CUSTOM_SAMPLER_FACTORIES[backend]()
         if not isinstance(sampler, Sampler):
             raise TypeError(f"Custom sampler factory for backend '{backend}' must return a Sampler")
         return sampler
-    if backend is None or backend in BUILT_IN_SAMPLING_BACKENDS:
+    if backend is None or backend in BACKENDS:
         return Sampler(backend or "pytorch", **kwargs)
     raise ValueError(f"Unknown sampling backend '{backend}'. Register it via register_sampler_backend().")

@@ -15,8 +15,8 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.layers.logprob_processor import clamped_log_softmax, fill_logprobs
-from sglang.srt.layers.sampling_backends import SamplingBackend
+from sglang.srt.layers.logprob_processor import clamped_log_softmax, fill_logprobs, fill_token_ids_logprobs
+from sglang.srt.layers.sampling_backends import FusedSamplingBackend
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -31,9 +31,8 @@ def _kernels(name: str):
         ) from err
 
 
-class TritonBackend(SamplingBackend):
+class TritonBackend(FusedSamplingBackend):
     name = "triton"
-    fused = True
 
     def __init__(self) -> None:
         self._sample = _kernels("sample")
@@ -53,7 +52,8 @@ class TritonBackend(SamplingBackend):
     def sample_step(
         self, logits: torch.Tensor, info, positions: Optional[torch.Tensor], generator: Optional[torch.Generator]
     ):
-        """Every row of the processed `logits` ([B, V] float32): a SampleResult (ids, invalid, lse, ...)."""
+        """Every row of the processed `logits` ([B, V] float32): a SampleResult (ids, invalid, lse, ...),
+        whose row statistics fill_logprobs reads."""
         seeds = self._seeds(info, logits.shape[0], logits.device, generator)
         if positions is None:
             positions = torch.zeros_like(seeds)
@@ -89,12 +89,7 @@ class TritonBackend(SamplingBackend):
             indices = torch.topk(logits, min(max_k, logits.shape[1]), dim=-1).indices  # [B, max_k]
             output.next_token_top_logprobs_val = gather(indices)
             output.next_token_top_logprobs_idx = indices
-        if token_ids_logprobs is not None and any(ids for ids in token_ids_logprobs):
-            width = max(len(ids or ()) for ids in token_ids_logprobs)
-            padded = [list(ids or ()) + [0] * (width - len(ids or ())) for ids in token_ids_logprobs]
-            index = torch.tensor(padded, dtype=torch.int64, device=logits.device)  # [B, L]
-            output.next_token_token_ids_logprobs_val = gather(index)
-            output.next_token_token_ids_logprobs_idx = [list(ids or ()) for ids in token_ids_logprobs]
+        fill_token_ids_logprobs(output, token_ids_logprobs, logits.device, gather)
 
     def _seeds(self, info, rows: int, device: torch.device, generator: Optional[torch.Generator]) -> torch.Tensor:
         """[B] int64: the request's seed on seeded rows, a fresh random one elsewhere."""

@@ -13,6 +13,8 @@ from typing import Optional
 
 import torch
 
+from sgl_kernel_ext.sampling.token_counts_reference import token_counts_add_reference
+
 PAD_ID = -1
 _MIN_CAPACITY = 16
 
@@ -73,16 +75,10 @@ class TokenCounts:
 
     def add(self, tokens: torch.Tensor) -> None:
         """Record one token per row; negative ids (rows the sampler flagged invalid) are skipped."""
-        tok = tokens.to(device=self._ids.device, dtype=torch.int64).reshape(-1, 1)  # [B, 1]
-        valid = tok >= 0  # [B, 1]; also keeps -1 from matching PAD_ID slots
-        match = (self.ids == tok) & valid  # [B, width]
-        self.counts.add_(match)
-        is_new = valid & ~match.any(dim=1, keepdim=True)  # [B, 1]
         self._reserve(self.width + 1)
-        # Rows without a new token write PAD_ID/0 into their first free slot, which already holds that.
-        self._ids.scatter_(1, self._lengths, torch.where(is_new, tok, PAD_ID))
-        self._counts.scatter_(1, self._lengths, is_new.to(torch.float32))
-        self._lengths.add_(is_new)
+        tokens = tokens.to(device=self._ids.device, dtype=torch.int64)
+        add = _add_kernel() if self._ids.is_cuda else token_counts_add_reference
+        add(self._ids, self._counts, self._lengths, tokens, self.width)
         self.width += 1
 
     def filter(self, keep: torch.Tensor) -> None:
@@ -145,3 +141,10 @@ def _pad_columns(
     pad_ids = torch.full((rows, extra), PAD_ID, dtype=ids.dtype, device=ids.device)  # [B, extra]
     pad_counts = torch.zeros((rows, extra), dtype=counts.dtype, device=counts.device)  # [B, extra]
     return torch.cat([ids, pad_ids], dim=1), torch.cat([counts, pad_counts], dim=1)
+
+
+def _add_kernel():
+    # Imported on first CUDA use: a CPU install need not import Triton.
+    from sgl_kernel_ext.sampling.token_counts import token_counts_add_triton
+
+    return token_counts_add_triton
