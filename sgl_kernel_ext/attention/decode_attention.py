@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_kernel_ext.triton_launch import launch
+
 BLOCK_N = 64
 
 
@@ -85,7 +87,7 @@ def decode_attention_triton(
     num_kv_heads = k_buf.shape[1]
     group = num_heads // num_kv_heads
     out = torch.empty((batch, num_heads, head_dim), dtype=torch.float32, device=q.device)  # [B, Hq, D]
-    _decode_attention_kernel[(batch, num_kv_heads)](
+    launch(_decode_attention_kernel, (batch, num_kv_heads),
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, out, scale,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), req_to_token.stride(0),
         out.stride(0), out.stride(1),

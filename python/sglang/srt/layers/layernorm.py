@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from types import ModuleType
 from typing import Optional, Union
 
 import torch
@@ -27,6 +29,10 @@ class RMSNorm(nn.Module):
             # One C call on CPU; the sum is written into `residual`, which nothing else holds.
             out = rmsnorm_cpu(x, self.weight, self.eps, residual)
             return out if residual is None else (out, residual)
+        if x.is_cuda and _triton_takes(x, self.weight, residual):
+            # One launch instead of ~6 (add, casts, norm, weight); the sum goes into `residual` as on CPU.
+            out = triton_rmsnorm().rmsnorm_triton(x, self.weight, self.eps, residual)
+            return out if residual is None else (out, residual)
         if residual is not None:
             x = x + residual
             residual = x
@@ -34,3 +40,23 @@ class RMSNorm(nn.Module):
         # In place: normed is always a fresh tensor.
         out = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype).mul_(self.weight)
         return out if residual is None else (out, residual)
+
+
+def _triton_takes(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor]) -> bool:
+    kernel = triton_rmsnorm()
+    return (
+        kernel is not None
+        and kernel.rmsnorm_triton_applies(x, weight)
+        and (residual is None or (residual.is_contiguous() and residual.shape == x.shape and residual.dtype == x.dtype))
+    )
+
+
+@functools.cache
+def triton_rmsnorm() -> Optional[ModuleType]:
+    """The Triton RMSNorm module (sgl_kernel_ext.norm.rmsnorm_triton), imported on first CUDA use
+    so that CPU-only installs never need triton; None where triton is not importable."""
+    try:
+        from sgl_kernel_ext.norm import rmsnorm_triton
+    except ImportError:
+        return None
+    return rmsnorm_triton

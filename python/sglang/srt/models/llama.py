@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional
+import functools
+import importlib
+from types import ModuleType
+from typing import Callable, Iterable, NamedTuple, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -22,8 +25,18 @@ from sglang.srt.layers.rotary import RotaryEmbedding, apply_rotary_emb
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
-# cos, signed sin [N, 1, D] of this step's positions (RotaryEmbedding.forward).
-Rope = tuple[torch.Tensor, torch.Tensor]
+
+class FusedRope(NamedTuple):
+    """On CUDA, what each layer's fused norm/RoPE/KV-store kernel reads: the step's positions
+    and the module holding the float32 cos/sin table (nothing is gathered per step)."""
+
+    positions: torch.Tensor  # [N] int64
+    rotary_emb: RotaryEmbedding
+
+
+# A step's RoPE input to every layer: cos, signed sin [N, 1, D] of its positions
+# (RotaryEmbedding.forward), or on CUDA a FusedRope.
+Rope = Union[tuple[torch.Tensor, torch.Tensor], FusedRope]
 
 # Checkpoint projection -> (our fused parameter, shard id passed to its weight_loader).
 STACKED_PARAMS = {
@@ -44,7 +57,11 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(inter, config.hidden_size, **tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [N, I / tp] each
+        gate_up = self.gate_up_proj(x)  # [N, 2 I / tp]
+        kernels = _triton_kernels("activation.silu_mul_triton") if gate_up.is_cuda else None
+        if kernels is not None and kernels.silu_mul_triton_applies(gate_up):
+            return self.down_proj(kernels.silu_mul_triton(gate_up))  # one launch, no silu temporary
+        gate, up = gate_up.chunk(2, dim=-1)  # [N, I / tp] each
         return self.down_proj(F.silu(gate).mul_(up))
 
 
@@ -74,6 +91,13 @@ class LlamaAttention(nn.Module):
         n, d, heads, kv_heads = x.shape[0], self.attn.head_dim, self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x)  # [N, (Hq + 2 Hk) * D]
         k_buf, v_buf = forward_batch.kv_cache.get_kv(self.attn.layer_id)
+        if isinstance(rope, FusedRope):
+            kernels = _triton_kernels("rotary.rope_store_triton")
+            if kernels.rope_store_triton_applies(qkv, k_buf, v_buf):
+                # One launch for q/k norm, RoPE and the K/V store (instead of ~15 small kernels).
+                q = self._rope_store_triton(kernels, rope, qkv, k_buf, v_buf, forward_batch)  # [N, Hq, D]
+                return self.o_proj(self.attn(q, None, None, forward_batch))
+            rope = rope.rotary_emb(rope.positions, qkv.dtype)
         if self.q_norm is None and rope_store_cpu_applies(qkv, k_buf):
             # One C call on CPU: q rotated in place, k rotated and v copied into the cache.
             q = rope_store_cpu(qkv, heads, *rope, forward_batch.out_cache_loc, k_buf, v_buf)  # [N, Hq, D]
@@ -85,6 +109,24 @@ class LlamaAttention(nn.Module):
             qk = torch.cat([self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])], dim=1)
         q, k = apply_rotary_emb(qk, *rope).split([heads, kv_heads], dim=1)  # [N, Hq, D], [N, Hk, D]
         return self.o_proj(self.attn(q, k, v.view(n, kv_heads, d), forward_batch))
+
+    def _rope_store_triton(
+        self,
+        kernels: ModuleType,
+        rope: FusedRope,
+        qkv: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        forward_batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """-> rotated q [N, Hq, D]; k and v are in the cache."""
+        norm = {}
+        if self.q_norm is not None:
+            norm = dict(q_norm_weight=self.q_norm.weight, k_norm_weight=self.k_norm.weight, eps=self.q_norm.eps)
+        return kernels.rope_store_triton(
+            qkv, self.num_heads, rope.positions, rope.rotary_emb.cos_sin_cache, forward_batch.out_cache_loc,
+            k_buf, v_buf, **norm,
+        )
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -125,11 +167,16 @@ class LlamaModel(nn.Module):
     def forward(self, forward_batch: ForwardBatch) -> torch.Tensor:
         """-> [N, H] final hidden states of every new token."""
         x, residual = self.embed_tokens(forward_batch.input_ids), None  # [N, H]
-        rope = self.rotary_emb(forward_batch.positions, x.dtype)
+        rope = self._step_rope(forward_batch, x)
         for layer in self.layers:
             x, residual = layer(rope, x, residual, forward_batch)
         x, _ = self.norm(x, residual)
         return x
+
+    def _step_rope(self, forward_batch: ForwardBatch, x: torch.Tensor) -> Rope:
+        if x.is_cuda and _triton_kernels("rotary.rope_store_triton") is not None:
+            return FusedRope(forward_batch.positions, self.rotary_emb)
+        return self.rotary_emb(forward_batch.positions, x.dtype)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -196,6 +243,16 @@ def _last_token_indices(forward_batch: ForwardBatch) -> torch.Tensor:
         total += n
         ends.append(total - 1)
     return torch.tensor(ends, dtype=torch.int64).to(forward_batch.input_ids.device, non_blocking=True)
+
+
+@functools.cache
+def _triton_kernels(module: str) -> Optional[ModuleType]:
+    """sgl_kernel_ext.<module>, a Triton kernel module, imported on first CUDA use so that
+    CPU-only installs never need triton; None where triton is not importable."""
+    try:
+        return importlib.import_module(f"sgl_kernel_ext.{module}")
+    except ImportError:
+        return None
 
 
 def _vocab_all_gather(tp_size: int) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -1,0 +1,28 @@
+"""The attention layer: stores this step's K/V in the cache, then lets the step's backend attend."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+
+class Attention(nn.Module):
+    def __init__(self, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int, scaling: float) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scaling = scaling
+
+    def forward(
+        self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        """q [N, Hq, D]; k, v [N, Hk, D], or None where the caller has already stored this step's
+        K/V in the cache -> [N, Hq * D]."""
+        if k is not None:
+            forward_batch.kv_cache.set_kv(self.layer_id, forward_batch.out_cache_loc, k, v)
+        out = forward_batch.attn_backend.forward(q, self, forward_batch)  # [N, Hq, D]
+        return out.reshape(q.shape[0], self.num_heads * self.head_dim)
