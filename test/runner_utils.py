@@ -42,11 +42,7 @@ class Driver:
     ) -> LogitsProcessorOutput:
         lens = [len(c) for c in chunks]
         loc = self.runner.token_to_kv_pool_allocator.alloc(sum(lens))
-        table = self.runner.req_to_token_pool.req_to_token
-        offset = 0
-        for req, n in zip(reqs, lens):
-            table[req.slot, req.kv_len : req.kv_len + n] = loc[offset : offset + n]
-            offset += n
+        self.runner.req_to_token_pool.assign([r.slot for r in reqs], [r.kv_len for r in reqs], lens, loc)
         batch = ForwardBatch.init_new(
             mode, [t for c in chunks for t in c], [r.slot for r in reqs], [r.kv_len for r in reqs], lens, loc, self.runner.device,
             return_input_logits=input_logits,
@@ -57,8 +53,8 @@ class Driver:
         return out
 
     def release(self) -> None:
-        table = self.runner.req_to_token_pool.req_to_token
+        pool = self.runner.req_to_token_pool
         for req in self.reqs:
-            self.runner.token_to_kv_pool_allocator.free(table[req.slot, : req.kv_len].clone())
+            self.runner.token_to_kv_pool_allocator.free(pool.slots_of(req.slot, req.kv_len).clone())
             self.runner.req_to_token_pool.free(req.slot)
         self.reqs.clear()

@@ -141,7 +141,7 @@ def test_runner_attributes(runner: ModelRunner) -> None:
     assert runner.max_total_num_tokens == 2048
     assert runner.vocab_size == 49152 and runner.device == torch.device("cpu")
     k, v = runner.kv_cache.get_kv(0)
-    assert k.shape == v.shape == (2049, 3, 64) and k.dtype == torch.float32
+    assert k.shape == v.shape == (2050, 3, 64) and k.dtype == torch.float32  # slot 0 and the padding write slot
     assert runner.req_to_token_pool.req_to_token.shape[1] == runner.model_config.context_len
     qkv = runner.model.model.layers[0].self_attn.qkv_proj
     assert qkv.weight.is_mkldnn == linear.cpu_pack_supported(torch.empty(1))

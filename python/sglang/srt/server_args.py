@@ -25,7 +25,7 @@ class ServerArgs:
     tp_size: int = 1
     dist_timeout: int = 300
     context_length: Optional[int] = None
-    max_running_requests: int = 64
+    max_running_requests: Optional[int] = None
     max_total_tokens: Optional[int] = None
     chunked_prefill_size: int = 2048
     sampling_backend: Optional[str] = None
@@ -33,9 +33,14 @@ class ServerArgs:
     custom_logit_processor_allowlist: Optional[list[str]] = None
     enable_deterministic_inference: bool = False
     disable_overlap_schedule: bool = False
+    attention_backend: Optional[str] = None
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: Optional[int] = None
+    cuda_graph_bs: Optional[list[int]] = None
     sampling_defaults: str = "model"
     preferred_sampling_params: Optional[str] = None
     max_top_logprobs_num: int = 20
+    decode_log_interval: int = 40
     random_seed: int = 0
     api_key: Optional[str] = None
     log_level: str = "info"
@@ -52,6 +57,10 @@ class ServerArgs:
             self.device = _default_device()
         if self.sampling_backend is None:
             self.sampling_backend = _default_sampling_backend(self.device)
+        if self.attention_backend is None:
+            from sglang.srt.layers.attention import default_attention_backend
+
+            self.attention_backend = default_attention_backend(self.device)
         self.validate()
         if self.tp_size > 1:
             self._check_tp_size()
@@ -60,9 +69,20 @@ class ServerArgs:
     def validate(self) -> None:
         if self.sampling_defaults not in SAMPLING_DEFAULTS_CHOICES:
             raise ValueError(f"--sampling-defaults must be one of {SAMPLING_DEFAULTS_CHOICES}, got {self.sampling_defaults!r}.")
-        for name in ("max_running_requests", "chunked_prefill_size", "tp_size", "dist_timeout"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}.")
+        for name in ("max_running_requests", "chunked_prefill_size", "tp_size", "dist_timeout", "cuda_graph_max_bs",
+                     "decode_log_interval"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}.")
+        if self.cuda_graph_bs is not None and any(b < 1 for b in self.cuda_graph_bs):
+            raise ValueError(f"--cuda-graph-bs sizes must be at least 1, got {self.cuda_graph_bs}.")
+        if self.attention_backend is not None:
+            from sglang.srt.layers.attention import ATTENTION_BACKEND_CHOICES
+
+            if self.attention_backend not in ATTENTION_BACKEND_CHOICES:
+                raise ValueError(
+                    f"--attention-backend must be one of {', '.join(ATTENTION_BACKEND_CHOICES)}, got {self.attention_backend!r}."
+                )
         if self.max_top_logprobs_num < 0:
             raise ValueError(f"--max-top-logprobs-num must be >= 0, got {self.max_top_logprobs_num}.")
         self.preferred_sampling_params_dict()
@@ -111,7 +131,8 @@ class ServerArgs:
         add("--dist-timeout", type=int, default=d.dist_timeout,
             help="Seconds a TP collective may wait for the other ranks before the rank fails (start-up included).")
         add("--context-length", type=int, default=d.context_length, help="Maximum tokens per request; default from the model config.")
-        add("--max-running-requests", type=int, default=d.max_running_requests, help="Most requests decoding at once.")
+        add("--max-running-requests", type=int, default=d.max_running_requests,
+            help="Most requests decoding at once. Default: 64 on CPU; on CUDA sized from the KV pool.")
         add("--max-total-tokens", type=int, default=d.max_total_tokens,
             help="KV-cache capacity in tokens; default sized from the context length and max running requests.")
         add("--chunked-prefill-size", type=int, default=d.chunked_prefill_size, help="Most prompt tokens prefilled per step.")
@@ -126,6 +147,14 @@ class ServerArgs:
             help="Batch-invariant computation and seeded sampling for every request.")
         add("--disable-overlap-schedule", action="store_true",
             help="Run the scheduler without overlapping CPU scheduling and model forward.")
+        add("--attention-backend", default=d.attention_backend, choices=["triton", "torch_native", "cpu", "flashinfer"],
+            help="Attention kernels: triton (CUDA default: paged split-KV decode, paged extend), torch_native (SDPA over "
+            "gathered K/V), cpu (CPU default: C decode kernel), flashinfer (not shipped in this build).")
+        add("--disable-cuda-graph", action="store_true", help="Run decode steps eagerly instead of replaying CUDA graphs.")
+        add("--cuda-graph-max-bs", type=int, default=d.cuda_graph_max_bs,
+            help="Largest decode batch captured in a CUDA graph (default: min(max running requests, 256)).")
+        add("--cuda-graph-bs", type=int, nargs="+", default=d.cuda_graph_bs,
+            help="Exact decode batch sizes to capture (default 1, 2, 4, 8, 12, 16, 24, ... up to --cuda-graph-max-bs).")
         add("--sampling-defaults", default=d.sampling_defaults, choices=list(SAMPLING_DEFAULTS_CHOICES),
             help="model: OpenAI chat fills unset temperature/top_p/top_k/min_p/repetition_penalty from generation_config.json; openai: OpenAI defaults.")
         add("--preferred-sampling-params", default=d.preferred_sampling_params,
@@ -133,6 +162,8 @@ class ServerArgs:
         add("--max-top-logprobs-num", type=int, default=d.max_top_logprobs_num, help="Largest top_logprobs_num a request may ask for.")
         add("--random-seed", type=int, default=d.random_seed, help="Seed of the unseeded sampling noise.")
         add("--api-key", default=d.api_key, help="When set, every route requires 'Authorization: Bearer <key>'.")
+        add("--decode-log-interval", type=int, default=d.decode_log_interval,
+            help="Log a decode progress line (running requests, KV usage, throughput) every this many decode steps.")
         add("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"], help="Logging level.")
 
     @classmethod

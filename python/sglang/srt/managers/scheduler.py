@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 import traceback
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -51,6 +52,7 @@ from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.sampling.step_noise import step_noise_seed
 from sglang.srt.server_args import PortArgs, ServerArgs
+from sglang.srt.utils import host_to_device
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -77,7 +79,8 @@ class Step:
 
 @dataclass
 class StepResult:
-    next_ids: list[int]  # per sampled row, -1 when flagged
+    next_ids: torch.Tensor  # [S] int64 on the host, per sampled row, -1 when flagged
+    ready: Optional[torch.cuda.Event]  # recorded after next_ids' asynchronous copy from the GPU
     row_errors: dict[int, str]
     output_logprobs: list[Optional[tuple]]  # per sampled row: (logprob, top pairs, token-id pairs)
     input_logprobs: dict[int, tuple]  # forward row -> (token pairs, top lists, token-id lists)
@@ -109,6 +112,10 @@ class Scheduler:
             tp_rank=tp_rank,
             tp_size=server_args.tp_size,
             deterministic=server_args.enable_deterministic_inference,
+            attention_backend=server_args.attention_backend,
+            disable_cuda_graph=server_args.disable_cuda_graph,
+            cuda_graph_max_bs=server_args.cuda_graph_max_bs,
+            cuda_graph_bs=server_args.cuda_graph_bs,
         ).result()
         config = self.model_runner.model_config
         self.device = torch.device(self.model_runner.device)
@@ -116,7 +123,7 @@ class Scheduler:
         self.context_len = config.context_len
         self.eos_token_ids = set(config.eos_token_ids)
         self.max_total_tokens = self.model_runner.max_total_num_tokens
-        self.max_running = server_args.max_running_requests
+        self.max_running = self.model_runner.max_running_requests
         self.tokenizer = get_tokenizer(server_args.tokenizer_path)
         # Re-seeded before every step (step_noise_seed), so every TP rank draws the same noise.
         self.noise_generator = torch.Generator(device=self.device)
@@ -128,6 +135,7 @@ class Scheduler:
         )
         self.check_token_agreement = self.tp_size > 1 and token_agreement_check_requested()
         self.step_count = 0
+        self.decode_steps, self.decode_tokens, self.decode_log_time = 0, 0, time.perf_counter()
         # Last sampled id of every request slot, so a decode step can read its inputs on the worker.
         self.future_tokens = torch.zeros(self.model_runner.req_to_token_pool.size, dtype=torch.int64, device=self.device)
 
@@ -278,7 +286,31 @@ class Scheduler:
         if step is not None:
             self.step_count += 1
             step.index = self.step_count
+            self._log_step(step)
         return step
+
+    def _log_step(self, step: Step) -> None:
+        """SGLang's progress lines: every prefill, and every --decode-log-interval decode steps."""
+        queued, used = len(self.waiting), self.max_total_tokens - self.model_runner.token_to_kv_pool_allocator.available_size()
+        if step.mode == ForwardMode.EXTEND:
+            new_tokens = sum(step.forward_batch.extend_seq_lens_cpu)
+            cached = sum(r.cached_tokens for r in step.reqs)
+            logger.info(
+                "Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d, #running-req: %d, #queue-req: %d",
+                len(step.reqs), new_tokens, cached, self._running_count(), queued,
+            )
+            return
+        self.decode_steps += 1
+        self.decode_tokens += len(step.reqs)
+        if self.decode_steps % self.server_args.decode_log_interval:
+            return
+        now = time.perf_counter()
+        throughput = self.decode_tokens / max(now - self.decode_log_time, 1e-9)
+        self.decode_log_time, self.decode_tokens = now, 0
+        logger.info(
+            "Decode batch. #running-req: %d, #token: %d, token usage: %.2f, gen throughput (token/s): %.2f, #queue-req: %d",
+            len(step.reqs), used, used / self.max_total_tokens, throughput, queued,
+        )
 
     def _wait_in_flight(self) -> None:
         if self.in_flight is not None:
@@ -326,11 +358,10 @@ class Scheduler:
     def _release(self, req: Req) -> None:
         pool = self.model_runner.req_to_token_pool
         if req.req_pool_idx is not None:
-            slots = pool.req_to_token[req.req_pool_idx, : req.kv_len].cpu()
+            slots = pool.slots_of(req.req_pool_idx, req.kv_len)
             # Slots shared with other children of the same prompt live until the last user leaves.
             self.slot_refs[slots] -= 1
-            unused = slots[self.slot_refs[slots] == 0]
-            self.model_runner.token_to_kv_pool_allocator.free(unused.to(self.device))
+            self.model_runner.token_to_kv_pool_allocator.free(slots[self.slot_refs[slots] == 0])
             pool.free(req.req_pool_idx)
             req.req_pool_idx = None
         key = tuple(req.origin_input_ids)
@@ -424,20 +455,18 @@ class Scheduler:
 
     def _share_prefixes(self, shares: list[tuple[Req, Req]]) -> None:
         """Point each sharer's first cached_tokens positions at its donor's slots (allocated by now)."""
-        table = self.model_runner.req_to_token_pool.req_to_token
+        pool = self.model_runner.req_to_token_pool
         for req, donor in shares:
-            slots = table[donor.req_pool_idx, : req.cached_tokens]
-            table[req.req_pool_idx, : req.cached_tokens] = slots
-            self.slot_refs[slots.cpu()] += 1
+            pool.copy_prefix(req.req_pool_idx, donor.req_pool_idx, req.cached_tokens)
+            self.slot_refs[pool.slots_of(req.req_pool_idx, req.cached_tokens)] += 1
 
     def _build_extend_step(self, chunks: list[tuple[Req, int]], shares: list[tuple[Req, Req]]) -> Step:
-        reqs, input_ids, positions, sample_rows, spans = [], [], [], [], []
+        reqs, input_ids, sample_rows, spans = [], [], [], []
         self.chunked_req = None
         for row, (req, n) in enumerate(chunks):
             start = req.kv_len
             reqs.append(req)
             input_ids.extend(req.origin_input_ids[start : start + n])
-            positions.extend(range(start, start + n))
             if start + n == len(req.origin_input_ids):
                 sample_rows.append(row)
             else:
@@ -448,56 +477,39 @@ class Scheduler:
         extend_lens = [n for _, n in chunks]
         out_cache_loc = self._allocate_slots(reqs, extend_lens)
         self._share_prefixes(shares)
-        forward_batch = self._forward_batch(ForwardMode.EXTEND, reqs, input_ids, positions, prefix_lens, extend_lens, out_cache_loc)
+        forward_batch = self._forward_batch(ForwardMode.EXTEND, reqs, input_ids, prefix_lens, extend_lens, out_cache_loc)
         forward_batch.return_input_logits = bool(spans)
         sampled = [reqs[r] for r in sample_rows]
         sampled_batch = None
         if sampled:
             sampled_batch = self._schedule_batch(sampled)
             sampled_batch.sampling_info = SamplingBatchInfo.from_schedule_batch(sampled_batch, self.vocab_size)
-        sample_positions = torch.tensor([len(r.origin_input_ids) - 1 for r in sampled], dtype=torch.int64, device=self.device)
+        sample_positions = host_to_device([len(r.origin_input_ids) - 1 for r in sampled], self.device)
         return Step(ForwardMode.EXTEND, reqs, forward_batch, sample_rows, sampled_batch, sample_positions, spans)
 
     def _decode_step(self) -> Step:
         reqs = list(self.running.reqs)
-        positions = [req.kv_len for req in reqs]
-        prefix_lens = list(positions)
+        prefix_lens = [req.kv_len for req in reqs]
         out_cache_loc = self._allocate_slots(reqs, [1] * len(reqs))
         # Input ids are read from future_tokens on the worker.
-        forward_batch = self._forward_batch(ForwardMode.DECODE, reqs, None, positions, prefix_lens, [1] * len(reqs), out_cache_loc)
-        sample_positions = torch.tensor(positions, dtype=torch.int64, device=self.device)
-        return Step(ForwardMode.DECODE, reqs, forward_batch, list(range(len(reqs))), self.running, sample_positions)
+        forward_batch = self._forward_batch(ForwardMode.DECODE, reqs, None, prefix_lens, [1] * len(reqs), out_cache_loc)
+        # A decode row samples at the position of its one input token.
+        return Step(ForwardMode.DECODE, reqs, forward_batch, list(range(len(reqs))), self.running, forward_batch.positions)
 
     def _allocate_slots(self, reqs: list[Req], lens: list[int]) -> torch.Tensor:
-        allocator = self.model_runner.token_to_kv_pool_allocator
-        slots = allocator.alloc(sum(lens))
+        """[sum lens] int64 KV slots on the host, recorded in req_to_token after each request's kv_len."""
+        slots = self.model_runner.token_to_kv_pool_allocator.alloc(sum(lens))
         if slots is None:
             raise RuntimeError("KV cache exhausted despite admission control")
-        self.slot_refs[slots.cpu()] = 1
-        table = self.model_runner.req_to_token_pool.req_to_token
-        offset = 0
+        self.slot_refs[slots] = 1
+        self.model_runner.req_to_token_pool.assign([r.req_pool_idx for r in reqs], [r.kv_len for r in reqs], lens, slots)
         for req, n in zip(reqs, lens):
-            table[req.req_pool_idx, req.kv_len : req.kv_len + n] = slots[offset : offset + n]
             req.kv_len += n
-            offset += n
         return slots
 
-    def _forward_batch(self, mode, reqs, input_ids, positions, prefix_lens, extend_lens, out_cache_loc) -> ForwardBatch:
-        dev = self.device
-        seq_lens = [p + n for p, n in zip(prefix_lens, extend_lens)]
-        return ForwardBatch(
-            forward_mode=mode,
-            batch_size=len(reqs),
-            input_ids=torch.tensor(input_ids if input_ids is not None else [0] * len(reqs), dtype=torch.int64, device=dev),
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-            req_pool_indices=torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
-            extend_seq_lens=torch.tensor(extend_lens, dtype=torch.int64, device=dev),
-            extend_prefix_lens=torch.tensor(prefix_lens, dtype=torch.int64, device=dev),
-            out_cache_loc=out_cache_loc,
-            seq_lens_cpu=seq_lens,
-            extend_seq_lens_cpu=list(extend_lens),
-            extend_prefix_lens_cpu=list(prefix_lens),
+    def _forward_batch(self, mode, reqs, input_ids, prefix_lens, extend_lens, out_cache_loc) -> ForwardBatch:
+        return ForwardBatch.init_new(
+            mode, input_ids, [r.req_pool_idx for r in reqs], prefix_lens, extend_lens, out_cache_loc, self.device
         )
 
     # ------------------------------------------------------------------ the worker
@@ -510,12 +522,16 @@ class Scheduler:
             output = self.model_runner.forward(batch)
             input_logprobs = self._input_logprobs(step, batch, output)
             if step.sampled_batch is None:
-                return StepResult([], {}, [], input_logprobs)
-            rows = torch.tensor(step.sample_rows, dtype=torch.int64, device=self.device)
-            logits = output.next_token_logits.index_select(0, rows)  # [S, V]
-            return self._sample(step, rows, logits, input_logprobs, batch)
+                return StepResult(torch.empty(0, dtype=torch.int64), None, {}, [], input_logprobs)
+            if len(step.sample_rows) == batch.batch_size:
+                logits, pool_indices = output.next_token_logits, batch.req_pool_indices  # [B, V]
+            else:
+                rows = host_to_device(step.sample_rows, self.device)
+                logits = output.next_token_logits.index_select(0, rows)  # [S, V]
+                pool_indices = batch.req_pool_indices.index_select(0, rows)
+            return self._sample(step, logits, pool_indices, input_logprobs)
 
-    def _sample(self, step: Step, rows: torch.Tensor, logits: torch.Tensor, input_logprobs: dict, batch: ForwardBatch) -> StepResult:
+    def _sample(self, step: Step, logits: torch.Tensor, pool_indices: torch.Tensor, input_logprobs: dict) -> StepResult:
         info = step.sampled_batch.sampling_info
         info.apply_logits_bias(logits)
         sampled_reqs = [step.reqs[r] for r in step.sample_rows]
@@ -534,10 +550,10 @@ class Scheduler:
         if self.check_token_agreement:
             check_token_agreement(next_ids, step.index, [r.rid for r in sampled_reqs], tp_device_group())
         info.update_penalties(next_ids)
-        pool_indices = batch.req_pool_indices.index_select(0, rows)
         self.future_tokens.index_copy_(0, pool_indices, next_ids)
+        ids_host, ready = _copy_to_host(next_ids)
         output_logprobs = self._output_logprobs(out, wants) if return_logprob else [None] * len(wants)
-        return StepResult(next_ids.tolist(), dict(out.row_errors), output_logprobs, input_logprobs)
+        return StepResult(ids_host, ready, dict(out.row_errors), output_logprobs, input_logprobs)
 
     @staticmethod
     def _output_logprobs(out: LogitsProcessorOutput, wants: list[Optional[LogprobRequest]]) -> list[Optional[tuple]]:
@@ -596,13 +612,17 @@ class Scheduler:
 
     def process_step_result(self, step: Step, future: Future) -> None:
         result: StepResult = future.result()
+        if result.ready is not None:
+            # The one read of the device per step: this step's tokens (the next step is already queued).
+            result.ready.synchronize()
+        next_ids = result.next_ids.tolist()
         for row, entries in result.input_logprobs.items():
             self._record_input_logprobs(step.reqs[row], entries)
         sampled = [step.reqs[r] for r in step.sample_rows]
         for i, req in enumerate(sampled):
             if req.finished():
                 continue  # finished at the previous step (overlap) or aborted: drop this token
-            self._record_token(req, result.next_ids[i], result.row_errors.get(i), result.output_logprobs[i])
+            self._record_token(req, next_ids[i], result.row_errors.get(i), result.output_logprobs[i])
         if step.mode == ForwardMode.EXTEND and sampled:
             self.to_merge.append(step.sampled_batch)
         self._send([r for r in step.reqs if r.finished() or r.stream])
@@ -676,6 +696,17 @@ class Scheduler:
             input_token_ids_logprobs=pending.input_token_ids if want and want.token_ids_logprob else None,
             matched_text=req.matched_text,
         )
+
+
+def _copy_to_host(ids: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.cuda.Event]]:
+    """Start copying `ids` to pinned host memory without waiting; the event tells when it landed."""
+    if ids.device.type != "cuda":
+        return ids, None
+    host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+    host.copy_(ids, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return host, ready
 
 
 def rank_device(device: str, tp_rank: int) -> torch.device:

