@@ -27,7 +27,7 @@ class ServerArgs:
     context_length: Optional[int] = None
     max_running_requests: Optional[int] = None
     max_total_tokens: Optional[int] = None
-    chunked_prefill_size: int = 2048
+    chunked_prefill_size: Optional[int] = None
     sampling_backend: Optional[str] = None
     enable_custom_logit_processor: bool = False
     custom_logit_processor_allowlist: Optional[list[str]] = None
@@ -57,6 +57,8 @@ class ServerArgs:
             self.device = _default_device()
         if self.sampling_backend is None:
             self.sampling_backend = _default_sampling_backend(self.device)
+        if self.chunked_prefill_size is None:
+            self.chunked_prefill_size = _default_chunked_prefill_size(self.device)
         if self.attention_backend is None:
             from sglang.srt.layers.attention import default_attention_backend
 
@@ -135,7 +137,7 @@ class ServerArgs:
             help="Most requests decoding at once. Default: 64 on CPU; on CUDA sized from the KV pool.")
         add("--max-total-tokens", type=int, default=d.max_total_tokens,
             help="KV-cache capacity in tokens; default sized from the context length and max running requests.")
-        add("--chunked-prefill-size", type=int, default=d.chunked_prefill_size, help="Most prompt tokens prefilled per step.")
+        add("--chunked-prefill-size", type=int, default=d.chunked_prefill_size, help="Most prompt tokens prefilled per step. Default: 2048 on CPU; on CUDA 8192 (80 GB GPUs) or 4096.")
         add("--sampling-backend", default=d.sampling_backend,
             help="pytorch, flashinfer, triton, ascend, or a registered backend. "
             "Default on CUDA: triton when importable (fastest in docs/benchmarks.md), else flashinfer, else pytorch.")
@@ -207,6 +209,15 @@ def _default_device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _default_chunked_prefill_size(device: str) -> int:
+    """SGLang's choice: 8192 tokens on a GPU of 80 GB or more, 4096 on a smaller one; 2048 on CPU."""
+    if device != "cuda":
+        return 2048
+    import torch
+
+    return 8192 if torch.cuda.get_device_properties(0).total_memory >= 70 * 2**30 else 4096
 
 
 def _default_sampling_backend(device: str) -> str:

@@ -237,12 +237,9 @@ def _stacked_target(name: str) -> tuple[str, Optional[object]]:
 
 
 def _last_token_indices(forward_batch: ForwardBatch) -> torch.Tensor:
-    """[B] int64 index of each request's last new token among the N new tokens."""
-    ends, total = [], 0
-    for n in forward_batch.extend_seq_lens_cpu:
-        total += n
-        ends.append(total - 1)
-    return torch.tensor(ends, dtype=torch.int64).to(forward_batch.input_ids.device, non_blocking=True)
+    """[B] int64 index of each request's last new token among the N new tokens, computed on the
+    batch's device (a host copy here would wait for every layer already queued)."""
+    return forward_batch.extend_start_loc + forward_batch.extend_seq_lens - 1
 
 
 @functools.cache
