@@ -5,11 +5,14 @@ from __future__ import annotations
 import re
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
 from sglang.srt.sampling.sampling_params import MAX_LEN, SamplingParams
+
+if TYPE_CHECKING:
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
 # The scheduler sees -1 for a row the sampler flagged (NaN/inf logits, failed processor).
 INVALID_TOKEN_ID = -1
@@ -168,3 +171,29 @@ class ScheduleBatch:
 
     def batch_size(self) -> int:
         return len(self.reqs)
+
+
+@dataclass
+class Step:
+    """One submitted step: what the worker needs and what the host needs to read its result."""
+
+    mode: ForwardMode
+    reqs: list[Req]  # rows of the forward batch, in order
+    forward_batch: ForwardBatch
+    sample_rows: list[int]  # forward rows that sample a token (prefill: requests whose prompt completes)
+    sampled_batch: Optional[ScheduleBatch]  # the sampled requests; owns sampling_info
+    positions: torch.Tensor  # [S] position of each sampled row's last input token
+    input_logprob_spans: list[tuple[int, int, int, int]] = field(default_factory=list)  # (row, start, a, b)
+    index: int = 0  # the scheduler's step counter (same on every TP rank): keys the unseeded noise
+
+    def reads_host_history(self) -> bool:
+        return self.sampled_batch is not None and self.sampled_batch.sampling_info.has_custom_logit_processor
+
+
+@dataclass
+class StepResult:
+    next_ids: torch.Tensor  # [S] int64 on the host, per sampled row, -1 when flagged
+    ready: Optional[torch.cuda.Event]  # recorded after next_ids' asynchronous copy from the GPU
+    row_errors: dict[int, str]
+    output_logprobs: list[Optional[tuple]]  # per sampled row: (logprob, top pairs, token-id pairs)
+    input_logprobs: dict[int, tuple]  # forward row -> (token pairs, top lists, token-id lists)

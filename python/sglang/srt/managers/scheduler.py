@@ -1,9 +1,10 @@
 """Scheduler: continuous batching with chunked prefill and the overlap schedule.
 
 One process per TP rank. Every step is either an extend (prefill) batch of waiting requests
-or a decode batch of the running requests. The device work of a step (forward, logit bias,
-sampling, penalty update, writing the sampled ids into `future_tokens`) runs as one task on a
-single worker thread, in submission order. With the overlap schedule the scheduler submits
+or a decode batch of the running requests. The scheduler only decides steps and reads their
+results: the device work of a step (ModelRunner.run: forward, logit bias, sampling, penalty
+update, writing the sampled ids into `future_tokens`) runs as one task on a single worker
+thread, in submission order. With the overlap schedule the scheduler submits
 step i+1 before it has read step i's tokens: step i+1's input ids are read on the worker from
 `future_tokens`, and the penalty state already holds step i's ids (update_penalties), so
 nothing depends on the host having seen them. A request that finished at step i therefore
@@ -20,21 +21,14 @@ import time
 import traceback
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 import zmq
 
-from sglang.srt.distributed.communication import (
-    broadcast_frames,
-    check_token_agreement,
-    token_agreement_check_requested,
-)
-from sglang.srt.distributed.parallel_state import init_tp_groups, tp_cpu_group, tp_device_group
-from sglang.srt.layers.logits_processor import LogitsProcessorOutput
-from sglang.srt.layers.sampler import create_sampler
+from sglang.srt.distributed.communication import broadcast_frames
+from sglang.srt.distributed.parallel_state import init_tp_groups, tp_cpu_group
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchTokenOut,
@@ -45,12 +39,11 @@ from sglang.srt.managers.io_struct import (
     decoder,
     encode,
 )
-from sglang.srt.managers.schedule_batch import INVALID_TOKEN_ID, LogprobRequest, Req, ScheduleBatch
+from sglang.srt.managers.schedule_batch import INVALID_TOKEN_ID, LogprobRequest, Req, ScheduleBatch, Step, StepResult
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
-from sglang.srt.sampling.step_noise import step_noise_seed
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils import host_to_device
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
@@ -58,32 +51,6 @@ from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 logger = logging.getLogger(__name__)
 
 NAN_MESSAGE = "The logits of this request contained NaN or +inf (or no finite value), so no token could be sampled."
-
-
-@dataclass
-class Step:
-    """One submitted step: what the worker needs and what the host needs to read its result."""
-
-    mode: ForwardMode
-    reqs: list[Req]  # rows of the forward batch, in order
-    forward_batch: ForwardBatch
-    sample_rows: list[int]  # forward rows that sample a token (prefill: requests whose prompt completes)
-    sampled_batch: Optional[ScheduleBatch]  # the sampled requests; owns sampling_info
-    positions: torch.Tensor  # [S] position of each sampled row's last input token
-    input_logprob_spans: list[tuple[int, int, int, int]] = field(default_factory=list)  # (row, start, a, b)
-    index: int = 0  # the scheduler's step counter (same on every TP rank): keys the unseeded noise
-
-    def reads_host_history(self) -> bool:
-        return self.sampled_batch is not None and self.sampled_batch.sampling_info.has_custom_logit_processor
-
-
-@dataclass
-class StepResult:
-    next_ids: torch.Tensor  # [S] int64 on the host, per sampled row, -1 when flagged
-    ready: Optional[torch.cuda.Event]  # recorded after next_ids' asynchronous copy from the GPU
-    row_errors: dict[int, str]
-    output_logprobs: list[Optional[tuple]]  # per sampled row: (logprob, top pairs, token-id pairs)
-    input_logprobs: dict[int, tuple]  # forward row -> (token pairs, top lists, token-id lists)
 
 
 class Scheduler:
@@ -116,6 +83,8 @@ class Scheduler:
             disable_cuda_graph=server_args.disable_cuda_graph,
             cuda_graph_max_bs=server_args.cuda_graph_max_bs,
             cuda_graph_bs=server_args.cuda_graph_bs,
+            sampling_backend=server_args.sampling_backend,
+            random_seed=server_args.random_seed,
         ).result()
         config = self.model_runner.model_config
         self.device = torch.device(self.model_runner.device)
@@ -125,19 +94,8 @@ class Scheduler:
         self.max_total_tokens = self.model_runner.max_total_num_tokens
         self.max_running = self.model_runner.max_running_requests
         self.tokenizer = get_tokenizer(server_args.tokenizer_path)
-        # Re-seeded before every step (step_noise_seed), so every TP rank draws the same noise.
-        self.noise_generator = torch.Generator(device=self.device)
-        self.sampler = create_sampler(
-            server_args.sampling_backend,
-            generator=self.noise_generator,
-            deterministic=server_args.enable_deterministic_inference,
-            tp_group=tp_device_group() if self.tp_size > 1 else None,
-        )
-        self.check_token_agreement = self.tp_size > 1 and token_agreement_check_requested()
         self.step_count = 0
         self.decode_steps, self.decode_tokens, self.decode_log_time = 0, 0, time.perf_counter()
-        # Last sampled id of every request slot, so a decode step can read its inputs on the worker.
-        self.future_tokens = torch.zeros(self.model_runner.req_to_token_pool.size, dtype=torch.int64, device=self.device)
 
         self.overlap = not server_args.disable_overlap_schedule
         self.deterministic = server_args.enable_deterministic_inference
@@ -186,7 +144,7 @@ class Scheduler:
                 # in-flight token first.
                 self.process_step_result(*self.in_flight)
                 self.in_flight = None
-            future = self.worker.submit(self._run_step, step) if step is not None else None
+            future = self.worker.submit(self.model_runner.run, step) if step is not None else None
             if self.overlap:
                 previous, self.in_flight = self.in_flight, (step, future) if step is not None else None
                 if previous is not None:
@@ -514,100 +472,6 @@ class Scheduler:
 
     # ------------------------------------------------------------------ the worker
 
-    def _run_step(self, step: Step) -> StepResult:
-        with torch.inference_mode():
-            batch = step.forward_batch
-            if step.mode == ForwardMode.DECODE:
-                batch.input_ids = self.future_tokens.index_select(0, batch.req_pool_indices).clamp(min=0)
-            output = self.model_runner.forward(batch)
-            input_logprobs = self._input_logprobs(step, batch, output)
-            if step.sampled_batch is None:
-                return StepResult(torch.empty(0, dtype=torch.int64), None, {}, [], input_logprobs)
-            if len(step.sample_rows) == batch.batch_size:
-                logits, pool_indices = output.next_token_logits, batch.req_pool_indices  # [B, V]
-            else:
-                rows = host_to_device(step.sample_rows, self.device)
-                logits = output.next_token_logits.index_select(0, rows)  # [S, V]
-                pool_indices = batch.req_pool_indices.index_select(0, rows)
-            return self._sample(step, logits, pool_indices, input_logprobs)
-
-    def _sample(self, step: Step, logits: torch.Tensor, pool_indices: torch.Tensor, input_logprobs: dict) -> StepResult:
-        info = step.sampled_batch.sampling_info
-        info.apply_logits_bias(logits)
-        sampled_reqs = [step.reqs[r] for r in step.sample_rows]
-        wants = [r.logprob for r in sampled_reqs]
-        return_logprob = any(w is not None for w in wants)
-        out = LogitsProcessorOutput(next_token_logits=logits)
-        self.noise_generator.manual_seed(step_noise_seed(self.server_args.random_seed, step.index))
-        next_ids = self.sampler(
-            out,
-            info,
-            return_logprob=return_logprob,
-            top_logprobs_nums=[w.top_logprobs_num if w else 0 for w in wants],
-            token_ids_logprobs=[w.token_ids_logprob if w else None for w in wants],
-            positions=step.positions,
-        )
-        if self.check_token_agreement:
-            check_token_agreement(next_ids, step.index, [r.rid for r in sampled_reqs], tp_device_group())
-        info.update_penalties(next_ids)
-        self.future_tokens.index_copy_(0, pool_indices, next_ids)
-        ids_host, ready = _copy_to_host(next_ids)
-        output_logprobs = self._output_logprobs(out, wants) if return_logprob else [None] * len(wants)
-        return StepResult(ids_host, ready, dict(out.row_errors), output_logprobs, input_logprobs)
-
-    @staticmethod
-    def _output_logprobs(out: LogitsProcessorOutput, wants: list[Optional[LogprobRequest]]) -> list[Optional[tuple]]:
-        token_lp = out.next_token_logprobs.tolist()
-        top_vals = out.next_token_top_logprobs_val.tolist() if out.next_token_top_logprobs_val is not None else None
-        top_idx = out.next_token_top_logprobs_idx.tolist() if out.next_token_top_logprobs_idx is not None else None
-        ids_vals = out.next_token_token_ids_logprobs_val.tolist() if out.next_token_token_ids_logprobs_val is not None else None
-        results = []
-        for i, want in enumerate(wants):
-            if want is None:
-                results.append(None)
-                continue
-            top = [[v, t] for v, t in zip(top_vals[i][: want.top_logprobs_num], top_idx[i])] if want.top_logprobs_num else None
-            ids = [[v, t] for v, t in zip(ids_vals[i], want.token_ids_logprob)] if want.token_ids_logprob else None
-            results.append((token_lp[i], top, ids))
-        return results
-
-    def _input_logprobs(self, step: Step, batch: ForwardBatch, output: LogitsProcessorOutput) -> dict[int, tuple]:
-        """Prompt logprobs of this chunk: position p gets log_softmax(logits at p-1)[token p]."""
-        if not step.input_logprob_spans:
-            return {}
-        logprobs = torch.log_softmax(output.input_token_logits.float(), dim=-1)  # [N, V]
-        offsets = [0]
-        for n in batch.extend_seq_lens_cpu:
-            offsets.append(offsets[-1] + n)
-        results = {}
-        for row, start, a, b in step.input_logprob_spans:
-            req = step.reqs[row]
-            prompt = req.origin_input_ids
-            first = max(start, a + 1, 1)
-            last = min(b, len(prompt) - 1)  # inclusive; position b uses the chunk's last logits
-            entries = [None] if start == 0 and a == 0 else []
-            positions = list(range(first, last + 1))
-            if positions:
-                lp_rows = logprobs[[offsets[row] + (p - 1 - a) for p in positions]]  # [P, V]
-                entries += self._prompt_entries(lp_rows, [prompt[p] for p in positions], req.logprob)
-            results[row] = entries
-        return results
-
-    @staticmethod
-    def _prompt_entries(lp_rows: torch.Tensor, tokens: list[int], want: LogprobRequest) -> list[tuple]:
-        token_lp = lp_rows.gather(1, torch.tensor(tokens, device=lp_rows.device).unsqueeze(1)).squeeze(1).tolist()
-        top = None
-        if want.top_logprobs_num:
-            vals, idx = lp_rows.topk(want.top_logprobs_num, dim=-1)
-            top = [[[v, t] for v, t in zip(vr, ir)] for vr, ir in zip(vals.tolist(), idx.tolist())]
-        ids = None
-        if want.token_ids_logprob:
-            chosen = lp_rows[:, want.token_ids_logprob].tolist()
-            ids = [[[v, t] for v, t in zip(vr, want.token_ids_logprob)] for vr in chosen]
-        return [
-            ([token_lp[i], tokens[i]], top[i] if top else None, ids[i] if ids else None) for i in range(len(tokens))
-        ]
-
     # ------------------------------------------------------------------ results
 
     def process_step_result(self, step: Step, future: Future) -> None:
@@ -696,17 +560,6 @@ class Scheduler:
             input_token_ids_logprobs=pending.input_token_ids if want and want.token_ids_logprob else None,
             matched_text=req.matched_text,
         )
-
-
-def _copy_to_host(ids: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.cuda.Event]]:
-    """Start copying `ids` to pinned host memory without waiting; the event tells when it landed."""
-    if ids.device.type != "cuda":
-        return ids, None
-    host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-    host.copy_(ids, non_blocking=True)
-    ready = torch.cuda.Event()
-    ready.record()
-    return host, ready
 
 
 def rank_device(device: str, tp_rank: int) -> torch.device:

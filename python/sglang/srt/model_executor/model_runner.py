@@ -1,10 +1,11 @@
-"""ModelRunner: the model, its KV cache pools, and one forward step."""
+"""ModelRunner: the model, its KV cache pools, the sampler, and one step (prepare -> forward ->
+sample, nano-vllm's shape): the scheduler decides steps and reads their results."""
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
@@ -12,15 +13,23 @@ from sgl_kernel_ext.attention.decode_attention_cpu import cpu_decode_attention_a
 from sgl_kernel_ext.norm.rmsnorm_cpu import rmsnorm_cpu_applies
 from sgl_kernel_ext.rotary.rope_store_cpu import rope_store_cpu_applies
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.distributed.communication import min_across_ranks
-from sglang.srt.distributed.parallel_state import tp_cpu_group
+from sglang.srt.distributed.communication import check_token_agreement, min_across_ranks, token_agreement_check_requested
+from sglang.srt.distributed.parallel_state import tp_cpu_group, tp_device_group
 from sglang.srt.layers.attention import create_attention_backend, default_attention_backend
 from sglang.srt.layers.batch_invariant import batch_invariant
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.layers.sampler import create_sampler
+from sglang.srt.managers.schedule_batch import StepResult
 from sglang.srt.mem_cache.memory_pool import KVCache, ReqToTokenPool, TokenToKVPoolAllocator
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.model_executor.step_output import copy_to_host, input_logprobs, output_logprobs
 from sglang.srt.model_loader import load_model
+from sglang.srt.sampling.step_noise import step_noise_seed
+from sglang.srt.utils import host_to_device
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Step
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +66,8 @@ class ModelRunner:
         disable_cuda_graph: bool = False,
         cuda_graph_max_bs: Optional[int] = None,
         cuda_graph_bs: Optional[list[int]] = None,
+        sampling_backend: str = "pytorch",
+        random_seed: int = 0,
     ) -> None:
         self.device = torch.device(device)
         # --enable-deterministic-inference: batch-invariant forward passes.
@@ -77,6 +88,21 @@ class ModelRunner:
         self.cuda_graph_runner: Optional[CudaGraphRunner] = None
         if self.device.type == "cuda" and not disable_cuda_graph:
             self._init_cuda_graphs(cuda_graph_max_bs, cuda_graph_bs)
+        self._init_sampling(sampling_backend, random_seed)
+
+    def _init_sampling(self, backend: str, random_seed: int) -> None:
+        self.random_seed = random_seed
+        # Re-seeded before every step (step_noise_seed), so every TP rank draws the same noise.
+        self.noise_generator = torch.Generator(device=self.device)
+        self.sampler = create_sampler(
+            backend,
+            generator=self.noise_generator,
+            deterministic=self.deterministic,
+            tp_group=tp_device_group() if self.tp_size > 1 else None,
+        )
+        self.check_token_agreement = self.tp_size > 1 and token_agreement_check_requested()
+        # Last sampled id of every request slot: a decode step reads its inputs on the device.
+        self.future_tokens = torch.zeros(self.req_to_token_pool.size, dtype=torch.int64, device=self.device)  # [R] int64
 
     def _init_pools(self, max_total_tokens: Optional[int], max_running_requests: Optional[int]) -> None:
         cuda = self.device.type == "cuda"
@@ -146,6 +172,49 @@ class ModelRunner:
         with batch_invariant(self.deterministic):
             self.attn_backend.init_forward_metadata(forward_batch)
             return self.model(forward_batch)
+
+
+    @torch.inference_mode()
+    def run(self, step: "Step") -> "StepResult":
+        """prepare -> forward -> sample one scheduled step; nothing here waits for the GPU."""
+        batch = step.forward_batch
+        if step.mode.is_decode():
+            batch.input_ids = self.future_tokens.index_select(0, batch.req_pool_indices).clamp(min=0)
+        output = self.forward(batch)
+        prompt_logprobs = input_logprobs(step, batch, output)
+        if step.sampled_batch is None:
+            return StepResult(torch.empty(0, dtype=torch.int64), None, {}, [], prompt_logprobs)
+        if len(step.sample_rows) == batch.batch_size:
+            logits, pool_indices = output.next_token_logits, batch.req_pool_indices  # [B, V]
+        else:
+            rows = host_to_device(step.sample_rows, self.device)
+            logits = output.next_token_logits.index_select(0, rows)  # [S, V]
+            pool_indices = batch.req_pool_indices.index_select(0, rows)
+        return self._sample(step, logits, pool_indices, prompt_logprobs)
+
+    def _sample(self, step: "Step", logits: torch.Tensor, pool_indices: torch.Tensor, prompt_logprobs: dict) -> "StepResult":
+        info = step.sampled_batch.sampling_info
+        info.apply_logits_bias(logits)
+        sampled_reqs = [step.reqs[r] for r in step.sample_rows]
+        wants = [r.logprob for r in sampled_reqs]
+        return_logprob = any(w is not None for w in wants)
+        out = LogitsProcessorOutput(next_token_logits=logits)
+        self.noise_generator.manual_seed(step_noise_seed(self.random_seed, step.index))
+        next_ids = self.sampler(
+            out,
+            info,
+            return_logprob=return_logprob,
+            top_logprobs_nums=[w.top_logprobs_num if w else 0 for w in wants],
+            token_ids_logprobs=[w.token_ids_logprob if w else None for w in wants],
+            positions=step.positions,
+        )
+        if self.check_token_agreement:
+            check_token_agreement(next_ids, step.index, [r.rid for r in sampled_reqs], tp_device_group())
+        info.update_penalties(next_ids)
+        self.future_tokens.index_copy_(0, pool_indices, next_ids)
+        ids_host, ready = copy_to_host(next_ids)
+        sampled_logprobs = output_logprobs(out, wants) if return_logprob else [None] * len(wants)
+        return StepResult(ids_host, ready, dict(out.row_errors), sampled_logprobs, prompt_logprobs)
 
 
 def _build_cpu_kernels() -> None:
