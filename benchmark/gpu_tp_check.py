@@ -159,8 +159,8 @@ def wait_healthy(proc: subprocess.Popen, url: str, log_path: str) -> None:
             with urllib.request.urlopen(url + "/health", timeout=10) as response:
                 if response.status == 200:
                     return
-        except (urllib.error.URLError, ConnectionError):
-            pass
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass  # still loading, or its first generation still compiling kernels
         time.sleep(0.5)  # polling a server that is still loading
     raise RuntimeError(f"server not healthy after {HEALTH_TIMEOUT_S} s")
 
