@@ -9,6 +9,8 @@ Qwen3-0.6B-shaped checkpoint (run through the device tool; output under docs/gpu
 3. Deterministic mode (batch-invariant kernels captured): graph vs eager logits bit-equal.
 4. bf16: graph vs eager log-softmax difference on the same schedule.
 5. Decode step time per batch size, graphs vs eager.
+6. The sampling step's share of a decode step (bench_serving.py's mixed sampling list, B = 1, 16,
+   64, 256): decode graph alone vs decode graph + sampling graph, and + eager sampling.
 
     python benchmark/gpu_engine_check.py --out $OUT
 """
@@ -28,8 +30,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "test"))
 sys.path.insert(0, str(ROOT / "benchmark"))
 
+from bench_serving import SAMPLING  # noqa: E402
 from random_checkpoint import write_qwen3_checkpoint  # noqa: E402
 from runner_utils import Driver  # noqa: E402
+from sampling_utils import make_info  # noqa: E402
+
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput  # noqa: E402
+from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
 from sglang.srt.model_executor.model_runner import ModelRunner  # noqa: E402
 
@@ -192,6 +199,62 @@ def time_decode(folder: str, results: dict, context: int = 256) -> None:
     results["decode_step"] = timings
 
 
+def _gpu_ms(run, steps: int = 50) -> float:
+    """Mean GPU time of run() per call (events around `steps` calls, after a warm-up)."""
+    for _ in range(3):
+        run()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(steps):
+        run()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / steps
+
+
+@torch.inference_mode()
+def time_sampling(folder: str, results: dict, context: int = 256) -> None:
+    """Sampling (bias + penalties + sampler + penalty update) as a share of the decode step, with
+    the mixed sampling list: the decode graph alone, then followed by the sampling graph, then by
+    the eager sampling step."""
+    r = ModelRunner(folder, device="cuda", dtype="bfloat16", max_total_tokens=160000, max_running_requests=300,
+                    cuda_graph_max_bs=256, sampling_backend="triton")
+    graphs, timings = r.cuda_graph_runner, {}
+    vocab = r.vocab_size
+    for bs in (1, 16, 64, 256):
+        driver = Driver(r)
+        reqs = [driver.new_req() for _ in range(bs)]
+        for start in range(0, bs, 32):
+            driver.extend(reqs[start:start + 32], [[5] * context] * len(reqs[start:start + 32]))
+        driver.decode(reqs, [7] * bs)  # the graph's buffers now hold this batch
+        params = [SamplingParams(**{k: v for k, v in SAMPLING[i % len(SAMPLING)].items()}) for i in range(bs)]
+        info = make_info(params, vocab, device="cuda", prompts=[[5] * context] * bs)
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        decode = graphs.graphs[bs]
+
+        def eager_sampling() -> None:
+            decode.replay()
+            logits = graphs.logits[bs]
+            info.apply_logits_bias(logits)
+            ids = r.sampler(LogitsProcessorOutput(next_token_logits=logits), info, positions=graphs.buffers.positions[:bs])
+            info.update_penalties(ids)
+
+        decode_ms = _gpu_ms(decode.replay)
+        graph_ms = _gpu_ms(lambda: (decode.replay(), graphs.replay_sampling(info, bs, gen)))
+        eager_ms = _gpu_ms(eager_sampling)
+        share = (graph_ms - decode_ms) / graph_ms
+        timings[f"bs{bs}"] = dict(decode_ms=decode_ms, decode_and_sampling_graph_ms=graph_ms,
+                                  decode_and_eager_sampling_ms=eager_ms, sampling_graph_share=share)
+        print(f"bs {bs:3d}: decode graph {decode_ms:.3f} ms; + sampling graph {graph_ms:.3f} ms "
+              f"(sampling {graph_ms - decode_ms:.3f} ms = {share:.1%} of the step); + eager sampling {eager_ms:.3f} ms",
+              flush=True)
+        driver.release()
+    results["sampling_share"] = timings
+    r = None
+    release_gpu()
+
+
 def profile_decode(folder: str, results: dict, context: int = 256) -> None:
     """Kernel time by name of one eager decode step (the kernels a graph replays), bs 1 and 64."""
     from torch.profiler import ProfilerActivity, profile
@@ -220,13 +283,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/engine_check"))
     parser.add_argument("--checkpoint", default="/tmp/qwen3-0.6b-random")
     parser.add_argument("--tokenizer", help="tokenizer folder copied into a new checkpoint")
-    parser.add_argument("--checks", nargs="+", default=["timing", "graphs", "deterministic", "bf16"])
+    parser.add_argument("--checks", nargs="+", default=["timing", "sampling", "graphs", "deterministic", "bf16"])
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if not Path(args.checkpoint, "config.json").exists():
         write_qwen3_checkpoint(args.checkpoint, args.tokenizer, device="cuda")
     results: dict = {"device": torch.cuda.get_device_name()}
-    checks = {"profile": profile_decode, "timing": time_decode, "graphs": check_graphs_vs_eager, "deterministic": check_deterministic, "bf16": check_bf16}
+    checks = {"profile": profile_decode, "timing": time_decode, "sampling": time_sampling, "graphs": check_graphs_vs_eager, "deterministic": check_deterministic, "bf16": check_bf16}
     for name in args.checks:
         started = time.perf_counter()
         checks[name](args.checkpoint, results)

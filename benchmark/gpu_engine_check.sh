@@ -2,7 +2,9 @@
 # The GPU engine's checks in one script (issue: CUDA-graph decode, paged attention kernels):
 #   tests   - every Triton kernel against its torch reference natively, the CUDA sampler suite,
 #             the graph runner's unit tests, then benchmark/gpu_engine_check.py (graphs on/off,
-#             solo vs batched, deterministic mode with graphs, bf16 tolerance, decode step times)
+#             solo vs batched, deterministic mode with graphs, bf16 tolerance, decode step times,
+#             the sampling step's share), then benchmark/gpu_sampling_graph_check.py (the server's
+#             tokens with decode + sampling graphs equal its eager tokens)
 #   bench   - benchmark/bench_serving_gpu.py: ours vs HF generate (eager, static cache + compile)
 # Run through the device tool from the repo root with carry [".carry_engine"] (benchmark/make_engine_carry.sh):
 #   bash benchmark/gpu_engine_check.sh tests      |      bash benchmark/gpu_engine_check.sh bench [bench args]
@@ -24,8 +26,9 @@ case "$phase" in
     timeout 300 python3 -m pytest -q -p no:cacheprovider --durations=5 \
       test/test_paged_attention.py test/test_fused_layer_kernels.py test/test_decode_attention.py \
       test/test_sgl_kernel_ext.py test/test_sampler_cuda.py test/test_hash.py test/test_penaltylib.py \
-      test/test_cuda_graph_runner.py
+      test/test_cuda_graph_runner.py test/test_sampling_graph.py
     timeout 420 python3 benchmark/gpu_engine_check.py --out "$OUT" --tokenizer .carry_engine/tokenizer "$@"
+    timeout 300 python3 benchmark/gpu_sampling_graph_check.py --out-dir "$OUT/sampling_graph"
     ;;
   bench)
     timeout 560 python3 benchmark/bench_serving_gpu.py --out-dir "$OUT" --tokenizer .carry_engine/tokenizer "$@"

@@ -196,11 +196,13 @@ def test_gumbel_finite_at_u_equal_zero():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_cpu():
-    seed = torch.randint(-(2**62), 2**62, (8,))
-    positions = torch.randint(0, 2**40, (8,))
+    gen = torch.Generator().manual_seed(0)
+    seed = torch.randint(-(2**62), 2**62, (8,), generator=gen)
+    positions = torch.randint(0, 2**40, (8,), generator=gen)
     cols = torch.arange(5000)
     cpu = murmur_hash32(seed, positions, cols)
     gpu = murmur_hash32(seed.cuda(), positions.cuda(), cols.cuda())
     assert torch.equal(cpu, gpu.cpu())
     gpu_gumbel = hash_gumbel(seed.cuda(), positions.cuda(), cols.cuda()).cpu()
-    assert torch.allclose(hash_gumbel(seed, positions, cols), gpu_gumbel, rtol=1e-12, atol=0)
+    # -log(-log u) crosses 0: there a last-bit difference of the logs is large relative to g.
+    assert torch.allclose(hash_gumbel(seed, positions, cols), gpu_gumbel, rtol=1e-12, atol=1e-12)

@@ -152,37 +152,83 @@ def test_greedy_matches_reference():
 
 
 def _penalty_lists(rows: int, vocab: int, device: str) -> pen_kernels.PenaltyLists:
-    """Overlapping lists (the same token in several), pads, a row still under min_new_tokens."""
+    """Overlapping lists (the same token in several), left-packed histories of different lengths
+    with a free column each, a row still under min_new_tokens."""
     gen = torch.Generator().manual_seed(11)
+
+    def history(width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        ids = torch.stack([torch.randperm(vocab, generator=gen)[:width] for _ in range(rows)])  # [B, W]
+        lengths = torch.tensor([[width - 1 - 2 * b] for b in range(rows)])  # [B, 1]; < W: room to record one
+        ids = torch.where(torch.arange(width) < lengths, ids, -1)
+        counts = torch.where(ids >= 0, torch.randint(1, 5, ids.shape, generator=gen), 0).float()
+        return ids.to(device), counts.to(device), lengths.to(device)
 
     def distinct(width: int) -> torch.Tensor:
         ids = torch.stack([torch.randperm(vocab, generator=gen)[:width] for _ in range(rows)])  # [B, W]
         ids[:, -2:] = -1
         return ids.to(device)
 
-    freq_ids = distinct(12)
-    counts = torch.where(freq_ids >= 0, torch.randint(1, 5, freq_ids.shape, generator=gen).to(device), 0).float()
     column = lambda values, dtype=torch.float32: torch.tensor(values, dtype=dtype, device=device).reshape(-1, 1)
     bias_ids = distinct(4).clamp(min=0)
     bias_values = torch.randn(bias_ids.shape, generator=gen).to(device)
     bias_values[:, -2:] = 0.0  # the info's pads: id 0, value 0.0
+    freq, pres, rep = history(12), history(9), history(20)
     return pen_kernels.PenaltyLists(
-        freq_ids=freq_ids, freq_counts=counts, freq_penalty=column([0.5, -0.3, 0.0]),
-        pres_ids=freq_ids, pres_counts=counts, pres_penalty=column([0.2, 1.0, 0.0]),
+        freq_ids=freq[0], freq_counts=freq[1], freq_lengths=freq[2], freq_penalty=column([0.5, -0.3, 0.0]),
+        pres_ids=pres[0], pres_counts=pres[1], pres_lengths=pres[2], pres_penalty=column([0.2, 1.0, 0.0]),
         stop_ids=distinct(5), output_lens=column([1, 9, 0], torch.int64), min_new_tokens=column([4, 4, 0], torch.int64),
-        rep_ids=distinct(20), rep_penalty=column([1.3, 0.7, 1.0]),
+        rep_ids=rep[0], rep_counts=rep[1], rep_lengths=rep[2], rep_penalty=column([1.3, 0.7, 1.0]),
         bias_ids=bias_ids, bias_values=bias_values,
     )
 
 
-def test_penalties_match_reference():
+def _apply_and_update(lists: pen_kernels.PenaltyLists, logits: torch.Tensor, tokens: torch.Tensor, n_rows: int):
+    table = pen_kernels.PenaltyTable(logits.device)
+    table.write(lists, n_rows)
+    pen_kernels.apply_penalties_triton(logits, table)
+    pen_kernels.update_penalties_triton(tokens, table)
+
+
+def test_penalties_and_update_match_reference():
     vocab = 64  # small, so the lists overlap often
     logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(2)) * 4
+    want_lists = _penalty_lists(3, vocab, "cpu")
+    tokens = torch.tensor([int(want_lists.freq_ids[0, 0]), 63, -1])  # seen, maybe new, flagged
     got = logits.clone().to(DEVICE)
-    pen_kernels.apply_penalties_triton(got, _penalty_lists(3, vocab, DEVICE))
+    got_lists = _penalty_lists(3, vocab, DEVICE)
+    _apply_and_update(got_lists, got, tokens.to(DEVICE), 3)
     want = logits.clone()
-    pen_kernels.apply_penalties_reference(want, _penalty_lists(3, vocab, "cpu"))
+    pen_kernels.apply_penalties_reference(want, want_lists)
+    pen_kernels.update_penalties_reference(tokens, want_lists)
     assert torch.equal(got.cpu(), want)
+    for name in ("freq_ids", "freq_counts", "freq_lengths", "pres_ids", "pres_counts", "rep_ids", "rep_lengths", "output_lens"):
+        assert torch.equal(getattr(got_lists, name).cpu(), getattr(want_lists, name)), name
+    assert want_lists.output_lens.flatten().tolist() == [2, 10, 0]
+
+
+def test_penalty_table_rows_past_n_rows_are_untouched():
+    """A graph replays over a padded batch: rows >= n_rows keep their logits and record nothing."""
+    vocab = 64
+    lists = _penalty_lists(3, vocab, DEVICE)
+    lengths_before = lists.freq_lengths.clone()
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    got = logits.clone()
+    _apply_and_update(lists, got, torch.tensor([60, 61, 62], device=DEVICE), 1)
+    assert torch.equal(got[1:], logits[1:]) and not torch.equal(got[0], logits[0])
+    assert torch.equal(lists.freq_lengths[1:], lengths_before[1:])
+
+
+def test_penalty_table_uploads_only_changes():
+    lists = _penalty_lists(3, 64, DEVICE)
+    table = pen_kernels.PenaltyTable(torch.device(DEVICE))
+    table.write(lists, 3)
+    first = table.table.clone()
+    assert first[pen_kernels.N_ROWS] == 3 and first[pen_kernels.FREQ] == lists.freq_lengths.data_ptr()
+    table.write(pen_kernels.PenaltyLists(), 2)  # no lists: every list absent
+    assert table.table[pen_kernels.N_ROWS] == 2 and not table.table[1:].any()
+    table.write(lists, 3)
+    table.clear()  # before a capture's warm-up: nothing to touch, whatever was written before
+    assert not table.table.any()
 
 
 def test_fused_logits_bias_equals_torch_path():
@@ -296,7 +342,7 @@ def test_token_counts_add_matches_reference(width: int) -> None:
     want = [t.clone() for t in (ids, counts, lengths)]
     token_counts_add_reference(*want, tokens, width)
     got = [t.clone().to(DEVICE) for t in (ids, counts, lengths)]
-    token_counts_add_triton(*got, tokens.to(DEVICE), width)
+    token_counts_add_triton(*got, tokens.to(DEVICE))
     for g, w in zip(got, want):
         assert torch.equal(g.cpu(), w)
     assert int(want[2][2]) == int(lengths[2]) and int(want[2][1]) == int(lengths[1]) + 1

@@ -31,6 +31,7 @@ Two launches, no host synchronisation, every decision per row on the device:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
@@ -482,11 +483,23 @@ def _launch(kernel, grid: tuple, args: tuple, num_warps: int) -> None:
 _WORKSPACES: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _workspace(device: torch.device, floats: int, ints: int) -> tuple[torch.Tensor, torch.Tensor]:
+def workspace_sizes(B: int, V: int) -> tuple[int, int]:
+    """(float32, int32) scratch elements a call over B rows of V logits uses."""
+    nc = -(-V // CHUNK)
+    chunks, nb = B * nc, nc * (CHUNK // BLOCK_SIZE)
+    return chunks * 2 + B * (2 * nb + CAP), chunks * 2 + B * (MAX_HOT + CAP)
+
+
+def new_workspace(B: int, V: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    floats, ints = workspace_sizes(B, V)
+    return torch.empty(floats, dtype=torch.float32, device=device), torch.empty(ints, dtype=torch.int32, device=device)
+
+
+def _workspace(device: torch.device, B: int, V: int) -> tuple[torch.Tensor, torch.Tensor]:
     fws, iws = _WORKSPACES.get(device, (None, None))
+    floats, ints = workspace_sizes(B, V)
     if fws is None or fws.numel() < floats or iws.numel() < ints:
-        fws = torch.empty(floats, dtype=torch.float32, device=device)
-        iws = torch.empty(ints, dtype=torch.int32, device=device)
+        fws, iws = new_workspace(B, V, device)
         _WORKSPACES[device] = (fws, iws)
     return fws, iws
 
@@ -499,19 +512,19 @@ def sample_triton(
     log_min_ps: torch.Tensor,
     seeds: torch.Tensor,
     positions: torch.Tensor,
+    workspace: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> SampleResult:
     """One draw per row of `logits` ([B, V] float32, unit stride along V).
 
     temperatures [B] or [B, 1] float32 (> 0); top_ks [B] int32 (>= V: none, <= 1: greedy);
     top_ps [B] float32 (1: none); log_min_ps [B] float32 (-inf: none); seeds [B] int64;
-    positions [B] int64. Nothing is read back on the host.
+    positions [B] int64. Nothing is read back on the host. `workspace` (new_workspace for at
+    least B rows): scratch of the caller's own, which a CUDA graph needs (the shared one grows).
     """
     B, V = logits.shape
     dev = logits.device
     nc = -(-V // CHUNK)  # plain ints: triton.cdiv / next_power_of_2 are ~10 µs constexpr-function calls
-    chunks = B * nc
-    nb = nc * (CHUNK // BLOCK_SIZE)
-    fws, iws = _workspace(dev, chunks * 2 + B * (2 * nb + CAP), chunks * 2 + B * (MAX_HOT + CAP))
+    fws, iws = workspace if workspace is not None else _workspace(dev, B, V)
     ids = torch.empty(B, dtype=torch.int64, device=dev)
     invalid = torch.empty(B, dtype=torch.int8, device=dev)
     out = torch.empty(3, B, dtype=torch.float32, device=dev)  # lse, lse_kept, threshold

@@ -3,7 +3,8 @@
 A row holds its distinct tokens left-packed in ids[b, :lengths[b]] with their counts. Adding a
 token either increments the count of its slot or appends it. In torch that is ten small ops per
 step (compare, any, where, two scatters, ...), each a kernel launch and host dispatch; here it
-is one launch, one program per row.
+is one launch, one program per row. `add_token` is also the per-row step of the penalty table's
+update kernel (penalties.py).
 """
 
 from __future__ import annotations
@@ -17,32 +18,36 @@ from sgl_kernel_ext.triton_launch import launch
 BLOCK = 128
 
 
-# `width` grows by one every step: specialising on it would compile in the serving loop.
-@triton.jit(do_not_specialize=["width"])
-def _add_kernel(ids_ptr, counts_ptr, lengths_ptr, tokens_ptr, stride, width, BLOCK: tl.constexpr):
+@triton.jit
+def add_token(ids_ptr, counts_ptr, length_ptr, tok, BLOCK: tl.constexpr):
+    """Record `tok` (>= 0) in one row: ids_ptr / counts_ptr point at the row, length_ptr at its length.
+    The loop runs to the row's own length (read on the device), so no host width is needed."""
+    length = tl.load(length_ptr)
+    found = tl.zeros([BLOCK], tl.int32)
+    for start in range(0, length, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        live = offs < length
+        hit = (tl.load(ids_ptr + offs, mask=live, other=-1) == tok) & live
+        counts = tl.load(counts_ptr + offs, mask=hit, other=0.0)
+        tl.store(counts_ptr + offs, counts + 1.0, mask=hit)
+        found += hit.to(tl.int32)
+    if tl.sum(found, 0) == 0:
+        tl.store(ids_ptr + length, tok)
+        tl.store(counts_ptr + length, 1.0)
+        tl.store(length_ptr, length + 1)
+
+
+@triton.jit
+def _add_kernel(ids_ptr, counts_ptr, lengths_ptr, tokens_ptr, stride, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     tok = tl.load(tokens_ptr + row)
     if tok >= 0:  # negative: a row the sampler flagged, nothing to record
         base = row.to(tl.int64) * stride
-        found = tl.zeros([BLOCK], tl.int32)
-        for start in range(0, width, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            live = offs < width
-            hit = (tl.load(ids_ptr + base + offs, mask=live, other=-1) == tok) & live
-            counts = tl.load(counts_ptr + base + offs, mask=hit, other=0.0)
-            tl.store(counts_ptr + base + offs, counts + 1.0, mask=hit)
-            found += hit.to(tl.int32)
-        if tl.sum(found, 0) == 0:
-            length = tl.load(lengths_ptr + row)
-            tl.store(ids_ptr + base + length, tok)
-            tl.store(counts_ptr + base + length, 1.0)
-            tl.store(lengths_ptr + row, length + 1)
+        add_token(ids_ptr + base, counts_ptr + base, lengths_ptr + row, tok, BLOCK)
 
 
-def token_counts_add_triton(
-    ids: torch.Tensor, counts: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor, width: int
-) -> None:
+def token_counts_add_triton(ids: torch.Tensor, counts: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor) -> None:
     """In place. ids [B, C] int64 (-1 past each row's length), counts [B, C] float32 (same
-    strides), lengths [B, 1] int64, tokens [B] int64; width >= max(lengths), C > width."""
+    strides), lengths [B, 1] int64 with every length < C, tokens [B] int64."""
     assert ids.stride() == counts.stride() and ids.stride(1) == 1 and lengths.is_contiguous()
-    launch(_add_kernel, (ids.shape[0],), ids, counts, lengths, tokens, ids.stride(0), width, BLOCK=BLOCK)
+    launch(_add_kernel, (ids.shape[0],), ids, counts, lengths, tokens, ids.stride(0), BLOCK=BLOCK)

@@ -3,9 +3,11 @@
 Unlike the other backends, which draw the unseeded rows of already scaled logits, this one takes
 the processed logits and does temperature, greedy rows, the NaN guard, top-k / top-p / min-p and
 the draw of every row (seeded or not) in one kernel chain, leaving the logits unscaled. Every
-sampled row draws by hash-Gumbel; an unseeded row gets a fresh random seed per step from the
-sampler's generator (drawn on the device), so seeded rows never leave the fast path and a step
-has no host synchronisation and captures in a CUDA graph.
+sampled row draws by hash-Gumbel; an unseeded row gets a fresh seed per step, derived from one
+random int64 the sampler's generator draws on the device (`unseeded_seeds`), so seeded rows never
+leave the fast path and a step has no host synchronisation. The same derivation runs inside the
+CUDA graph of the sampling step (model_executor/sampling_graph.py), so a step draws the same
+tokens replayed or eager.
 """
 
 from __future__ import annotations
@@ -19,6 +21,26 @@ from sglang.srt.layers.logprob_processor import clamped_log_softmax, fill_logpro
 from sglang.srt.layers.sampling_backends import FusedSamplingBackend
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# Odd 64-bit constant (2**64 / golden ratio, as int64): row r's seed is noise + r * stride, distinct
+# for every row; the kernel's MurmurHash then decorrelates neighbouring seeds.
+ROW_SEED_STRIDE = 0x9E3779B97F4A7C15 - 2**64
+
+
+def draw_noise(generator: Optional[torch.Generator], device: torch.device, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """[1] int64: the step's random base for unseeded rows (into `out`, a [1] int64 on `device`, when given)."""
+    if out is not None:
+        return torch.randint(_INT64_MIN, _INT64_MAX, (1,), generator=generator, out=out)
+    return torch.randint(_INT64_MIN, _INT64_MAX, (1,), dtype=torch.int64, device=device, generator=generator)
+
+
+def row_seed_offsets(rows: int, device: torch.device) -> torch.Tensor:
+    """[rows] int64: r * ROW_SEED_STRIDE (wrapping)."""
+    return torch.arange(rows, dtype=torch.int64, device=device) * ROW_SEED_STRIDE
+
+
+def unseeded_seeds(noise: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """[B] int64 seeds of unseeded rows from the step's noise ([1]) and row offsets ([B])."""
+    return noise + offsets
 
 
 def _kernels(name: str):
@@ -37,6 +59,7 @@ class TritonBackend(FusedSamplingBackend):
     def __init__(self) -> None:
         self._sample = _kernels("sample")
         self._logprobs = _kernels("logprobs")
+        self._offsets: dict[torch.device, torch.Tensor] = {}  # row_seed_offsets, grown to the largest batch
 
     def sample(self, scaled: torch.Tensor, info, generator: Optional[torch.Generator]) -> torch.Tensor:
         ones = torch.ones(scaled.shape[0], dtype=torch.float32, device=scaled.device)  # [B]
@@ -98,8 +121,10 @@ class TritonBackend(FusedSamplingBackend):
         seeds = self._random_seeds(rows, device, generator)
         if info.seeded_rows is None:
             return seeds
-        return seeds.index_copy(0, info.seeded_rows, info.sampling_seed.index_select(0, info.seeded_rows))
+        return torch.where(info.seeded_mask, info.sampling_seed, seeds)
 
-    @staticmethod
-    def _random_seeds(rows: int, device: torch.device, generator: Optional[torch.Generator]) -> torch.Tensor:
-        return torch.randint(_INT64_MIN, _INT64_MAX, (rows,), dtype=torch.int64, device=device, generator=generator)
+    def _random_seeds(self, rows: int, device: torch.device, generator: Optional[torch.Generator]) -> torch.Tensor:
+        offsets = self._offsets.get(device)
+        if offsets is None or offsets.numel() < rows:
+            offsets = self._offsets[device] = row_seed_offsets(max(rows, 256), device)
+        return unseeded_seeds(draw_noise(generator, device), offsets[:rows])

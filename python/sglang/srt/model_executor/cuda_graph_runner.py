@@ -8,6 +8,9 @@ the cache's padding write slot, then the graph replays and the first B rows of i
 are the step's. A replay costs one launch instead of a few hundred, which is what bounds a
 small batch on a fast GPU. Padding rows never touch a real request's KV slots, and every
 kernel in the graph is row-wise or attends per request, so they never change a real row.
+
+With the triton sampling backend each bucket also gets a sampling graph over the decode graph's
+logits (sampling_graph.py): a step that needs no host work in its sampling replays both.
 """
 
 from __future__ import annotations
@@ -22,6 +25,13 @@ import torch
 from sglang.srt.layers.batch_invariant import batch_invariant
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.sampling_graph import (
+    SamplingInputBuffers,
+    finish_replay,
+    prepare_capture,
+    prepare_replay,
+    sample_in_graph,
+)
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.model_runner import ModelRunner
@@ -108,7 +118,7 @@ class DecodeInputBuffers:
 
 
 class CudaGraphRunner:
-    def __init__(self, model_runner: "ModelRunner", batch_sizes: list[int]) -> None:
+    def __init__(self, model_runner: "ModelRunner", batch_sizes: list[int], capture_sampling: bool) -> None:
         self.model_runner = model_runner
         self.batch_sizes = batch_sizes
         self.max_bs = batch_sizes[-1]
@@ -118,6 +128,11 @@ class CudaGraphRunner:
         )
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}  # bucket -> [bucket, V] float32 graph output
+        self.sampling: Optional[SamplingInputBuffers] = None
+        if capture_sampling:
+            self.sampling = SamplingInputBuffers(self.max_bs, model_runner.vocab_size, model_runner.device)
+        self.sampling_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.sampled_ids: dict[int, torch.Tensor] = {}  # bucket -> [bucket] int64 sampling graph output
         model_runner.attn_backend.init_cuda_graph_state(self.max_bs)
         self.capture()
 
@@ -137,25 +152,48 @@ class CudaGraphRunner:
             self.model_runner.attn_backend.init_forward_metadata_capture_cuda_graph(
                 bs, batch.req_pool_indices, batch.seq_lens
             )
-            for _ in range(2):  # compiles the kernels, sizes the libraries' workspaces
-                self._forward(batch)
-            torch.cuda.synchronize(self.model_runner.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.logits[bs] = self._forward(batch)
-            pool = graph.pool()
-            self.graphs[bs] = graph
+            self.graphs[bs], self.logits[bs] = self._capture_one(lambda: self._forward(batch), pool)
+            pool = self.graphs[bs].pool()
+            if self.sampling is not None:
+                prepare_capture(self.model_runner.device)
+                self.sampling_graphs[bs], self.sampled_ids[bs] = self._capture_one(lambda: self._sample(bs), pool)
         torch.cuda.synchronize(self.model_runner.device)
         logger.info(
-            "CUDA graphs: captured %d decode batch sizes (%s) in %.1f s.",
-            len(self.batch_sizes), _describe(self.batch_sizes), time.perf_counter() - started,
+            "CUDA graphs: captured %d decode batch sizes (%s)%s in %.1f s.",
+            len(self.batch_sizes), _describe(self.batch_sizes), " with their sampling step" if self.sampling else "",
+            time.perf_counter() - started,
         )
+
+    def _capture_one(self, run, pool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        for _ in range(2):  # compiles the kernels, sizes the libraries' workspaces
+            run()
+        torch.cuda.synchronize(self.model_runner.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            output = run()
+        return graph, output
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
         runner = self.model_runner
         batch.kv_cache, batch.attn_backend = runner.kv_cache, runner.attn_backend
         with batch_invariant(runner.deterministic):
             return runner.model(batch).next_token_logits  # [bs, V] float32
+
+    def _sample(self, bs: int) -> torch.Tensor:
+        return sample_in_graph(
+            self.logits[bs], self.sampling, self.buffers.positions[:bs], self.buffers.req_pool_indices[:bs],
+            self.model_runner.future_tokens,
+        )
+
+    def replay_sampling(self, info, bs: int, generator: torch.Generator) -> Optional[torch.Tensor]:
+        """Sample the decode batch just replayed (`bs` rows of `info`) from its bucket's sampling
+        graph: [bs] int64 next ids, or None when the batch's penalties need the eager path."""
+        if self.sampling is None or not prepare_replay(self.sampling, info, generator):
+            return None
+        padded = padded_batch_size(bs, self.batch_sizes)
+        self.sampling_graphs[padded].replay()
+        finish_replay(info)
+        return self.sampled_ids[padded][:bs]
 
     def replay(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         bs = forward_batch.batch_size

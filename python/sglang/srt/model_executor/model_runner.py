@@ -23,6 +23,7 @@ from sglang.srt.managers.schedule_batch import StepResult
 from sglang.srt.mem_cache.memory_pool import KVCache, ReqToTokenPool, TokenToKVPoolAllocator
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.model_executor.sampling_graph import needs_eager_sampling, sampling_graph_supported
 from sglang.srt.model_executor.step_output import copy_to_host, input_logprobs, output_logprobs
 from sglang.srt.model_loader import load_model
 from sglang.srt.sampling.step_noise import step_noise_seed
@@ -85,10 +86,10 @@ class ModelRunner:
             attention_backend or default_attention_backend(self.device.type),
             self.req_to_token_pool.req_to_token, attn.num_heads, attn.num_kv_heads, self.model_config.head_dim, self.dtype,
         )
+        self._init_sampling(sampling_backend, random_seed)
         self.cuda_graph_runner: Optional[CudaGraphRunner] = None
         if self.device.type == "cuda" and not disable_cuda_graph:
             self._init_cuda_graphs(cuda_graph_max_bs, cuda_graph_bs)
-        self._init_sampling(sampling_backend, random_seed)
 
     def _init_sampling(self, backend: str, random_seed: int) -> None:
         self.random_seed = random_seed
@@ -101,8 +102,9 @@ class ModelRunner:
             tp_group=tp_device_group() if self.tp_size > 1 else None,
         )
         self.check_token_agreement = self.tp_size > 1 and token_agreement_check_requested()
-        # Last sampled id of every request slot: a decode step reads its inputs on the device.
-        self.future_tokens = torch.zeros(self.req_to_token_pool.size, dtype=torch.int64, device=self.device)  # [R] int64
+        # Last sampled id of every request slot: a decode step reads its inputs on the device. The
+        # extra row is the pool's padding row, which a sampling graph's padding rows write.
+        self.future_tokens = torch.zeros(self.req_to_token_pool.size + 1, dtype=torch.int64, device=self.device)  # [R + 1] int64
 
     def _init_pools(self, max_total_tokens: Optional[int], max_running_requests: Optional[int]) -> None:
         cuda = self.device.type == "cuda"
@@ -138,7 +140,7 @@ class ModelRunner:
         max_bs = max_bs or min(self.max_running_requests, DEFAULT_CUDA_GRAPH_MAX_BS)
         sizes = capture_batch_sizes(max_bs, explicit)
         with torch.inference_mode():
-            self.cuda_graph_runner = CudaGraphRunner(self, sizes)
+            self.cuda_graph_runner = CudaGraphRunner(self, sizes, capture_sampling=sampling_graph_supported(self.sampler))
 
     def _default_max_total_tokens(self, max_running_requests: Optional[int]) -> int:
         per_token = self.model_config.kv_cache_bytes_per_token(self.dtype.itemsize, self.tp_size)
@@ -180,10 +182,15 @@ class ModelRunner:
         batch = step.forward_batch
         if step.mode.is_decode():
             batch.input_ids = self.future_tokens.index_select(0, batch.req_pool_indices).clamp(min=0)
+        replayed = self.cuda_graph_runner is not None and self.cuda_graph_runner.can_run(batch)
         output = self.forward(batch)
         prompt_logprobs = input_logprobs(step, batch, output)
         if step.sampled_batch is None:
             return StepResult(torch.empty(0, dtype=torch.int64), None, {}, [], prompt_logprobs)
+        if replayed and not needs_eager_sampling(step, self.sampler, self.check_token_agreement):
+            result = self._sample_replayed(step, prompt_logprobs)
+            if result is not None:
+                return result
         if len(step.sample_rows) == batch.batch_size:
             logits, pool_indices = output.next_token_logits, batch.req_pool_indices  # [B, V]
         else:
@@ -191,6 +198,16 @@ class ModelRunner:
             logits = output.next_token_logits.index_select(0, rows)  # [S, V]
             pool_indices = batch.req_pool_indices.index_select(0, rows)
         return self._sample(step, logits, pool_indices, prompt_logprobs)
+
+    def _sample_replayed(self, step: "Step", prompt_logprobs: dict) -> Optional["StepResult"]:
+        """The sampling graph of the decode batch just replayed; None when it must sample eagerly."""
+        self.noise_generator.manual_seed(step_noise_seed(self.random_seed, step.index))
+        info = step.sampled_batch.sampling_info
+        next_ids = self.cuda_graph_runner.replay_sampling(info, step.forward_batch.batch_size, self.noise_generator)
+        if next_ids is None:
+            return None
+        ids_host, ready = copy_to_host(next_ids)
+        return StepResult(ids_host, ready, {}, [None] * len(step.reqs), prompt_logprobs)
 
     def _sample(self, step: "Step", logits: torch.Tensor, pool_indices: torch.Tensor, prompt_logprobs: dict) -> "StepResult":
         info = step.sampled_batch.sampling_info

@@ -1,10 +1,14 @@
-"""CUDA path of SamplingBatchInfo.apply_logits_bias: every built-in penalty and the logit bias in
-one sgl_kernel_ext launch over the rows' sparse token lists (no [B, V] temporaries)."""
+"""CUDA path of SamplingBatchInfo.apply_logits_bias and update_penalties: every built-in penalty
+and the logit bias in one sgl_kernel_ext launch over the rows' sparse token lists (no [B, V]
+temporaries), and the step's tokens recorded in the penalty state in one more. Both kernels read
+the lists through the device's PenaltyTable, which a CUDA graph of the sampling step reads too."""
 
 from __future__ import annotations
 
 import importlib.util
 from functools import lru_cache
+from typing import TYPE_CHECKING, Optional
+
 import torch
 
 from sglang.srt.sampling.penaltylib import (
@@ -14,50 +18,102 @@ from sglang.srt.sampling.penaltylib import (
     BatchedRepetitionPenalizer,
 )
 
+if TYPE_CHECKING:
+    from sgl_kernel_ext.sampling.penalties import PenaltyLists, PenaltyTable
+
 
 @lru_cache(maxsize=None)
 def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def penalty_lists(info):
+def penalty_lists(info) -> Optional["PenaltyLists"]:
     """The batch's PenaltyLists, or None when a penalizer the kernel does not know is active."""
     from sgl_kernel_ext.sampling.penalties import PenaltyLists
 
     lists = PenaltyLists()
-    orchestrator = info.penalizer_orchestrator
-    for penalizer in orchestrator.penalizers.values() if orchestrator is not None else ():
-        if not penalizer.is_prepared():
-            continue
+    for penalizer in _prepared_penalizers(info):
         kind = type(penalizer)
         if kind is BatchedFrequencyPenalizer:
-            counts = penalizer.output_counts
-            lists.freq_ids, lists.freq_counts, lists.freq_penalty = counts.ids, counts.counts, penalizer.penalties
+            (lists.freq_ids, lists.freq_counts), lists.freq_lengths = penalizer.output_counts.storage, penalizer.output_counts.lengths
+            lists.freq_penalty = penalizer.penalties
         elif kind is BatchedPresencePenalizer:
-            counts = penalizer.output_counts
-            lists.pres_ids, lists.pres_counts, lists.pres_penalty = counts.ids, counts.counts, penalizer.penalties
+            (lists.pres_ids, lists.pres_counts), lists.pres_lengths = penalizer.output_counts.storage, penalizer.output_counts.lengths
+            lists.pres_penalty = penalizer.penalties
         elif kind is BatchedMinNewTokensPenalizer:
             lists.stop_ids, lists.output_lens = penalizer.stop_ids, penalizer.output_lens
             lists.min_new_tokens = penalizer.min_new_tokens
         elif kind is BatchedRepetitionPenalizer:
-            lists.rep_ids, lists.rep_penalty = penalizer.seen.ids, penalizer.penalties
+            (lists.rep_ids, lists.rep_counts), lists.rep_lengths = penalizer.seen.storage, penalizer.seen.lengths
+            lists.rep_penalty = penalizer.penalties
         else:
             return None
     lists.bias_ids, lists.bias_values = info.logit_bias_ids, info.logit_bias_values
     return lists
 
 
-def apply_logits_bias_fused(info, logits: torch.Tensor) -> bool:
-    """Penalties and logit bias in place with one kernel; False (nothing done) when the torch path
-    must run instead: no triton, a grammar vocab mask (it sits between penalties and bias), or a
-    custom penalizer."""
+def _prepared_penalizers(info) -> list:
+    orchestrator = info.penalizer_orchestrator
+    if orchestrator is None:
+        return []
+    return [p for p in orchestrator.penalizers.values() if p.is_prepared()]
+
+
+_TABLES: dict[torch.device, "PenaltyTable"] = {}
+
+
+def penalty_table(device: torch.device) -> "PenaltyTable":
+    """The device's one table (a captured graph holds its address for the process's lifetime)."""
+    from sgl_kernel_ext.sampling.penalties import PenaltyTable
+
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # "cuda" and "cuda:0" must be one table
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device not in _TABLES:
+        _TABLES[device] = PenaltyTable(device)
+    return _TABLES[device]
+
+
+def write_penalty_table(info, device: torch.device) -> bool:
+    """Point the device's table at `info`'s lists; False when the torch path must run instead:
+    no triton, a grammar vocab mask (it sits between penalties and bias), or a custom penalizer."""
     if not triton_available() or info.vocab_mask is not None:
         return False
     lists = penalty_lists(info)
     if lists is None:
         return False
-    if not lists.empty:
+    penalty_table(device).write(lists, len(info))
+    return True
+
+
+def apply_logits_bias_fused(info, logits: torch.Tensor) -> bool:
+    """Penalties and logit bias in place with one kernel; False (nothing done) when the torch path
+    must run instead (see write_penalty_table)."""
+    if not write_penalty_table(info, logits.device):
+        return False
+    if info.penalizer_orchestrator is not None or info.logit_bias_ids is not None:
         from sgl_kernel_ext.sampling.penalties import apply_penalties_triton
 
-        apply_penalties_triton(logits, lists)
+        apply_penalties_triton(logits, penalty_table(logits.device))
     return True
+
+
+def update_penalties_fused(info, next_ids: torch.Tensor) -> bool:
+    """Record the step's tokens ([B] int64 on the device) in every penalty's state with one kernel;
+    False (nothing done) when the penalizers' own torch updates must run instead."""
+    if not write_penalty_table(info, next_ids.device):
+        return False
+    from sgl_kernel_ext.sampling.penalties import update_penalties_triton
+
+    update_penalties_triton(next_ids, penalty_table(next_ids.device))
+    record_fused_update(info)
+    return True
+
+
+def record_fused_update(info) -> None:
+    """Host bookkeeping after a kernel recorded a step's tokens (see TokenCounts.record_added)."""
+    for penalizer in _prepared_penalizers(info):
+        if isinstance(penalizer, (BatchedFrequencyPenalizer, BatchedPresencePenalizer)):
+            penalizer.output_counts.record_added()
+        elif isinstance(penalizer, BatchedRepetitionPenalizer):
+            penalizer.seen.record_added()

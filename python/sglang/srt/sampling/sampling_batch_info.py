@@ -15,7 +15,7 @@ from typing import Any, Optional
 import torch
 
 from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor, load_custom_logit_processor
-from sglang.srt.sampling.fused_logits_bias import apply_logits_bias_fused
+from sglang.srt.sampling.fused_logits_bias import apply_logits_bias_fused, update_penalties_fused
 from sglang.srt.sampling.penaltylib import BatchedPenalizerOrchestrator
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -58,6 +58,7 @@ class SamplingBatchInfo:
     min_ps: torch.Tensor = field(init=False)  # [B] float32
     sampling_seed: Optional[torch.Tensor] = field(init=False)  # [B] int64, 0 on unseeded rows
     seeded_rows: Optional[torch.Tensor] = field(init=False)  # [S] int64
+    seeded_mask: Optional[torch.Tensor] = field(init=False)  # [B] bool, set with seeded_rows
     greedy_mask: Optional[torch.Tensor] = field(init=False)  # [B] bool, set for mixed batches
     logit_bias_ids: Optional[torch.Tensor] = field(init=False)  # [B, K] int64, pad 0
     logit_bias_values: Optional[torch.Tensor] = field(init=False)  # [B, K] float32, pad 0.0
@@ -140,11 +141,15 @@ class SamplingBatchInfo:
         # Every sampled (non-greedy) row has a seed, so no unseeded draw is needed.
         self.all_seeded = bool(seeded) and len(seeded) == sum(1 for p in params if p.top_k > 1)
         if not seeded:
-            self.sampling_seed = self.seeded_rows = None
+            self.sampling_seed = self.seeded_rows = self.seeded_mask = None
             return
         seeds = [p.sampling_seed if p.sampling_seed is not None else 0 for p in params]
         self.sampling_seed = torch.tensor(seeds, dtype=torch.int64, device=self.device)
         self.seeded_rows = torch.tensor(seeded, dtype=torch.int64, device=self.device)
+        mask = [False] * len(params)
+        for i in seeded:
+            mask[i] = True
+        self.seeded_mask = torch.tensor(mask, dtype=torch.bool, device=self.device)
 
     def _build_logit_bias(self, params: list[SamplingParams]) -> None:
         per_row = [_dedup_logit_bias(p.logit_bias) for p in params]
@@ -246,8 +251,11 @@ class SamplingBatchInfo:
         schedule the next step's penalties already include them (no one-token lag). Rows the
         sampler flagged (id -1) are skipped.
         """
-        if self.penalizer_orchestrator is not None:
-            self.penalizer_orchestrator.cumulate_output_tokens(next_token_ids)
+        if self.penalizer_orchestrator is None:
+            return
+        if next_token_ids.is_cuda and update_penalties_fused(self, next_token_ids):
+            return
+        self.penalizer_orchestrator.cumulate_output_tokens(next_token_ids)
 
 
 def _dedup_logit_bias(bias: Optional[dict]) -> dict[int, float]:

@@ -23,9 +23,11 @@ class TokenCounts:
     """Distinct tokens per row, left-packed, with occurrence counts.
 
     Row b holds its distinct tokens in slots [0, lengths[b]); later slots are PAD_ID with count 0.
-    `width` is a host-side upper bound on max(lengths): it grows by one per `add` (knowing whether
-    any row really gained a token would need a device sync) and is re-tightened on `filter` (on
-    CUDA from an asynchronous read-back, adopted at a later filter once it has landed).
+    `width` is a host-side upper bound on max(lengths): it grows by one per recorded step (knowing
+    whether any row really gained a token would need a device sync) and is re-tightened on `filter`
+    (on CUDA from an asynchronous read-back, adopted at a later filter once it has landed). The
+    storage always has a free column past `width`, so a kernel can record the next step's token
+    with no host decision in between (the CUDA graph of a sampling step does).
     """
 
     def __init__(self, ids: torch.Tensor, counts: torch.Tensor, lengths: torch.Tensor, width: int) -> None:
@@ -41,7 +43,7 @@ class TokenCounts:
         """Build from host token lists (negative ids are ignored)."""
         rows = [Counter(t for t in history if t >= 0) for history in histories]
         width = max((len(row) for row in rows), default=0)
-        capacity = max(_MIN_CAPACITY, width)
+        capacity = max(_MIN_CAPACITY, width + 1)
         ids = torch.full((len(rows), capacity), PAD_ID, dtype=torch.int64)  # [B, C]
         counts = torch.zeros((len(rows), capacity), dtype=torch.float32)  # [B, C]
         for b, row in enumerate(rows):
@@ -62,6 +64,12 @@ class TokenCounts:
         return self._counts[:, : self.width]
 
     @property
+    def storage(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """([B, capacity] int64 ids, [B, capacity] float32 counts): all columns, for kernels that
+        bound each row by its length and record into the free column past it."""
+        return self._ids, self._counts
+
+    @property
     def lengths(self) -> torch.Tensor:
         """[B, 1] int64 number of distinct ids per row."""
         return self._lengths
@@ -75,11 +83,18 @@ class TokenCounts:
 
     def add(self, tokens: torch.Tensor) -> None:
         """Record one token per row; negative ids (rows the sampler flagged invalid) are skipped."""
-        self._reserve(self.width + 1)
         tokens = tokens.to(device=self._ids.device, dtype=torch.int64)
-        add = _add_kernel() if self._ids.is_cuda else token_counts_add_reference
-        add(self._ids, self._counts, self._lengths, tokens, self.width)
+        if self._ids.is_cuda:
+            _add_kernel()(self._ids, self._counts, self._lengths, tokens)
+        else:
+            token_counts_add_reference(self._ids, self._counts, self._lengths, tokens, self.width)
+        self.record_added()
+
+    def record_added(self) -> None:
+        """Account on the host for a step whose tokens a kernel recorded on the device (each row
+        gained at most one id), keeping a free column for the next one."""
         self.width += 1
+        self._reserve(self.width + 1)
 
     def filter(self, keep: torch.Tensor) -> None:
         """Keep rows `keep` (int64 indices, in that order)."""
@@ -115,7 +130,7 @@ class TokenCounts:
 
     def merge(self, other: TokenCounts) -> None:
         """Append `other`'s rows after this one's."""
-        capacity = max(self.capacity, other.capacity)
+        capacity = max(self.capacity, other.capacity, max(self.width, other.width) + 1)
         ids, counts = _pad_columns(self._ids, self._counts, capacity)
         other_ids, other_counts = _pad_columns(other._ids, other._counts, capacity)
         self._ids = torch.cat([ids, other_ids])

@@ -1,0 +1,130 @@
+"""The sampling step inside a CUDA graph (`--sampling-backend triton`).
+
+For every decode bucket the graph runner captures a second graph over the decode graph's logits:
+penalties and logit bias (through the device's penalty table), the unseeded rows' seeds from the
+step's noise, the triton sampler's kernels, the penalty update, and the sampled ids into the
+runner's `future_tokens`. Its inputs live at fixed addresses:
+- the per-row parameters (temperature, top-k, top-p, min-p, request seeds) in `SamplingInputBuffers`,
+  copied on the device only when the batch's SamplingBatchInfo was rebuilt (requests joined or left);
+- the step's noise, drawn into its buffer by the same generator call as the eager path, so a step
+  draws the same tokens replayed or eager, and every TP rank the same noise;
+- the positions and request slots of the decode graph's own input buffers;
+- the penalty table (sgl_kernel_ext/sampling/penalties.py), rewritten when a penalty list moves.
+Padding rows sample garbage from stale parameters and are never read; the penalty kernels skip them.
+
+A step samples eagerly instead when it needs host work or outputs the graph does not produce
+(`needs_eager_sampling`): custom logit processors, logprobs, a grammar's vocab mask, a custom
+penalizer, the TP token all-reduce or agreement check.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from sglang.srt.layers.sampler import Sampler
+from sglang.srt.layers.triton_backend import TritonBackend, draw_noise, row_seed_offsets, unseeded_seeds
+from sglang.srt.sampling.fused_logits_bias import penalty_table, record_fused_update, write_penalty_table
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Step
+
+
+def sampling_graph_supported(sampler: Sampler) -> bool:
+    """The built-in Sampler over the triton backend (a Sampler subclass may do anything)."""
+    return type(sampler) is Sampler and isinstance(sampler.backend, TritonBackend)
+
+
+def needs_eager_sampling(step: "Step", sampler: Sampler, check_token_agreement: bool) -> bool:
+    info = step.sampled_batch.sampling_info
+    return (
+        info.has_custom_logit_processor
+        or info.vocab_mask is not None
+        or info.grammars is not None
+        or any(req.logprob is not None for req in step.reqs)
+        or check_token_agreement
+        or (sampler.tp_group is not None and sampler.sync_token_ids)
+    )
+
+
+class SamplingInputBuffers:
+    """The sampling graphs' per-row inputs, [max_bs] each, and the sampler's scratch."""
+
+    def __init__(self, max_bs: int, vocab_size: int, device: torch.device) -> None:
+        from sgl_kernel_ext.sampling.sample import new_workspace
+
+        def static(fill, dtype: torch.dtype) -> torch.Tensor:
+            return torch.full((max_bs,), fill, dtype=dtype, device=device)  # [max_bs]
+
+        self.temperatures = static(1.0, torch.float32)
+        self.top_ks = static(1, torch.int32)  # greedy until a batch is loaded
+        self.top_ps = static(1.0, torch.float32)
+        self.log_min_ps = static(float("-inf"), torch.float32)
+        self.request_seeds = static(0, torch.int64)
+        self.seeded = static(False, torch.bool)
+        self.seed_offsets = row_seed_offsets(max_bs, device)  # [max_bs] int64
+        self.noise = torch.zeros(1, dtype=torch.int64, device=device)  # [1] int64, drawn every step
+        self.workspace = new_workspace(max_bs, vocab_size, device)
+        self._loaded: Optional[torch.Tensor] = None  # the loaded info's temperatures (new on every rebuild)
+
+    def load(self, info) -> None:
+        """Copy the batch's parameters in, unless they are already there."""
+        if self._loaded is info.temperatures:
+            return
+        rows = len(info)
+        self.temperatures[:rows].copy_(info.temperatures.reshape(-1))
+        self.top_ks[:rows].copy_(info.top_ks)
+        self.top_ps[:rows].copy_(info.top_ps)
+        torch.log(info.min_ps, out=self.log_min_ps[:rows])
+        if info.seeded_mask is None:
+            self.seeded[:rows].fill_(False)
+        else:
+            self.seeded[:rows].copy_(info.seeded_mask)
+            self.request_seeds[:rows].copy_(info.sampling_seed)
+        self._loaded = info.temperatures
+
+
+def sample_in_graph(
+    logits: torch.Tensor,
+    inputs: SamplingInputBuffers,
+    positions: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    future_tokens: torch.Tensor,
+) -> torch.Tensor:
+    """What a sampling graph captures, over `logits` ([bs, V] float32, the decode graph's output):
+    [bs] int64 next ids, -1 on invalid rows."""
+    from sgl_kernel_ext.sampling.penalties import apply_penalties_triton, update_penalties_triton
+    from sgl_kernel_ext.sampling.sample import sample_triton
+
+    bs = logits.shape[0]
+    table = penalty_table(logits.device)
+    apply_penalties_triton(logits, table)
+    seeds = torch.where(inputs.seeded[:bs], inputs.request_seeds[:bs], unseeded_seeds(inputs.noise, inputs.seed_offsets[:bs]))
+    result = sample_triton(
+        logits, inputs.temperatures[:bs], inputs.top_ks[:bs], inputs.top_ps[:bs], inputs.log_min_ps[:bs], seeds, positions,
+        workspace=inputs.workspace,
+    )
+    update_penalties_triton(result.ids, table)
+    future_tokens.index_copy_(0, req_pool_indices, result.ids)
+    return result.ids
+
+
+def prepare_capture(device: torch.device) -> None:
+    """Before warming up and capturing sample_in_graph: the penalty table may still point at the
+    lists of a batch that is gone, and the warm-up runs its kernels for real."""
+    penalty_table(device).clear()
+
+
+def prepare_replay(inputs: SamplingInputBuffers, info, generator: torch.Generator) -> bool:
+    """Point the graph's inputs at this step's batch; False when its penalties need the torch path."""
+    if not write_penalty_table(info, inputs.noise.device):
+        return False
+    inputs.load(info)
+    draw_noise(generator, inputs.noise.device, out=inputs.noise)
+    return True
+
+
+def finish_replay(info) -> None:
+    """Host bookkeeping of the penalty state the replay updated."""
+    record_fused_update(info)
