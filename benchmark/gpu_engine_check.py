@@ -9,7 +9,8 @@ Qwen3-0.6B-shaped checkpoint (run through the device tool; output under docs/gpu
 3. Deterministic mode (batch-invariant kernels captured): graph vs eager logits bit-equal.
 4. bf16: graph vs eager log-softmax difference on the same schedule.
 5. Decode step time per batch size, graphs vs eager.
-6. The sampling step's share of a decode step (bench_serving.py's mixed sampling list, B = 1, 16,
+6. Extend (prefill) step time, piecewise graphs vs eager.
+7. The sampling step's share of a decode step (bench_serving.py's mixed sampling list, B = 1, 16,
    64, 256): decode graph alone vs decode graph + sampling graph, and + eager sampling.
 
     python benchmark/gpu_engine_check.py --out $OUT
@@ -97,7 +98,8 @@ def run_schedule(runner: ModelRunner, schedule, forced=None, wave: int = 32, eve
 
 def runner(folder: str, dtype: str, graphs: bool, deterministic: bool = False) -> ModelRunner:
     return ModelRunner(folder, device="cuda", dtype=dtype, max_total_tokens=160000, max_running_requests=300,
-                       disable_cuda_graph=not graphs, deterministic=deterministic, cuda_graph_max_bs=256)
+                       disable_cuda_graph=not graphs, deterministic=deterministic, cuda_graph_max_bs=256,
+                       piecewise_cuda_graph_max_tokens=8192)
 
 
 def release_gpu() -> None:
@@ -199,6 +201,30 @@ def time_decode(folder: str, results: dict, context: int = 256) -> None:
     results["decode_step"] = timings
 
 
+def time_extend(folder: str, results: dict) -> None:
+    """Wall time of extend steps (host + GPU, synchronised): piecewise graphs vs eager."""
+    timings = {}
+    for graphs in (True, False):
+        r = runner(folder, "bfloat16", graphs=graphs)
+        for bs, n in ((1, 16), (1, 100), (1, 1000), (32, 100), (8, 1000)):
+            driver = Driver(r)
+            times = []
+            for _ in range(6):
+                reqs = [driver.new_req() for _ in range(bs)]
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                driver.extend(reqs, [[5] * n] * bs)
+                torch.cuda.synchronize()
+                times.append((time.perf_counter() - t) * 1e3)
+                driver.release()
+            ms = sorted(times[1:])[len(times[1:]) // 2]  # median after the first (kernel compiles)
+            timings[f"{'piecewise' if graphs else 'eager'}_bs{bs}_n{n}_ms"] = ms
+            print(f"extend bf16, {bs} x {n} tokens, piecewise graphs {graphs}: {ms:.2f} ms", flush=True)
+        r = None
+        release_gpu()
+    results["extend_step"] = timings
+
+
 def _gpu_ms(run, steps: int = 50) -> float:
     """Mean GPU time of run() per call (events around `steps` calls, after a warm-up)."""
     for _ in range(3):
@@ -283,13 +309,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/engine_check"))
     parser.add_argument("--checkpoint", default="/tmp/qwen3-0.6b-random")
     parser.add_argument("--tokenizer", help="tokenizer folder copied into a new checkpoint")
-    parser.add_argument("--checks", nargs="+", default=["timing", "sampling", "graphs", "deterministic", "bf16"])
+    parser.add_argument("--checks", nargs="+", default=["timing", "extend", "sampling", "graphs", "deterministic", "bf16"])
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if not Path(args.checkpoint, "config.json").exists():
         write_qwen3_checkpoint(args.checkpoint, args.tokenizer, device="cuda")
     results: dict = {"device": torch.cuda.get_device_name()}
-    checks = {"profile": profile_decode, "timing": time_decode, "sampling": time_sampling, "graphs": check_graphs_vs_eager, "deterministic": check_deterministic, "bf16": check_bf16}
+    checks = {"profile": profile_decode, "timing": time_decode, "extend": time_extend, "sampling": time_sampling, "graphs": check_graphs_vs_eager, "deterministic": check_deterministic, "bf16": check_bf16}
     for name in args.checks:
         started = time.perf_counter()
         checks[name](args.checkpoint, results)

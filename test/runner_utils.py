@@ -40,17 +40,23 @@ class Driver:
     def _step(
         self, mode: ForwardMode, reqs: list[Req], chunks: list[list[int]], input_logits: bool
     ) -> LogitsProcessorOutput:
+        out = self.runner.forward(self.forward_batch(reqs, chunks, mode, input_logits))
+        for req, chunk in zip(reqs, chunks):
+            req.kv_len += len(chunk)
+        return out
+
+    def forward_batch(
+        self, reqs: list[Req], chunks: list[list[int]], mode: ForwardMode = ForwardMode.EXTEND, input_logits: bool = False
+    ) -> ForwardBatch:
+        """KV slots allocated and req_to_token written for `chunks`, as the scheduler does; the
+        requests' lengths advance only once the batch has run (see _step)."""
         lens = [len(c) for c in chunks]
         loc = self.runner.token_to_kv_pool_allocator.alloc(sum(lens))
         self.runner.req_to_token_pool.assign([r.slot for r in reqs], [r.kv_len for r in reqs], lens, loc)
-        batch = ForwardBatch.init_new(
+        return ForwardBatch.init_new(
             mode, [t for c in chunks for t in c], [r.slot for r in reqs], [r.kv_len for r in reqs], lens, loc, self.runner.device,
             return_input_logits=input_logits,
         )
-        out = self.runner.forward(batch)
-        for req, n in zip(reqs, lens):
-            req.kv_len += n
-        return out
 
     def release(self) -> None:
         pool = self.runner.req_to_token_pool

@@ -37,6 +37,9 @@ class ServerArgs:
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: Optional[int] = None
     cuda_graph_bs: Optional[list[int]] = None
+    disable_piecewise_cuda_graph: bool = False
+    piecewise_cuda_graph_max_tokens: Optional[int] = None
+    piecewise_cuda_graph_tokens: Optional[list[int]] = None
     sampling_defaults: str = "model"
     preferred_sampling_params: Optional[str] = None
     max_top_logprobs_num: int = 20
@@ -72,12 +75,14 @@ class ServerArgs:
         if self.sampling_defaults not in SAMPLING_DEFAULTS_CHOICES:
             raise ValueError(f"--sampling-defaults must be one of {SAMPLING_DEFAULTS_CHOICES}, got {self.sampling_defaults!r}.")
         for name in ("max_running_requests", "chunked_prefill_size", "tp_size", "dist_timeout", "cuda_graph_max_bs",
-                     "decode_log_interval"):
+                     "piecewise_cuda_graph_max_tokens", "decode_log_interval"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}.")
         if self.cuda_graph_bs is not None and any(b < 1 for b in self.cuda_graph_bs):
             raise ValueError(f"--cuda-graph-bs sizes must be at least 1, got {self.cuda_graph_bs}.")
+        if self.piecewise_cuda_graph_tokens is not None and any(t < 1 for t in self.piecewise_cuda_graph_tokens):
+            raise ValueError(f"--piecewise-cuda-graph-tokens must be at least 1, got {self.piecewise_cuda_graph_tokens}.")
         if self.attention_backend is not None:
             from sglang.srt.layers.attention import ATTENTION_BACKEND_CHOICES
 
@@ -157,6 +162,12 @@ class ServerArgs:
             help="Largest decode batch captured in a CUDA graph (default: min(max running requests, 256)).")
         add("--cuda-graph-bs", type=int, nargs="+", default=d.cuda_graph_bs,
             help="Exact decode batch sizes to capture (default 1, 2, 4, 8, 12, 16, 24, ... up to --cuda-graph-max-bs).")
+        add("--disable-piecewise-cuda-graph", action="store_true",
+            help="Run extend (prefill) steps eagerly instead of replaying piecewise CUDA graphs around eager attention.")
+        add("--piecewise-cuda-graph-max-tokens", type=int, default=d.piecewise_cuda_graph_max_tokens,
+            help="Largest extend step (tokens) captured in piecewise CUDA graphs (default: --chunked-prefill-size).")
+        add("--piecewise-cuda-graph-tokens", type=int, nargs="+", default=d.piecewise_cuda_graph_tokens,
+            help="Exact token counts to capture (default multiples of 16 to 256, 64 to 1024, 256 to 4096, then 512).")
         add("--sampling-defaults", default=d.sampling_defaults, choices=list(SAMPLING_DEFAULTS_CHOICES),
             help="model: OpenAI chat fills unset temperature/top_p/top_k/min_p/repetition_penalty from generation_config.json; openai: OpenAI defaults.")
         add("--preferred-sampling-params", default=d.preferred_sampling_params,

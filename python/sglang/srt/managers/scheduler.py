@@ -83,6 +83,9 @@ class Scheduler:
             disable_cuda_graph=server_args.disable_cuda_graph,
             cuda_graph_max_bs=server_args.cuda_graph_max_bs,
             cuda_graph_bs=server_args.cuda_graph_bs,
+            disable_piecewise_cuda_graph=server_args.disable_piecewise_cuda_graph,
+            piecewise_cuda_graph_max_tokens=server_args.piecewise_cuda_graph_max_tokens or server_args.chunked_prefill_size,
+            piecewise_cuda_graph_tokens=server_args.piecewise_cuda_graph_tokens,
             sampling_backend=server_args.sampling_backend,
             random_seed=server_args.random_seed,
         ).result()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import TYPE_CHECKING, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 import torch
 
@@ -12,6 +12,7 @@ from sglang.srt.utils import host_to_device
 
 if TYPE_CHECKING:
     from sglang.srt.layers.attention import AttentionBackend
+    from sglang.srt.layers.attention.attention_layer import Attention
     from sglang.srt.mem_cache.memory_pool import KVCache
 
 
@@ -54,6 +55,9 @@ class ForwardBatch:
     # Set by ModelRunner.forward.
     kv_cache: Optional["KVCache"] = None
     attn_backend: Optional["AttentionBackend"] = None
+    # Set while piecewise CUDA graphs are captured: takes (layer, q) in place of the attention and
+    # returns the buffer the attention will write at replay (piecewise_cuda_graph_runner.py).
+    attention_split: Optional[Callable[["Attention", torch.Tensor], torch.Tensor]] = None
 
     @classmethod
     def init_new(

@@ -23,6 +23,7 @@ from sglang.srt.managers.schedule_batch import StepResult
 from sglang.srt.mem_cache.memory_pool import KVCache, ReqToTokenPool, TokenToKVPoolAllocator
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.model_executor.piecewise_cuda_graph_runner import PiecewiseCudaGraphRunner, capture_token_counts
 from sglang.srt.model_executor.sampling_graph import needs_eager_sampling, sampling_graph_supported
 from sglang.srt.model_executor.step_output import copy_to_host, input_logprobs, output_logprobs
 from sglang.srt.model_loader import load_model
@@ -48,6 +49,9 @@ CUDA_KV_FREE_FRACTION = 0.8
 CUDA_MAX_RUNNING_BOUNDS = (1024, 2048)
 # Largest decode batch captured by default (--cuda-graph-max-bs); larger batches run eagerly.
 DEFAULT_CUDA_GRAPH_MAX_BS = 256
+# Largest extend step captured in piecewise graphs when no size is given (the server passes its
+# --chunked-prefill-size, so that every prefill chunk replays).
+DEFAULT_PIECEWISE_MAX_TOKENS = 4096
 
 
 class ModelRunner:
@@ -67,6 +71,9 @@ class ModelRunner:
         disable_cuda_graph: bool = False,
         cuda_graph_max_bs: Optional[int] = None,
         cuda_graph_bs: Optional[list[int]] = None,
+        disable_piecewise_cuda_graph: bool = False,
+        piecewise_cuda_graph_max_tokens: Optional[int] = None,
+        piecewise_cuda_graph_tokens: Optional[list[int]] = None,
         sampling_backend: str = "pytorch",
         random_seed: int = 0,
     ) -> None:
@@ -88,8 +95,11 @@ class ModelRunner:
         )
         self._init_sampling(sampling_backend, random_seed)
         self.cuda_graph_runner: Optional[CudaGraphRunner] = None
+        self.piecewise_runner: Optional[PiecewiseCudaGraphRunner] = None
         if self.device.type == "cuda" and not disable_cuda_graph:
             self._init_cuda_graphs(cuda_graph_max_bs, cuda_graph_bs)
+            if not disable_piecewise_cuda_graph:
+                self._init_piecewise_cuda_graphs(piecewise_cuda_graph_max_tokens, piecewise_cuda_graph_tokens)
 
     def _init_sampling(self, backend: str, random_seed: int) -> None:
         self.random_seed = random_seed
@@ -142,6 +152,15 @@ class ModelRunner:
         with torch.inference_mode():
             self.cuda_graph_runner = CudaGraphRunner(self, sizes, capture_sampling=sampling_graph_supported(self.sampler))
 
+    def _init_piecewise_cuda_graphs(self, max_tokens: Optional[int], explicit: Optional[list[int]]) -> None:
+        if self.deterministic:
+            # Extend steps stay on the eager batch-invariant path that mode is checked on.
+            logger.info("Piecewise CUDA graphs off: --enable-deterministic-inference runs extend steps eagerly.")
+            return
+        counts = capture_token_counts(max_tokens or DEFAULT_PIECEWISE_MAX_TOKENS, explicit)
+        with torch.inference_mode():
+            self.piecewise_runner = PiecewiseCudaGraphRunner(self, counts)
+
     def _default_max_total_tokens(self, max_running_requests: Optional[int]) -> int:
         per_token = self.model_config.kv_cache_bytes_per_token(self.dtype.itemsize, self.tp_size)
         tokens = max(1, self._kv_budget_bytes() // per_token)
@@ -164,13 +183,17 @@ class ModelRunner:
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         """next_token_logits [B, V] float32 of each request's last new token (and
         input_token_logits [N, V] when forward_batch.return_input_logits). A decode batch that
-        fits a captured graph replays it."""
+        fits a captured graph replays it; an extend step within the piecewise graphs' token
+        counts replays their pieces around eager attention."""
         forward_batch.kv_cache, forward_batch.attn_backend = self.kv_cache, self.attn_backend
         self.req_to_token_pool.write_forward_batch(
             forward_batch.req_pool_indices, forward_batch.extend_seq_lens, forward_batch.positions, forward_batch.out_cache_loc
         )
         if self.cuda_graph_runner is not None and self.cuda_graph_runner.can_run(forward_batch):
             return self.cuda_graph_runner.replay(forward_batch)
+        if self.piecewise_runner is not None and self.piecewise_runner.can_run(forward_batch):
+            self.attn_backend.init_forward_metadata(forward_batch)
+            return self.model.compute_logits(self.piecewise_runner.replay(forward_batch), forward_batch)
         with batch_invariant(self.deterministic):
             self.attn_backend.init_forward_metadata(forward_batch)
             return self.model(forward_batch)

@@ -198,7 +198,11 @@ class LlamaForCausalLM(nn.Module):
         )
 
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
-        hidden = self.model(forward_batch)  # [N, H]
+        return self.compute_logits(self.model(forward_batch), forward_batch)  # model: [N, H]
+
+    def compute_logits(self, hidden: torch.Tensor, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        """Logits from the final hidden states [N, H] (the piecewise graph runner calls this after
+        replaying the model body)."""
         if forward_batch.return_input_logits:
             out = self.logits_processor(hidden, self.lm_head)
             out.input_token_logits = out.next_token_logits  # [N, V]

@@ -24,5 +24,8 @@ class Attention(nn.Module):
         K/V in the cache -> [N, Hq * D]."""
         if k is not None:
             forward_batch.kv_cache.set_kv(self.layer_id, forward_batch.out_cache_loc, k, v)
-        out = forward_batch.attn_backend.forward(q, self, forward_batch)  # [N, Hq, D]
+        if forward_batch.attention_split is not None:  # capturing piecewise graphs: attention runs between them
+            out = forward_batch.attention_split(self, q)  # [N, Hq, D]
+        else:
+            out = forward_batch.attn_backend.forward(q, self, forward_batch)  # [N, Hq, D]
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)
