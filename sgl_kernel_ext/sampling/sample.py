@@ -24,8 +24,12 @@ Two launches, no host synchronisation, every decision per row on the device:
      above the cut are there, so each one's count and mass of strictly greater elements are
      exact) and draws by Gumbel-max over the kept ones. A row with no bound (no filter, or
      filters looser than the block maxima can show), too many hot blocks or candidates takes the
-     exact full-row path: a 32-step bisection over float keys for the thresholds, then Gumbel
-     over the whole row.
+     exact full-row path: a 32-step bisection over float keys for the thresholds (only when a
+     top-k or top-p is set), then Gumbel over the whole row, which takes two more launches:
+  3. full draw (grid B x chunks): for full-row rows only, each chunk's best Gumbel score and its
+     token, and its kept mass (the Gumbel scores are float64 hashes, too slow for one CTA over a
+     whole row: a flat row with min-p, e.g. high temperature, used to take ~200 µs there);
+  4. full reduce (grid B): the row's token (best score, lowest id on ties) and kept logsumexp.
 """
 
 from __future__ import annotations
@@ -70,6 +74,16 @@ class SampleResult:
     lse: torch.Tensor  # [B] float32, logsumexp of the scaled row
     lse_kept: torch.Tensor  # [B] float32, logsumexp of the scaled row over the kept tokens
     threshold: torch.Tensor  # [B] float32, scaled-logit threshold of the support
+
+
+@triton.jit
+def _full_scratch(fws, iws, B, NC, NB, MAX_HOT: tl.constexpr, CAP: tl.constexpr):
+    """After _scratch's regions: per row the full-row flag (int32) and row max (float32), per
+    chunk the best token (int32) and kept mass (float32); the best scores are in dws [B, NC]."""
+    n = B * NC
+    f = fws + 2 * n + B * (2 * NB + CAP)
+    i = iws + 2 * n + B * (MAX_HOT + CAP)
+    return i, f, i + B, f + B
 
 
 @triton.jit
@@ -375,6 +389,7 @@ def _row_kernel(
     token = tl.min(tl.where(xb == x_top, first_offs, V), 0).to(tl.int64)
     lse_kept = lse
     thr = tl.full([], float("-inf"), tl.float32)
+    full = tl.zeros([], tl.int32)
     if mode < 2:
         state = row_hash_state(tl.load(seeds_ptr + row), tl.load(pos_ptr + row))
         n = tl.full([], CAP + 1, tl.int32)  # > CAP: the full-row path
@@ -404,26 +419,59 @@ def _row_kernel(
             if (k < V) | (p < 1.0):
                 t_k, t_p = _full_thresholds(row_ptr, t, V, k, p, M, Z, BLOCK)
             thr = tl.maximum(tl.maximum(t_k, t_p), t_m)
-            best = tl.full([BLOCK], float("-inf"), tl.float64)
-            best_id = tl.full([BLOCK], V, tl.int32)
-            kept_sum = tl.zeros([BLOCK], dtype=tl.float32)
-            for start in range(0, V, BLOCK):
-                offs = start + tl.arange(0, BLOCK)
-                x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf"))
-                s = tl.math.div_rn(x, t)
-                keep = (offs < V) & (s >= thr)
-                score = tl.where(keep, s.to(tl.float64) + hash_gumbel(state, offs), float("-inf"))
-                # Strictly greater: an earlier tile keeps the lower token id on a tie.
-                better = score > best
-                best = tl.where(better, score, best)
-                best_id = tl.where(better, offs, best_id)
-                kept_sum += tl.where(keep, tl.exp(s - M), 0.0)
-            top = tl.max(best, 0)
-            token = tl.min(tl.where(best == top, best_id, V), 0).to(tl.int64)
-            lse_kept = M + tl.log(tl.sum(kept_sum, 0))
+            full = tl.full([], 1, tl.int32)  # the draw over the whole row: _full_chunk_kernel, _full_reduce_kernel
+    flag_ptr, rowmax_ptr, _, _ = _full_scratch(fws, iws, B, NC, NB, MAX_HOT, CAP)
+    tl.store(flag_ptr + row, full)
+    tl.store(rowmax_ptr + row, M)
     tl.store(ids_ptr + row, tl.where(mode == 3, -1, token))
     tl.store(lse_kept_ptr + row, lse_kept)
     tl.store(thr_ptr + row, thr)
+
+
+@triton.jit(do_not_specialize=["B"])
+def _full_chunk_kernel(
+    logits_ptr, stride, temps_ptr, seeds_ptr, pos_ptr, V, B, NC, fws, iws, dws, out_ptr,
+    CHUNK: tl.constexpr, BLOCK_SIZE: tl.constexpr, MAX_HOT: tl.constexpr, CAP: tl.constexpr,
+):
+    """A full-row row's chunk: its best Gumbel score over the kept tokens (lowest id on ties)
+    and its kept mass, with the threshold the row kernel stored. Other rows return at once."""
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    flag_ptr, rowmax_ptr, best_id_ptr, ksum_ptr = _full_scratch(fws, iws, B, NC, NC * (CHUNK // BLOCK_SIZE), MAX_HOT, CAP)
+    if tl.load(flag_ptr + row) != 0:
+        t = tl.load(temps_ptr + row)
+        thr = tl.load(out_ptr + 2 * B + row)
+        M = tl.load(rowmax_ptr + row)
+        state = row_hash_state(tl.load(seeds_ptr + row), tl.load(pos_ptr + row))
+        offs = chunk * CHUNK + tl.arange(0, CHUNK)
+        x = tl.load(logits_ptr + row.to(tl.int64) * stride + offs, mask=offs < V, other=float("-inf"))
+        s = tl.math.div_rn(x, t)
+        keep = (offs < V) & (s >= thr)
+        score = tl.where(keep, s.to(tl.float64) + hash_gumbel(state, offs), float("-inf"))
+        top = tl.max(score, 0)
+        slot = row * NC + chunk
+        tl.store(dws + slot, top)
+        tl.store(best_id_ptr + slot, tl.min(tl.where(score == top, offs, V), 0))
+        tl.store(ksum_ptr + slot, tl.sum(tl.where(keep, tl.exp(s - M), 0.0), 0))
+
+
+@triton.jit(do_not_specialize=["B"])
+def _full_reduce_kernel(
+    ids_ptr, out_ptr, fws, iws, dws, V, B, NC, NCP: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_SIZE: tl.constexpr, MAX_HOT: tl.constexpr, CAP: tl.constexpr,
+):
+    """A full-row row's token (best chunk score; the lowest id among equal ones) and kept logsumexp."""
+    row = tl.program_id(0)
+    flag_ptr, rowmax_ptr, best_id_ptr, ksum_ptr = _full_scratch(fws, iws, B, NC, NC * (CHUNK // BLOCK_SIZE), MAX_HOT, CAP)
+    if tl.load(flag_ptr + row) != 0:
+        c = tl.arange(0, NCP)
+        slots = row * NC + c
+        score = tl.load(dws + slots, mask=c < NC, other=float("-inf"))
+        ids = tl.load(best_id_ptr + slots, mask=c < NC, other=V)
+        top = tl.max(score, 0)
+        tl.store(ids_ptr + row, tl.min(tl.where(score == top, ids, V), 0).to(tl.int64))
+        kept = tl.sum(tl.load(ksum_ptr + slots, mask=c < NC, other=0.0), 0)
+        tl.store(out_ptr + B + row, tl.load(rowmax_ptr + row) + tl.log(kept))
 
 
 @triton.jit
@@ -480,28 +528,33 @@ def _launch(kernel, grid: tuple, args: tuple, num_warps: int) -> None:
 # Scratch per device, grown to the largest batch seen and reused by every call: fewer allocations
 # and kernel arguments per step (a decode step's launch cost matters at small batch). Calls on a
 # device are ordered on one stream, as the sampler's are.
-_WORKSPACES: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+_WORKSPACES: dict[torch.device, "Workspace"] = {}
 
 
-def workspace_sizes(B: int, V: int) -> tuple[int, int]:
-    """(float32, int32) scratch elements a call over B rows of V logits uses."""
+def workspace_sizes(B: int, V: int) -> tuple[int, int, int]:
+    """(float32, int32, float64) scratch elements a call over B rows of V logits uses."""
     nc = -(-V // CHUNK)
     chunks, nb = B * nc, nc * (CHUNK // BLOCK_SIZE)
-    return chunks * 2 + B * (2 * nb + CAP), chunks * 2 + B * (MAX_HOT + CAP)
+    return chunks * 3 + B * (2 * nb + CAP + 1), chunks * 3 + B * (MAX_HOT + CAP + 1), chunks
 
 
-def new_workspace(B: int, V: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    floats, ints = workspace_sizes(B, V)
-    return torch.empty(floats, dtype=torch.float32, device=device), torch.empty(ints, dtype=torch.int32, device=device)
+Workspace = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def _workspace(device: torch.device, B: int, V: int) -> tuple[torch.Tensor, torch.Tensor]:
-    fws, iws = _WORKSPACES.get(device, (None, None))
-    floats, ints = workspace_sizes(B, V)
-    if fws is None or fws.numel() < floats or iws.numel() < ints:
-        fws, iws = new_workspace(B, V, device)
-        _WORKSPACES[device] = (fws, iws)
-    return fws, iws
+def new_workspace(B: int, V: int, device: torch.device) -> Workspace:
+    floats, ints, doubles = workspace_sizes(B, V)
+    return (
+        torch.empty(floats, dtype=torch.float32, device=device),
+        torch.empty(ints, dtype=torch.int32, device=device),
+        torch.empty(doubles, dtype=torch.float64, device=device),
+    )
+
+
+def _workspace(device: torch.device, B: int, V: int) -> Workspace:
+    held = _WORKSPACES.get(device)
+    if held is None or any(t.numel() < n for t, n in zip(held, workspace_sizes(B, V))):
+        held = _WORKSPACES[device] = new_workspace(B, V, device)
+    return held
 
 
 def sample_triton(
@@ -512,7 +565,7 @@ def sample_triton(
     log_min_ps: torch.Tensor,
     seeds: torch.Tensor,
     positions: torch.Tensor,
-    workspace: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+    workspace: Optional[Workspace] = None,
 ) -> SampleResult:
     """One draw per row of `logits` ([B, V] float32, unit stride along V).
 
@@ -524,7 +577,7 @@ def sample_triton(
     B, V = logits.shape
     dev = logits.device
     nc = -(-V // CHUNK)  # plain ints: triton.cdiv / next_power_of_2 are ~10 µs constexpr-function calls
-    fws, iws = workspace if workspace is not None else _workspace(dev, B, V)
+    fws, iws, dws = workspace if workspace is not None else _workspace(dev, B, V)
     ids = torch.empty(B, dtype=torch.int64, device=dev)
     invalid = torch.empty(B, dtype=torch.int8, device=dev)
     out = torch.empty(3, B, dtype=torch.float32, device=dev)  # lse, lse_kept, threshold
@@ -538,6 +591,9 @@ def sample_triton(
         FULL_BLOCK,
     )
     _launch(_row_kernel, (B,), row_args + row_consts, ROW_WARPS)
+    full_consts = (CHUNK, BLOCK_SIZE, MAX_HOT, CAP)
+    _launch(_full_chunk_kernel, (B, nc), (logits, stride, temps, seeds, positions, V, B, nc, fws, iws, dws, out) + full_consts, 4)
+    _launch(_full_reduce_kernel, (B,), (ids, out, fws, iws, dws, V, B, nc, 1 << (nc - 1).bit_length()) + full_consts, 4)
     # A bool view of the int8 flags costs no kernel, unlike .bool().
     return SampleResult(ids=ids, invalid=invalid.view(torch.bool), lse=out[0], lse_kept=out[1], threshold=out[2])
 
