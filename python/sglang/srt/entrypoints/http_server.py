@@ -461,13 +461,13 @@ class ChildProcesses:
         shutil.rmtree(os.path.dirname(self.port_args.scheduler_input_ipc.removeprefix("ipc://")), ignore_errors=True)
 
 
-def _load_in_background(path: str) -> concurrent.futures.Future:
+def _load_in_background(path: str, trust_remote_code: bool) -> concurrent.futures.Future:
     """Load the tokenizer while the scheduler loads the model (GGUF parsing takes seconds)."""
     future: concurrent.futures.Future = concurrent.futures.Future()
 
     def work() -> None:
         try:
-            future.set_result(get_tokenizer(path))
+            future.set_result(get_tokenizer(path, trust_remote_code))
         except BaseException as err:  # noqa: BLE001 - re-raised by future.result()
             future.set_exception(err)
 
@@ -486,6 +486,8 @@ def launch_server(server_args: ServerArgs) -> None:
     Raises LaunchError when start-up fails or a child process dies.
     """
     logging.basicConfig(level=server_args.log_level.upper(), format="[server] %(asctime)s %(levelname)s %(message)s")
+    if server_args.ignored_flags:
+        logger.warning("These SGLang flags have no effect in this server and are ignored: %s", " ".join(server_args.ignored_flags))
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _exit_on_signal)
     port_args = PortArgs.init_new()
@@ -493,7 +495,7 @@ def launch_server(server_args: ServerArgs) -> None:
     tm: Optional[TokenizerManager] = None
     try:
         children.start()
-        tokenizer = _load_in_background(server_args.tokenizer_path)
+        tokenizer = _load_in_background(server_args.tokenizer_path, server_args.trust_remote_code)
         ready = children.wait_ready(float(os.environ.get(READY_TIMEOUT_ENV, DEFAULT_READY_TIMEOUT_S)))
         logger.info("Scheduler ready: %s", ready)
         tm = TokenizerManager(server_args, port_args, ready, tokenizer.result())

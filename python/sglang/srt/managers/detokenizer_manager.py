@@ -143,7 +143,7 @@ def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs) -> Non
     send_sock = context.socket(zmq.PUSH)
     send_sock.connect(port_args.tokenizer_manager_ipc)
     try:
-        manager = DetokenizerManager(get_tokenizer(server_args.tokenizer_path))
+        manager = DetokenizerManager(get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code))
         batch_decoder = decoder(BatchTokenOut)
         while True:
             batch = batch_decoder.decode(recv_sock.recv())

@@ -76,6 +76,7 @@ class Scheduler:
             context_length=server_args.context_length,
             max_total_tokens=server_args.max_total_tokens,
             max_running_requests=server_args.max_running_requests,
+            mem_fraction_static=server_args.mem_fraction_static,
             tp_rank=tp_rank,
             tp_size=server_args.tp_size,
             deterministic=server_args.enable_deterministic_inference,
@@ -96,7 +97,7 @@ class Scheduler:
         self.eos_token_ids = set(config.eos_token_ids)
         self.max_total_tokens = self.model_runner.max_total_num_tokens
         self.max_running = self.model_runner.max_running_requests
-        self.tokenizer = get_tokenizer(server_args.tokenizer_path)
+        self.tokenizer = get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
         self.step_count = 0
         self.decode_steps, self.decode_tokens, self.decode_log_time = 0, 0, time.perf_counter()
 

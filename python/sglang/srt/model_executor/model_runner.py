@@ -64,6 +64,7 @@ class ModelRunner:
         context_length: Optional[int] = None,
         max_total_tokens: Optional[int] = None,
         max_running_requests: Optional[int] = None,
+        mem_fraction_static: Optional[float] = None,
         tp_rank: int = 0,
         tp_size: int = 1,
         deterministic: bool = False,
@@ -87,6 +88,7 @@ class ModelRunner:
         if self.device.type == "cpu":
             _build_cpu_kernels()
         self.model = load_model(self.model_config, model_path, self.dtype, self.device, tp_rank, tp_size)
+        self.mem_fraction_static = mem_fraction_static
         self._init_pools(max_total_tokens, max_running_requests)
         attn = self.model.model.layers[0].self_attn
         self.attn_backend = create_attention_backend(
@@ -173,10 +175,15 @@ class ModelRunner:
         return tokens
 
     def _kv_budget_bytes(self) -> int:
+        """--mem-fraction-static of the memory free after the weights (GPU memory, or available
+        RAM on CPU); without it 0.8 of the GPU's, or min(2 GiB, 0.2 x available RAM)."""
+        fraction = self.mem_fraction_static
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
-            return int(free * CUDA_KV_FREE_FRACTION)
+            return int(free * (fraction or CUDA_KV_FREE_FRACTION))
         free_ram = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        if fraction is not None:
+            return int(free_ram * fraction)
         return min(CPU_KV_BUDGET_BYTES, int(free_ram * CPU_KV_RAM_FRACTION))
 
     @torch.inference_mode()

@@ -14,12 +14,13 @@ CACHE_ENV = "SGLANG_CACHE_DIR"
 logger = logging.getLogger(__name__)
 
 
-def get_tokenizer(path: str) -> Any:
-    """The HF fast tokenizer of a model folder, or of a GGUF file (chat template included)."""
+def get_tokenizer(path: str, trust_remote_code: bool = False) -> Any:
+    """The HF fast tokenizer of a model folder, or of a GGUF file (chat template included).
+    `trust_remote_code` (--trust-remote-code) lets a folder's own tokenizer code run."""
     from transformers import AutoTokenizer
 
     if not (os.path.isfile(path) and path.endswith(".gguf")):
-        return AutoTokenizer.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     cached = gguf_tokenizer_cache_dir(path)
     if os.path.isdir(cached):
         return AutoTokenizer.from_pretrained(cached)

@@ -1,0 +1,89 @@
+"""SGLang launch commands start this server unchanged: every SGLang 0.5 flag parses, SGLang's other
+names of our flags are aliases, the rest are listed as ignored; a misspelt flag is an error that
+names the closest real flag. Plus the flags implemented with this work."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from sglang.srt.server_args import ServerArgs, prepare_server_args
+from sglang.srt.server_args_compat import add_compat_args, compat_specs
+from sglang.srt.sglang_flags import SGLANG_FLAGS
+
+
+def _our_option_strings() -> set[str]:
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    return set(parser._option_string_actions)
+
+
+def _sample_argv(names: tuple[str, ...], switch: bool, nargs) -> list[str]:
+    if switch or nargs in ("?", "*"):
+        return [names[-1]]
+    return [names[-1]] + ["1"] * (nargs if isinstance(nargs, int) else 1)
+
+
+def test_every_sglang_flag_we_do_not_implement_parses_and_is_reported() -> None:
+    specs = compat_specs(_our_option_strings())
+    assert len(specs) > 200  # SGLang 0.5 has ~290 flags; ours are a few dozen
+    argv = [token for spec in specs for token in _sample_argv(spec.names, spec.switch, spec.nargs)]
+    args = prepare_server_args(argv)
+    assert args.ignored_flags == sorted(spec.names[0] for spec in specs)
+    assert args.tp_size == 1 and args.model_path is None  # nothing of ours changed
+
+
+def test_sglang_names_of_our_flags_are_aliases() -> None:
+    args = prepare_server_args(["--tensor-parallel-size", "2", "--model", "/m", "--mem-fraction-static", "0.5"])
+    assert (args.tp_size, args.model_path, args.mem_fraction_static, args.ignored_flags) == (2, "/m", 0.5, [])
+
+
+def test_every_option_string_of_sglang_is_known() -> None:
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    add_compat_args(parser)
+    sglang_names = {name for names, _, _ in SGLANG_FLAGS for name in names}
+    assert sglang_names <= set(parser._option_string_actions)
+
+
+def test_misspelt_flag_names_the_closest(capsys) -> None:
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--mem-fraction-statik", "0.5"])
+    err = capsys.readouterr().err
+    assert "'--mem-fraction-statik'" in err and "did you mean --mem-fraction-static?" in err
+
+
+def test_unknown_flag_without_a_close_one_is_still_an_error(capsys) -> None:
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--zzzz-qqqq"])
+    assert "unrecognized argument '--zzzz-qqqq'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", [0.0, -0.1, 1.5])
+def test_mem_fraction_static_range(value: float) -> None:
+    with pytest.raises(ValueError, match=r"--mem-fraction-static must be in \(0, 1\]"):
+        ServerArgs(mem_fraction_static=value).validate()
+
+
+def test_mem_fraction_static_sizes_the_cpu_kv_pool(gguf_path: str) -> None:
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    small = ModelRunner(gguf_path, max_running_requests=4, mem_fraction_static=1e-4)
+    default = ModelRunner(gguf_path, max_running_requests=4)
+    per_token = small.model_config.kv_cache_bytes_per_token(small.dtype.itemsize, 1)
+    # 1e-4 of the available RAM (GBs on any machine that runs the suite): a few MB of KV.
+    assert 0 < small.max_total_num_tokens * per_token < 0.01 * 2**30
+    assert small.max_total_num_tokens < default.max_total_num_tokens
+
+
+def test_trust_remote_code_reaches_the_tokenizer(monkeypatch, tmp_path) -> None:
+    import transformers
+
+    from sglang.srt.utils import hf_transformers_utils
+
+    seen = {}
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda path, **kw: seen.update(kw) or "tok")
+    assert hf_transformers_utils.get_tokenizer(str(tmp_path), trust_remote_code=True) == "tok"
+    assert seen == {"trust_remote_code": True}
+    assert prepare_server_args(["--trust-remote-code"]).trust_remote_code
