@@ -372,7 +372,49 @@ def test_model_and_server_info(main: Server, tokenizer_dir: str) -> None:
     server_info = requests.get(url + "/get_server_info", timeout=TIMEOUT).json()
     assert server_info["tp_size"] == 1
     assert server_info["scheduler_info"]["context_len"] == 4096
+    # The fields SGLang's tools read at the top level, and the newer route names.
+    assert server_info["max_total_num_tokens"] == server_info["scheduler_info"]["max_total_num_tokens"]
+    assert isinstance(server_info["version"], str) and server_info["max_running_requests"] >= 1
+    assert requests.get(url + "/server_info", timeout=TIMEOUT).json()["tp_size"] == 1
+    assert requests.get(url + "/model_info", timeout=TIMEOUT).json() == info
     assert requests.get(url + "/health_generate", timeout=TIMEOUT).status_code == 200
+
+
+@pytest.mark.parametrize("route", ["/tokenize", "/v1/tokenize"])
+def test_tokenize(main: Server, tokenizer: Any, route: str) -> None:
+    url = main.process.url + route
+    one = requests.post(url, json={"prompt": "Hello world"}, timeout=TIMEOUT).json()
+    want = tokenizer.encode("Hello world")
+    assert one == {"tokens": want, "count": len(want), "max_model_len": 4096}
+    many = requests.post(url, json={"prompt": ["Hello", "world"], "add_special_tokens": False, "model": "x"}, timeout=TIMEOUT)
+    bare = [tokenizer.encode(t, add_special_tokens=False) for t in ("Hello", "world")]
+    assert many.json() == {"tokens": bare, "count": [len(b) for b in bare], "max_model_len": 4096}
+
+
+@pytest.mark.parametrize("route", ["/detokenize", "/v1/detokenize"])
+def test_detokenize(main: Server, tokenizer: Any, route: str) -> None:
+    url = main.process.url + route
+    ids = tokenizer.encode("Hello world")
+    assert requests.post(url, json={"tokens": ids}, timeout=TIMEOUT).json() == {"text": tokenizer.decode(ids, skip_special_tokens=True)}
+    both = requests.post(url, json={"tokens": [ids, ids[:1]], "skip_special_tokens": False}, timeout=TIMEOUT).json()
+    assert both == {"text": [tokenizer.decode(ids), tokenizer.decode(ids[:1])]}
+
+
+@pytest.mark.parametrize(
+    "route,body,names",
+    [
+        ("/tokenize", {"prompt": 5}, "prompt"),
+        ("/tokenize", {}, "prompt is required"),
+        ("/tokenize", {"prompt": "a", "add_special": True}, "add_special"),
+        ("/tokenize", {"prompt": "a", "add_special_tokens": "yes"}, "add_special_tokens"),
+        ("/detokenize", {"tokens": [1, 10**6]}, "tokens must be in [0, "),
+        ("/detokenize", {"tokens": "abc"}, "tokens"),
+        ("/detokenize", {"tokens": [[1], [-1]]}, "got -1"),
+    ],
+)
+def test_tokenize_bad_input_is_a_400_naming_it(main: Server, route: str, body: dict, names: str) -> None:
+    response = requests.post(main.process.url + route, json=body, timeout=TIMEOUT)
+    assert response.status_code == 400 and names in response.json()["error"]["message"]
 
 
 # ---------------------------------------------------------------------------------- errors

@@ -200,6 +200,13 @@ def sse_events(body: str) -> list[str]:
 # ----------------------------------------------------------------------------- models
 
 
+def test_retrieve_model(client: openai.OpenAI, raw: TestClient) -> None:
+    assert client.models.retrieve(MODEL).id == MODEL
+    missing = raw.get("/v1/models/other-model")
+    assert missing.status_code == 404
+    assert missing.json()["param"] == "model" and "other-model" in missing.json()["message"]
+
+
 def test_models_lists_the_served_model(client: openai.OpenAI, raw: TestClient) -> None:
     models = client.models.list().data
     assert [m.id for m in models] == [MODEL]

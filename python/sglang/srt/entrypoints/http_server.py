@@ -16,6 +16,7 @@ import ctypes
 import dataclasses
 import hmac
 import importlib
+import importlib.metadata
 import importlib.util
 import logging
 import multiprocessing
@@ -36,6 +37,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from sglang.srt.entrypoints.tokenization import detokenize, tokenize
 from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady, decoder
 from sglang.srt.managers.tokenizer_manager import PreparedRequest, TokenizerManager
 from sglang.srt.server_args import PortArgs, ServerArgs
@@ -292,6 +294,26 @@ async def handle_generate(request: Request, tm: TokenizerManager) -> Response:
 # ---------------------------------------------------------------------------------- app
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("sglang-sampling-engine")
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree
+        return "unknown"
+
+
+async def _json_call(request: Request, handle: Callable[[Any], dict]) -> Response:
+    """Parse the JSON body, answer handle(body); a ValueError (a bad field) is a 400 naming it."""
+    try:
+        body = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as err:
+        return error_response(f"The request body is not valid JSON: {err}")
+    try:
+        return json_response(handle(body))
+    except ValueError as err:
+        return error_response(str(err))
+
+
+
 def create_app(tm: TokenizerManager, server_args: ServerArgs, ready: SchedulerReady) -> FastAPI:
     """The FastAPI app with the native routes and, when present, the OpenAI routes."""
     app = FastAPI(title="sglang", docs_url=None, redoc_url=None)
@@ -307,7 +329,18 @@ def create_app(tm: TokenizerManager, server_args: ServerArgs, ready: SchedulerRe
     async def health() -> Response:
         return Response(status_code=200 if await tm.health() else 503)
 
+    @app.post("/tokenize")
+    @app.post("/v1/tokenize")
+    async def tokenize_route(request: Request) -> Response:
+        return await _json_call(request, lambda body: tokenize(body, tm.tokenizer, ready.context_len))
+
+    @app.post("/detokenize")
+    @app.post("/v1/detokenize")
+    async def detokenize_route(request: Request) -> Response:
+        return await _json_call(request, lambda body: detokenize(body, tm.tokenizer, ready.vocab_size))
+
     @app.get("/get_model_info")
+    @app.get("/model_info")
     async def get_model_info() -> Response:
         return json_response(
             {
@@ -319,11 +352,15 @@ def create_app(tm: TokenizerManager, server_args: ServerArgs, ready: SchedulerRe
         )
 
     @app.get("/get_server_info")
+    @app.get("/server_info")
     async def get_server_info() -> Response:
         info = dataclasses.asdict(server_args)
         if info["api_key"]:
             info["api_key"] = "<hidden>"
         info["scheduler_info"] = msgspec.structs.asdict(ready)
+        # Top-level fields that SGLang's clients and router read.
+        info.update(version=_version(), max_total_num_tokens=ready.max_total_num_tokens,
+                    max_running_requests=ready.max_running_requests)
         return json_response(info)
 
     _register_openai_routes(app, tm, server_args)

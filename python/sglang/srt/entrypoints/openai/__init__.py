@@ -1,4 +1,4 @@
-"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions, /v1/models."""
+"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions, /v1/models, /v1/models/{model}."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 
 from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList
-from sglang.srt.entrypoints.openai.serving_base import json_response
+from sglang.srt.entrypoints.openai.serving_base import error_response, json_response
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 
@@ -22,14 +22,21 @@ def register_openai_routes(app: FastAPI, tokenizer_manager: Any, server_args: An
     app.add_api_route("/v1/completions", completions.handle, methods=["POST"])
     app.add_api_route("/v1/chat/completions", chat.handle, methods=["POST"])
 
-    async def list_models() -> Response:
+    def card() -> ModelCard:
         # The scheduler reports the context length once the model is loaded.
         ready = getattr(tokenizer_manager, "ready", None)
-        card = ModelCard(
-            id=server_args.served_model_name,
-            root=server_args.model_path,
-            max_model_len=getattr(ready, "context_len", None),
+        return ModelCard(
+            id=server_args.served_model_name, root=server_args.model_path, max_model_len=getattr(ready, "context_len", None)
         )
-        return json_response(ModelList(data=[card]))
+
+    async def list_models() -> Response:
+        return json_response(ModelList(data=[card()]))
+
+    async def retrieve_model(model: str) -> Response:
+        if model != server_args.served_model_name:
+            return error_response(f"The model '{model}' does not exist; this server serves '{server_args.served_model_name}'.",
+                                  "NotFoundError", 404, "model")
+        return json_response(card())
 
     app.add_api_route("/v1/models", list_models, methods=["GET"])
+    app.add_api_route("/v1/models/{model:path}", retrieve_model, methods=["GET"])
