@@ -438,6 +438,8 @@ INVALID = [
     ({"input_ids": []}, "empty"),
     ({"input_ids": [1, 999999]}, "input_ids contains out-of-vocabulary token id 999999"),
     ({}, "Exactly one of text or input_ids"),
+    ({"text": "hi", "return_hidden_states": True, "lora_path": "x"},
+     "Unknown or unsupported field(s) lora_path, return_hidden_states in /generate"),
     ({"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params has 1 entries"),
     ({"text": "hi", "custom_logit_processor": '{"name": "DisallowedTokensLogitsProcessor"}'}, DISABLED_MESSAGE),
 ]
@@ -448,6 +450,21 @@ def test_invalid_request_is_400_naming_the_parameter(main: Server, body: dict[st
     response = main.post(body)
     assert response.status_code == 400, response.text
     assert message in response.json()["error"]["message"]
+
+
+def test_flush_cache_only_when_idle(main: Server) -> None:
+    url = main.process.url + "/flush_cache"
+    assert requests.post(url, timeout=TIMEOUT).text == "Cache flushed.\n"
+    slow = {"max_new_tokens": 2000, "ignore_eos": True, "custom_params": {"fake_delay": 0.02}}
+    with main.post({"input_ids": [10, 11], "stream": True, "sampling_params": slow}, stream=True) as running:
+        lines = running.iter_lines()  # held: a dropped iterator closes the stream, which aborts the request
+        next(line for line in lines if line.startswith(b"data: "))  # in flight
+        busy = requests.get(url, timeout=TIMEOUT)
+    assert busy.status_code == 400 and "requests are running" in busy.text
+
+
+def test_null_unknown_field_is_the_same_as_absent(main: Server) -> None:
+    assert main.generate({"input_ids": [10, 11], "lora_path": None, "sampling_params": {"max_new_tokens": 1}})["output_ids"] == [10]
 
 
 def test_invalid_json_body_is_400(main: Server) -> None:

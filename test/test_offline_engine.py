@@ -66,6 +66,7 @@ def test_server_info(engine) -> None:
     info = engine.get_server_info()
     assert info["max_total_num_tokens"] == info["scheduler_info"]["max_total_num_tokens"] > 0
     assert info["max_running_requests"] == 8 and info["tp_size"] == 1
+    assert engine.flush_cache()  # idle: nothing running
 
 
 def test_unknown_engine_argument_names_the_closest() -> None:

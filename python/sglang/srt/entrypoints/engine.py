@@ -140,6 +140,10 @@ class Engine:
                     max_running_requests=ready.max_running_requests)
         return info
 
+    def flush_cache(self) -> bool:
+        """As /flush_cache: False (nothing done) while requests run."""
+        return self._tm().flush_cache()
+
     def shutdown(self) -> None:
         """Stop the scheduler ranks and the detokenizer; the engine cannot be used afterwards."""
         self._children.shutdown()

@@ -116,12 +116,19 @@ _ITEM_DEFAULTS = {
     f.name: f.default for f in dataclasses.fields(GenerateReqInput) if f.name not in ("text", "input_ids", "stream")
 }
 _ITEM_DEFAULTS["sampling_params"] = None  # -> {} in the tokenizer manager
+_GENERATE_FIELDS = frozenset(f.name for f in dataclasses.fields(GenerateReqInput))
 
 
 def split_generate_body(body: Any) -> tuple[list[GenerateReqInput], bool]:
     """A /generate JSON body -> (one GenerateReqInput per input, whether it was a batch)."""
     if not isinstance(body, dict):
         raise ValueError("The request body must be a JSON object.")
+    # A field we do not know would be silently dropped; null is the same as absent.
+    unknown = sorted(k for k, v in body.items() if k not in _GENERATE_FIELDS and v is not None)
+    if unknown:
+        raise ValueError(
+            f"Unknown or unsupported field(s) {', '.join(unknown)} in /generate; supported: {', '.join(sorted(_GENERATE_FIELDS))}."
+        )
     inputs, key, batch = _generate_inputs(body)
     size = len(inputs)
     stream = body.get("stream", False)
@@ -338,6 +345,15 @@ def create_app(tm: TokenizerManager, server_args: ServerArgs, ready: SchedulerRe
     @app.post("/v1/detokenize")
     async def detokenize_route(request: Request) -> Response:
         return await _json_call(request, lambda body: detokenize(body, tm.tokenizer, ready.vocab_size))
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> Response:
+        if tm.flush_cache():
+            return Response("Cache flushed.\n", media_type="text/plain")
+        return Response(
+            "Cache not flushed: requests are running or waiting (the operation is not performed while they are).\n",
+            status_code=400, media_type="text/plain",
+        )
 
     @app.get("/get_model_info")
     @app.get("/model_info")

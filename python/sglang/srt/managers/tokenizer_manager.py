@@ -217,6 +217,11 @@ class TokenizerManager:
             return False
         return True
 
+    def flush_cache(self) -> bool:
+        """SGLang's /flush_cache: refused (False) while any request runs. Nothing outlives its
+        request here yet (no prefix cache), so an idle server has nothing to flush."""
+        return not self._states
+
     def fail_all(self, message: str) -> None:
         """Finish every running request with an abort, e.g. when the scheduler died. Thread-safe."""
         if self._loop is not None:
