@@ -84,3 +84,12 @@ def test_tp2_engine_matches_tp1(tmp_path, gguf_path: str) -> None:
         with pytest.raises(RuntimeError, match="shut down"):
             llm.generate("Hi", GREEDY)
     assert outputs[1] == outputs[2]
+
+
+def test_stream_interval(gguf_path: str, engine) -> None:
+    """--stream-interval 3: the first token at once, then chunks of 3, then the rest; same tokens."""
+    params = {"temperature": 0.0, "max_new_tokens": 8}
+    with sgl.Engine(model_path=gguf_path, max_running_requests=4, stream_interval=3, log_level="warning") as llm:
+        chunks = list(llm.generate("Hello", params, stream=True))
+    assert [len(c["output_ids"]) for c in chunks] == [1, 4, 7, 8]
+    assert chunks[-1]["output_ids"] == engine.generate("Hello", params)["output_ids"]

@@ -46,6 +46,7 @@ class ServerArgs:
     preferred_sampling_params: Optional[str] = None
     max_top_logprobs_num: int = 20
     decode_log_interval: int = 40
+    stream_interval: int = 1
     random_seed: int = 0
     api_key: Optional[str] = None
     log_level: str = "info"
@@ -79,7 +80,7 @@ class ServerArgs:
         if self.sampling_defaults not in SAMPLING_DEFAULTS_CHOICES:
             raise ValueError(f"--sampling-defaults must be one of {SAMPLING_DEFAULTS_CHOICES}, got {self.sampling_defaults!r}.")
         for name in ("max_running_requests", "chunked_prefill_size", "tp_size", "dist_timeout", "cuda_graph_max_bs",
-                     "piecewise_cuda_graph_max_tokens", "decode_log_interval"):
+                     "piecewise_cuda_graph_max_tokens", "decode_log_interval", "stream_interval"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}.")
@@ -186,6 +187,8 @@ class ServerArgs:
         add("--max-top-logprobs-num", type=int, default=d.max_top_logprobs_num, help="Largest top_logprobs_num a request may ask for.")
         add("--random-seed", type=int, default=d.random_seed, help="Seed of the unseeded sampling noise.")
         add("--api-key", default=d.api_key, help="When set, every route requires 'Authorization: Bearer <key>'.")
+        add("--stream-interval", type=int, default=d.stream_interval,
+            help="Streaming requests get their first token at once, then a chunk every this many tokens (and the last).")
         add("--decode-log-interval", type=int, default=d.decode_log_interval,
             help="Log a decode progress line (running requests, KV usage, throughput) every this many decode steps.")
         add("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"], help="Logging level.")

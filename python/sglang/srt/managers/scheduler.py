@@ -99,6 +99,7 @@ class Scheduler:
         self.max_running = self.model_runner.max_running_requests
         self.tokenizer = get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
         self.step_count = 0
+        self.stream_interval = server_args.stream_interval
         self.decode_steps, self.decode_tokens, self.decode_log_time = 0, 0, time.perf_counter()
 
         self.overlap = not server_args.disable_overlap_schedule
@@ -493,7 +494,12 @@ class Scheduler:
             self._record_token(req, next_ids[i], result.row_errors.get(i), result.output_logprobs[i])
         if step.mode == ForwardMode.EXTEND and sampled:
             self.to_merge.append(step.sampled_batch)
-        self._send([r for r in step.reqs if r.finished() or r.stream])
+        self._send([r for r in step.reqs if r.finished() or (r.stream and self._stream_due(r))])
+
+    def _stream_due(self, req: Req) -> bool:
+        """--stream-interval: the first token at once (it is the TTFT), then every N tokens."""
+        unsent = len(req.output_ids) - req.sent_output_len
+        return unsent > 0 and (req.sent_output_len == 0 or unsent >= self.stream_interval)
 
     def _record_input_logprobs(self, req: Req, entries: list) -> None:
         pending = req.pending_logprobs
