@@ -87,3 +87,20 @@ def test_trust_remote_code_reaches_the_tokenizer(monkeypatch, tmp_path) -> None:
     assert hf_transformers_utils.get_tokenizer(str(tmp_path), trust_remote_code=True) == "tok"
     assert seen == {"trust_remote_code": True}
     assert prepare_server_args(["--trust-remote-code"]).trust_remote_code
+
+
+def test_chat_template_file_replaces_the_tokenizers(tmp_path, gguf_path: str) -> None:
+    from sglang.srt.utils.hf_transformers_utils import get_tokenizer, load_chat_template
+
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}>>")
+    args = prepare_server_args(["--chat-template", str(template)])
+    args.validate()
+    tokenizer = load_chat_template(get_tokenizer(gguf_path), args.chat_template)
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert rendered == "[user] hi\n>>"
+
+
+def test_chat_template_must_be_a_file() -> None:
+    with pytest.raises(ValueError, match="--chat-template must be a Jinja template file, got 'chatml'"):
+        ServerArgs(chat_template="chatml").validate()

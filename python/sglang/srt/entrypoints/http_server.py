@@ -41,7 +41,7 @@ from sglang.srt.entrypoints.tokenization import detokenize, tokenize
 from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady, decoder
 from sglang.srt.managers.tokenizer_manager import PreparedRequest, TokenizerManager
 from sglang.srt.server_args import PortArgs, ServerArgs
-from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+from sglang.srt.utils.hf_transformers_utils import get_tokenizer, load_chat_template
 
 logger = logging.getLogger(__name__)
 
@@ -551,7 +551,7 @@ def launch_server(server_args: ServerArgs) -> None:
         tokenizer = _load_in_background(server_args.tokenizer_path, server_args.trust_remote_code)
         ready = children.wait_ready(float(os.environ.get(READY_TIMEOUT_ENV, DEFAULT_READY_TIMEOUT_S)))
         logger.info("Scheduler ready: %s", ready)
-        tm = TokenizerManager(server_args, port_args, ready, tokenizer.result())
+        tm = TokenizerManager(server_args, port_args, ready, load_chat_template(tokenizer.result(), server_args.chat_template))
         _serve(create_app(tm, server_args, ready), tm, server_args, children)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut the cleanup short

@@ -7,7 +7,7 @@ import logging
 import os
 import shutil
 import tempfile
-from typing import Any
+from typing import Any, Optional
 
 CACHE_ENV = "SGLANG_CACHE_DIR"
 
@@ -30,6 +30,14 @@ def get_tokenizer(path: str, trust_remote_code: bool = False) -> Any:
         _save_atomically(tokenizer, cached)
     except OSError as err:
         logger.warning("Could not cache the converted GGUF tokenizer in %s: %s", cached, err)
+    return tokenizer
+
+
+def load_chat_template(tokenizer: Any, path: Optional[str]) -> Any:
+    """--chat-template: the Jinja file at `path` replaces the tokenizer's own template (None: keep it)."""
+    if path is not None:
+        with open(path, encoding="utf-8") as f:
+            tokenizer.chat_template = f.read()
     return tokenizer
 
 
