@@ -39,8 +39,8 @@ def test_n_children_and_seeded_sampling(engine) -> None:
 
 
 def test_stream_ends_with_the_non_streamed_result(engine) -> None:
-    chunks = list(engine.generate("Hello", GREEDY, stream=True))
-    assert len(chunks) > 1 and chunks[-1]["output_ids"] == engine.generate("Hello", GREEDY)["output_ids"]
+    chunks = list(engine.generate("Hello", GREEDY, stream=True))  # how many: up to the reader's pace
+    assert chunks[-1]["output_ids"] == engine.generate("Hello", GREEDY)["output_ids"]
     assert all(len(a["output_ids"]) <= len(b["output_ids"]) for a, b in zip(chunks, chunks[1:]))
 
 
