@@ -638,6 +638,16 @@ def test_failure_inside_a_stream_is_an_error_event(client: openai.OpenAI, raw: T
         ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
         ("/v1/completions", {"suffix": "end"}, "suffix"),
         ("/v1/completions", {"best_of": 3}, "best_of"),
+        ("/v1/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+        # SGLang request fields without machinery here.
+        ("/v1/chat/completions", {"session_params": {"id": "s"}}, "session_params"),
+        ("/v1/chat/completions", {"priority": 1}, "priority"),
+        ("/v1/chat/completions", {"cache_salt": "x"}, "cache_salt"),
+        ("/v1/chat/completions", {"return_token_ids": True}, "return_token_ids"),
+        ("/v1/chat/completions", {"reasoning": {"effort": "low"}}, "reasoning"),
+        ("/v1/chat/completions", {"bootstrap_room": 1}, "bootstrap_room"),
+        ("/v1/completions", {"extra_key": "k"}, "extra_key"),
+        ("/v1/completions", {"return_hidden_states": True}, "return_hidden_states"),
     ],
 )
 def test_unsupported_fields_are_refused_by_name(
@@ -658,6 +668,10 @@ def test_harmless_forms_of_unsupported_fields_pass(raw: TestClient) -> None:
         "response_format": {"type": "text"},
         "store": False,
         "parallel_tool_calls": True,
+        "priority": 0,
+        "separate_reasoning": False,  # no reasoning parser: the content is whole either way
+        "stream_reasoning": False,
+        "return_hidden_states": False,
     }
     resp = raw.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], **extra})
     assert resp.status_code == 200
@@ -701,6 +715,24 @@ def test_harmless_forms_of_unsupported_fields_pass(raw: TestClient) -> None:
             "chat_template_kwargs",
             "tools",
         ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"add_generation_prompt": False}},
+            "chat_template_kwargs",
+            "add_generation_prompt",
+        ),
+        (
+            {"messages": [{"role": "assistant", "content": "x"}], "continue_final_message": True,
+             "add_generation_prompt": True},
+            "continue_final_message",
+            "add_generation_prompt",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "continue_final_message": True},
+            "continue_final_message",
+            "assistant",
+        ),
+        ({"messages": [{"role": "user", "content": "x"}], "separate_reasoning": "no"}, "separate_reasoning", "bool"),
+        ({"messages": [{"role": "user", "content": "x"}], "rid": ["a"]}, "rid", "string"),
     ],
 )
 def test_invalid_chat_requests_name_the_field(
@@ -720,3 +752,92 @@ def test_invalid_bodies(raw: TestClient) -> None:
     assert resp.status_code == 400 and resp.json()["param"] == "prompt"
     resp = raw.post("/v1/completions", json={"prompt": "x", "max_tokens": -1})
     assert resp.status_code == 400 and resp.json()["param"] == "max_tokens"
+
+
+# ----------------------------------------------------------------------------- continue_final_message, rid
+
+
+def test_continue_final_message_leaves_the_assistant_message_open(
+    client: openai.OpenAI, fake: FakeTokenizerManager
+) -> None:
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon"}]
+    for extra in ({"continue_final_message": True}, {"continue_final_message": True, "add_generation_prompt": False}):
+        client.chat.completions.create(model=MODEL, messages=messages, extra_body=extra)
+    # The messages before it with the assistant header, then the text itself: no end of turn.
+    assert [obj.text for obj in fake.received] == ["<s><|user|>hi\n<|assistant|>Once upon"] * 2
+
+
+def test_add_generation_prompt_false_omits_the_assistant_header(
+    client: openai.OpenAI, fake: FakeTokenizerManager
+) -> None:
+    chat(client, extra_body={"add_generation_prompt": False})
+    chat(client, extra_body={"add_generation_prompt": True})
+    assert [obj.text for obj in fake.received] == ["<s><|user|>hi\n", "<s><|user|>hi\n<|assistant|>"]
+
+
+def test_rid_names_the_engine_request_and_the_response(raw: TestClient, fake: FakeTokenizerManager) -> None:
+    body = {"messages": [{"role": "user", "content": "x"}], "rid": "my-request"}
+    assert raw.post("/v1/chat/completions", json=body).json()["id"] == "my-request"
+    assert raw.post("/v1/chat/completions", json={**body, "n": 2}).json()["id"] == "my-request"
+    assert [obj.rid for obj in fake.received] == ["my-request", "my-request-0", "my-request-1"]
+
+
+# ----------------------------------------------------------------------------- end to end (embedded SmolLM2)
+
+SMOLLM_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+FLOAT32_MIN = -3.4028234663852886e38  # what SGLang reports for a masked token's logprob (sampled rows)
+
+
+def _post(server: Any, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    import requests
+
+    response = requests.post(server.url + path, json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_continue_final_message_continues_the_text_end_to_end(smollm_server: Any) -> None:
+    messages = [
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": "The capital of France is"},
+    ]
+    greedy = {"temperature": 0.0, "max_tokens": 8}
+    continued = _post(smollm_server, "/v1/chat/completions",
+                      {"messages": messages, "continue_final_message": True, "add_generation_prompt": False, **greedy})
+    open_prompt = SMOLLM_SYSTEM + "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n" \
+        "<|im_start|>assistant\nThe capital of France is"
+    expected = _post(smollm_server, "/generate",
+                     {"text": open_prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": 8}})
+    assert continued["choices"][0]["message"]["content"] == expected["text"]
+    assert continued["usage"]["prompt_tokens"] == expected["meta_info"]["prompt_tokens"]
+    # Without the flag the message is closed and a new assistant turn starts: another prompt.
+    closed = _post(smollm_server, "/v1/chat/completions", {"messages": messages, **greedy})
+    assert closed["usage"]["prompt_tokens"] > continued["usage"]["prompt_tokens"]
+
+
+def _banned_everywhere_but(kept: list[int], vocab: int = 49152) -> dict[str, Any]:
+    from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
+
+    banned = [t for t in range(vocab) if t not in kept]
+    return {"processor": DisallowedTokensLogitsProcessor.to_str(), "params": {"token_ids": banned}}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_masked_token_logprob_is_float32_min_on_every_route(smollm_server: Any, temperature: float) -> None:
+    ban = _banned_everywhere_but([7042, 30])  # " Paris", "."
+    params = {"temperature": temperature, "max_new_tokens": 1, "custom_params": ban["params"]}
+    out = _post(smollm_server, "/generate", {
+        "text": "The capital of France is", "sampling_params": params, "custom_logit_processor": ban["processor"],
+        "return_logprob": True, "token_ids_logprob": [7042, 260], "top_logprobs_num": 3,
+    })
+    meta = out["meta_info"]
+    assert out["output_ids"][0] in (7042, 30)
+    assert meta["output_token_ids_logprobs"][0][1][:2] == [FLOAT32_MIN, 260]
+    assert meta["output_top_logprobs"][0][2][0] == FLOAT32_MIN  # third best: every kept token is above
+    chat_body = _post(smollm_server, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Capital of France?"}], "temperature": temperature,
+        "max_tokens": 1, "logprobs": True, "top_logprobs": 3,
+        "custom_logit_processor": ban["processor"], "custom_params": ban["params"],
+    })
+    tops = chat_body["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+    assert tops[2]["logprob"] == FLOAT32_MIN and tops[0]["logprob"] > FLOAT32_MIN

@@ -1,4 +1,5 @@
-"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions, /v1/models, /v1/models/{model}."""
+"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions, /v1/models, /v1/models/{model},
+/v1/responses (create, retrieve, delete, cancel) and SGLang's /v1/score."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList
 from sglang.srt.entrypoints.openai.serving_base import error_response, json_response
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from sglang.srt.entrypoints.openai.serving_responses import OpenAIServingResponses
+from sglang.srt.entrypoints.openai.serving_score import OpenAIServingScore
 
 __all__ = ["register_openai_routes"]
 
@@ -21,6 +24,9 @@ def register_openai_routes(app: FastAPI, tokenizer_manager: Any, server_args: An
     chat = OpenAIServingChat(tokenizer_manager, server_args)
     app.add_api_route("/v1/completions", completions.handle, methods=["POST"])
     app.add_api_route("/v1/chat/completions", chat.handle, methods=["POST"])
+    score = OpenAIServingScore(tokenizer_manager, server_args)
+    app.add_api_route("/v1/score", score.handle, methods=["POST"])
+    _register_responses_routes(app, OpenAIServingResponses(tokenizer_manager, server_args, chat))
 
     def card() -> ModelCard:
         # The scheduler reports the context length once the model is loaded.
@@ -40,3 +46,10 @@ def register_openai_routes(app: FastAPI, tokenizer_manager: Any, server_args: An
 
     app.add_api_route("/v1/models", list_models, methods=["GET"])
     app.add_api_route("/v1/models/{model:path}", retrieve_model, methods=["GET"])
+
+
+def _register_responses_routes(app: FastAPI, responses: OpenAIServingResponses) -> None:
+    app.add_api_route("/v1/responses", responses.create, methods=["POST"])
+    app.add_api_route("/v1/responses/{response_id}", responses.retrieve, methods=["GET"])
+    app.add_api_route("/v1/responses/{response_id}", responses.delete, methods=["DELETE"])
+    app.add_api_route("/v1/responses/{response_id}/cancel", responses.cancel, methods=["POST"])

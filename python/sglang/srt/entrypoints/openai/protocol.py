@@ -132,6 +132,8 @@ class _GenerationRequest(_Strict):
     # Grammar constraints go to the engine, which names them in its 400 until it supports them.
     regex: Optional[str] = None
     ebnf: Optional[str] = None
+    # SGLang: the engine request id, which is also the response id (one choice) or its prefix.
+    rid: Optional[str] = Field(None, min_length=1)
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> "_GenerationRequest":
@@ -191,6 +193,7 @@ _RESERVED_TEMPLATE_KWARGS = frozenset(
         "documents",
         "chat_template",
         "continue_final_message",
+        "add_generation_prompt",
         "tokenize",
         "padding",
         "truncation",
@@ -209,6 +212,14 @@ class ChatCompletionRequest(_GenerationRequest):
     logprobs: bool = False
     top_logprobs: int = Field(0, ge=0)
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    # vLLM / SGLang: end the prompt inside the final assistant message so the model continues it.
+    continue_final_message: bool = False
+    # vLLM: None = true (the assistant header is appended); a top-level field, not a template kwarg.
+    add_generation_prompt: Optional[bool] = None
+    # SGLang splits reasoning_content out only with --reasoning-parser, which this server does not
+    # have: both are accepted and the content is returned whole, as SGLang does without a parser.
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
 
     @field_validator("chat_template_kwargs")
     @classmethod
@@ -224,6 +235,22 @@ class ChatCompletionRequest(_GenerationRequest):
             raise RequestError("top_logprobs requires logprobs to be true", param="top_logprobs")
         return self
 
+    @model_validator(mode="after")
+    def _continue_needs_an_open_assistant_message(self) -> "ChatCompletionRequest":
+        if not self.continue_final_message:
+            return self
+        if self.add_generation_prompt:  # vLLM's rule: the two ask for contradictory prompts
+            raise RequestError(
+                "continue_final_message and add_generation_prompt cannot both be true",
+                param="continue_final_message",
+            )
+        if self.messages[-1].role != "assistant":
+            raise RequestError(
+                "continue_final_message requires the last message to be the assistant's",
+                param="continue_final_message",
+            )
+        return self
+
 
 def _is_absent(value: Any) -> bool:
     return value is None
@@ -236,9 +263,34 @@ def _is_falsy(value: Any) -> bool:
 # field -> (accepted(value), why anything else is refused)
 Unsupported = dict[str, tuple[Callable[[Any], bool], str]]
 
+def _is_default_priority(value: Any) -> bool:
+    return value in (None, 0)
+
+
+# SGLang request fields (0.5.x) this server has no machinery for. Unknown keys are otherwise
+# ignored (OpenAI clients send many), so these are named here to be refused, never dropped.
 _COMMON_UNSUPPORTED: Unsupported = {
     "lora_path": (_is_absent, "LoRA adapters are not implemented"),
     "return_hidden_states": (_is_falsy, "hidden states are not returned by this server"),
+    "return_routed_experts": (_is_falsy, "routed experts are not returned (no MoE models)"),
+    "return_cached_tokens_details": (_is_falsy, "cache tier details are not reported"),
+    "return_token_ids": (_is_falsy, "token ids are not returned on the OpenAI routes; use /generate"),
+    "return_prompt_token_ids": (_is_falsy, "token ids are not returned on the OpenAI routes; use /generate"),
+    "return_meta_info": (_is_falsy, "meta_info is not returned on the OpenAI routes; use /generate"),
+    "session_id": (_is_absent, "sessions are not implemented"),
+    "session_params": (_is_absent, "sessions are not implemented"),
+    "extra_key": (_is_absent, "per-request cache keys are not implemented"),
+    "cache_salt": (_is_absent, "per-request cache salts are not implemented"),
+    "priority": (_is_default_priority, "priority scheduling is not implemented; only 0 is accepted"),
+    "bootstrap_host": (_is_absent, "prefill/decode disaggregation is not implemented"),
+    "bootstrap_port": (_is_absent, "prefill/decode disaggregation is not implemented"),
+    "bootstrap_room": (_is_absent, "prefill/decode disaggregation is not implemented"),
+    "data_parallel_rank": (_is_absent, "data parallelism is not implemented"),
+    "routed_dp_rank": (_is_absent, "data parallelism is not implemented"),
+    "disagg_prefill_dp_rank": (_is_absent, "data parallelism is not implemented"),
+    "images_config": (_is_absent, "image inputs are not implemented"),
+    "ngram_corpus_id": (_is_absent, "n-gram speculative decoding is not implemented"),
+    "custom_labels": (_is_absent, "custom metric labels are not implemented"),
 }
 
 CHAT_UNSUPPORTED: Unsupported = {
@@ -261,13 +313,22 @@ CHAT_UNSUPPORTED: Unsupported = {
     "reasoning_effort": (_is_absent, "reasoning effort control is not implemented"),
     "verbosity": (_is_absent, "verbosity control is not implemented"),
     "store": (_is_falsy, "completions are not stored by this server"),
-    "continue_final_message": (_is_falsy, "continuing the final message is not implemented"),
+    "reasoning": (_is_absent, "reasoning controls are not implemented"),
+    "input_ids": (_is_absent, "pre-tokenized chat prompts are not implemented; use /v1/completions"),
+    "task": (_is_absent, "DeepSeek quick-instruction tasks are not implemented"),
+    "max_dynamic_patch": (_is_absent, "image inputs are not implemented"),
+    "min_dynamic_patch": (_is_absent, "image inputs are not implemented"),
+    "use_audio_in_video": (_is_falsy, "audio inputs are not implemented"),
 }
 
 COMPLETION_UNSUPPORTED: Unsupported = {
     **_COMMON_UNSUPPORTED,
     "suffix": (_is_falsy, "suffix (insertion) is not implemented"),
     "best_of": (lambda v: v in (None, 1), "best_of > 1 is not implemented; use n"),
+    "response_format": (
+        lambda v: v is None or v == {"type": "text"},
+        "structured output is not implemented; only {'type': 'text'} is accepted",
+    ),
 }
 
 
@@ -405,3 +466,242 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+# ----------------------------------------------------------------------------- /v1/score
+
+
+class ScoringRequest(_Strict):
+    """SGLang's scoring request: query and items both text, or both token ids."""
+
+    model_config = ConfigDict(extra="forbid")  # not an OpenAI route: a misspelt field is named
+
+    query: Union[str, list[int]]
+    items: Union[str, list[str], list[list[int]]]
+    label_token_ids: list[int] = Field(min_length=1)
+    apply_softmax: bool = False
+    item_first: bool = False
+    model: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _same_kind(self) -> "ScoringRequest":
+        if not self.item_list():
+            raise RequestError("items must not be empty", param="items")
+        text_query = isinstance(self.query, str)
+        if any(isinstance(item, str) != text_query for item in self.item_list()):
+            kind = "strings" if text_query else "lists of token ids"
+            raise RequestError(f"items must be {kind}, like query", param="items")
+        return self
+
+    def item_list(self) -> list[Union[str, list[int]]]:
+        return [self.items] if isinstance(self.items, str) else list(self.items)
+
+
+class ScoringResponse(BaseModel):
+    scores: list[list[float]]  # per item, one probability per label_token_ids entry, in order
+    model: str
+    usage: Optional[UsageInfo] = None
+    object: Literal["scoring"] = "scoring"
+
+
+# ----------------------------------------------------------------------------- /v1/responses
+
+
+class ResponseInputText(_Nested):
+    # Earlier output echoed back as input carries output_text parts with their annotations.
+    type: Literal["input_text", "output_text", "text"]
+    text: str
+    annotations: list[Any] = Field(default_factory=list)
+    logprobs: list[Any] = Field(default_factory=list)
+
+
+class ResponseInputMessage(_Nested):
+    type: Literal["message"] = "message"
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Union[str, list[ResponseInputText]]
+    # Present on output messages that a client passes back as input; they carry no content.
+    id: Optional[str] = None
+    status: Optional[str] = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value: Any) -> Any:
+        for part in value if isinstance(value, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            if kind not in ("input_text", "output_text", "text"):
+                raise ValueError(f"content parts of type {kind!r} are not supported (only text)")
+        return value
+
+    def to_chat_message(self) -> dict[str, Any]:
+        content = self.content
+        if isinstance(content, list):
+            content = "\n".join(part.text for part in content)
+        return {"role": self.role, "content": content}
+
+
+# SGLang's default temperature for /v1/responses (its chat default is 1.0).
+RESPONSES_DEFAULT_TEMPERATURE = 0.7
+RESPONSE_ID_PREFIX = "resp_"
+
+
+class ResponsesRequest(_Strict):
+    """POST /v1/responses: OpenAI's fields this server honours, then SGLang's extras."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    input: Union[str, list[ResponseInputMessage]]
+    model: Optional[str] = None
+    instructions: Optional[str] = None
+    max_output_tokens: Optional[int] = Field(None, ge=1)
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    stream: bool = False
+    store: bool = True
+    background: bool = False
+    previous_response_id: Optional[str] = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    user: Optional[str] = None
+    parallel_tool_calls: bool = True  # no tools can be given, so there is nothing to parallelise
+    tool_choice: Literal["auto", "none"] = "auto"
+    # SGLang extras.
+    request_id: Optional[str] = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    stop: Optional[Union[str, list[str]]] = None
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ResponsesRequest":
+        if self.input == [] and self.previous_response_id is None:
+            raise RequestError("input must not be empty", param="input")
+        if self.background and not self.store:
+            raise RequestError("background responses must be stored (store=true)", param="background")
+        if self.background and self.stream:
+            raise RequestError("background responses cannot be streamed", param="background")
+        if self.request_id is not None and not self.request_id.startswith(RESPONSE_ID_PREFIX):
+            raise RequestError(f"request_id must begin with '{RESPONSE_ID_PREFIX}'", param="request_id")
+        return self
+
+    def input_messages(self) -> list[dict[str, Any]]:
+        if isinstance(self.input, str):
+            return [{"role": "user", "content": self.input}]
+        return [m.to_chat_message() for m in self.input]
+
+    def sampling_params(self) -> dict[str, Any]:
+        params = {
+            "max_new_tokens": self.max_output_tokens,  # None = up to the rest of the context
+            "temperature": self.effective_temperature,
+            "top_p": self.effective_top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty,
+        }
+        if self.stop is not None:
+            params["stop"] = self.stop
+        return params
+
+    @property
+    def effective_temperature(self) -> float:
+        return RESPONSES_DEFAULT_TEMPERATURE if self.temperature is None else self.temperature
+
+    @property
+    def effective_top_p(self) -> float:
+        return 1.0 if self.top_p is None else self.top_p
+
+
+def _is_text_format(value: Any) -> bool:
+    # Only the default: plain text, nothing else (e.g. verbosity) set.
+    return value is None or (isinstance(value, dict) and set(value) <= {"format"}
+                             and value.get("format") in (None, {"type": "text"}))
+
+
+RESPONSES_UNSUPPORTED: Unsupported = {
+    "tools": (_is_falsy, "tools are not implemented"),
+    "include": (_is_falsy, "extra output data (include) is not implemented"),
+    "reasoning": (_is_absent, "reasoning controls are not implemented"),
+    "text": (_is_text_format, "structured output is not implemented; only {'format': {'type': 'text'}} is accepted"),
+    "truncation": (lambda v: v in (None, "disabled"), "truncation is not implemented; only 'disabled' is accepted"),
+    "max_tool_calls": (_is_absent, "tools are not implemented"),
+    "top_logprobs": (lambda v: v in (None, 0), "logprobs are not returned by /v1/responses"),
+    "prompt": (_is_absent, "stored prompt templates are not implemented"),
+    "conversation": (_is_absent, "the Conversations API is not implemented; use previous_response_id"),
+    "service_tier": (lambda v: v in (None, "auto", "default"), "service tiers are not implemented"),
+    "priority": (_is_default_priority, "priority scheduling is not implemented; only 0 is accepted"),
+    "extra_key": (_is_absent, "per-request cache keys are not implemented"),
+    "cache_salt": (_is_absent, "per-request cache salts are not implemented"),
+}
+
+
+class ResponseOutputText(BaseModel):
+    type: Literal["output_text"] = "output_text"
+    text: str
+    annotations: list[Any] = Field(default_factory=list)
+    logprobs: list[Any] = Field(default_factory=list)
+
+
+class ResponseOutputMessage(BaseModel):
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    status: Literal["in_progress", "completed", "incomplete"]
+    content: list[ResponseOutputText]
+
+
+class ResponseUsage(BaseModel):
+    """OpenAI's usage fields, plus the chat-style names SGLang's non-stream responses carry."""
+
+    input_tokens: int
+    input_tokens_details: dict[str, int]
+    output_tokens: int
+    output_tokens_details: dict[str, int] = Field(default_factory=lambda: {"reasoning_tokens": 0})
+    total_tokens: int
+    prompt_tokens: int
+    completion_tokens: int
+
+    @classmethod
+    def of(cls, prompt: int, completion: int, cached: int) -> "ResponseUsage":
+        return cls(
+            input_tokens=prompt,
+            input_tokens_details={"cached_tokens": cached},
+            output_tokens=completion,
+            total_tokens=prompt + completion,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+        )
+
+
+ResponseStatus = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
+
+
+class ResponsesResponse(BaseModel):
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int = Field(default_factory=_now)
+    status: ResponseStatus
+    model: str
+    output: list[ResponseOutputMessage] = Field(default_factory=list)
+    usage: Optional[ResponseUsage] = None
+    error: Optional[dict[str, Any]] = None
+    incomplete_details: Optional[dict[str, Any]] = None
+    instructions: Optional[str] = None
+    max_output_tokens: Optional[int] = None
+    previous_response_id: Optional[str] = None
+    reasoning: dict[str, Any] = Field(default_factory=lambda: {"effort": None, "summary": None})
+    store: bool = True
+    background: bool = False
+    temperature: float
+    top_p: float
+    text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})
+    tool_choice: str = "auto"
+    tools: list[Any] = Field(default_factory=list)
+    parallel_tool_calls: bool = True
+    truncation: Literal["disabled"] = "disabled"
+    user: Optional[str] = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    def output_text(self) -> str:
+        return "".join(part.text for message in self.output for part in message.content)

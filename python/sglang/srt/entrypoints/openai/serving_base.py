@@ -268,13 +268,34 @@ async def _collect(events: AsyncIterator[tuple[int, dict[str, Any]]], count: int
     return [finals[i] for i in range(count)]
 
 
+async def collect_unless_disconnected(
+    raw_request: Request, events: AsyncIterator[tuple[int, dict[str, Any]]], count: int
+) -> Optional[list[dict[str, Any]]]:
+    """The last item of every choice, or None when the client left first; raises what the engine
+    raised. Nothing else notices a client that leaves a non-stream request, so it is watched here
+    and the engine streams are closed at once (aborting their requests)."""
+    work = asyncio.ensure_future(_collect(events, count))
+    watch = asyncio.ensure_future(_until_disconnected(raw_request))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        work.cancel()
+        await asyncio.gather(work, watch, return_exceptions=True)
+    return None if work.cancelled() else work.result()
+
+
+def client_closed_response() -> Response:
+    return error_response("the client closed the request", "ClientClosedRequest", 499)
+
+
 async def _until_disconnected(raw_request: Request) -> None:
     # The body has been read, so the next ASGI message can only be the client's disconnect.
     while (await raw_request.receive())["type"] != "http.disconnect":
         pass
 
 
-async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+async def prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
     yield first
     async for item in rest:
         yield item
@@ -314,9 +335,10 @@ class OpenAIServingBase(ABC, Generic[RequestT]):
             inputs = self.convert(req)
         except RequestError as exc:
             return error_response(str(exc), param=exc.param)
-        request_id = f"{self.id_prefix}{uuid.uuid4().hex}"
+        request_id = req.rid or f"{self.id_prefix}{uuid.uuid4().hex}"
         for i, obj in enumerate(inputs):
-            obj.rid = f"{request_id}-{i}"
+            # A client's rid names its single engine request as it is (SGLang); n > 1 suffixes it.
+            obj.rid = req.rid if req.rid and len(inputs) == 1 else f"{request_id}-{i}"
         events = merge_streams([self.tokenizer_manager.generate_request(obj) for obj in inputs])
         if req.stream:
             return await self._stream(req, request_id, events, len(inputs))
@@ -379,22 +401,13 @@ class OpenAIServingBase(ABC, Generic[RequestT]):
         events: AsyncIterator[tuple[int, dict[str, Any]]],
         count: int,
     ) -> Response:
-        # Nothing else notices a client that leaves a non-stream request: watch for it, so the
-        # engine does not keep generating for nobody.
-        work = asyncio.ensure_future(_collect(events, count))
-        watch = asyncio.ensure_future(_until_disconnected(raw_request))
         try:
-            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watch.cancel()
-            work.cancel()
-            await asyncio.gather(work, watch, return_exceptions=True)
-        if work.cancelled():
-            return error_response("the client closed the request", "ClientClosedRequest", 499)
-        if work.exception() is not None:
-            failure = describe_failure(work.exception())
+            finals = await collect_unless_disconnected(raw_request, events, count)
+        except Exception as exc:
+            failure = describe_failure(exc)
             return json_response(failure, status_code=failure.code)
-        finals = work.result()
+        if finals is None:
+            return client_closed_response()
         pieces = [tracker.step(item) for tracker, item in zip(self.trackers(req, count), finals)]
         return json_response(self.full_response(req, request_id, pieces, usage_of(finals, req.n)))
 
@@ -425,7 +438,7 @@ class OpenAIServingBase(ABC, Generic[RequestT]):
         try:
             for chunk in self.stream_preamble(req, request_id, count):
                 yield sse_event(chunk)
-            async for index, item in _prepend(first, events):
+            async for index, item in prepend(first, events):
                 finals[index] = item
                 piece = trackers[index].step(item)
                 if not piece.is_empty():

@@ -107,21 +107,36 @@ class OpenAIServingChat(OpenAIServingBase[ChatCompletionRequest]):
         )
 
     def render(self, req: ChatCompletionRequest) -> str:
-        """The prompt text: the chat template applied to the messages, generation prompt added."""
+        """The prompt text: the chat template applied to the messages.
+
+        With continue_final_message the final (assistant) message is left open, as SGLang does
+        it: the template renders the messages before it with the generation prompt, and the
+        message's text follows verbatim, so no end-of-turn marker closes it.
+        """
         tokenizer = getattr(self.tokenizer_manager, "tokenizer", None)
         if tokenizer is None:
             raise RequestError(
                 "chat completions need a tokenizer, and this server runs without one", param="messages"
             )
-        kwargs = {"add_generation_prompt": True, **req.chat_template_kwargs, "tokenize": False}
         messages = [m.to_template_dict() for m in req.messages]
+        opening = req.add_generation_prompt is not False
+        prefix = ""
+        if req.continue_final_message:  # validated: the last message is the assistant's
+            prefix, opening = messages.pop()["content"], True
+        prompt = self._apply_template(tokenizer, messages, opening, req.chat_template_kwargs)
+        return strip_duplicate_bos(prompt, tokenizer, self._adds_bos) + prefix
+
+    @staticmethod
+    def _apply_template(
+        tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool, variables: dict[str, Any]
+    ) -> str:
+        kwargs = {**variables, "add_generation_prompt": add_generation_prompt, "tokenize": False}
         try:
-            prompt = tokenizer.apply_chat_template(messages, **kwargs)
+            return tokenizer.apply_chat_template(messages, **kwargs)
         except (TemplateError, ValueError) as exc:
             raise RequestError(
                 f"the chat template cannot render these messages: {exc}", param="messages"
             ) from None
-        return strip_duplicate_bos(prompt, tokenizer, self._adds_bos)
 
     def trackers(self, req: ChatCompletionRequest, count: int) -> list[ChoiceTracker]:
         fmt = self._logprobs if req.logprobs else None

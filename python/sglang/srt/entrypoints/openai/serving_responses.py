@@ -1,0 +1,409 @@
+"""/v1/responses: OpenAI's Responses API on the chat-completions machinery, as SGLang serves it.
+
+POST /v1/responses renders `instructions` + the conversation (a previous response's input and
+output when `previous_response_id` is given) + `input` with the chat template, generates, and
+answers a response object, or streams Responses events (response.created, response.in_progress,
+response.output_item.added, response.content_part.added, response.output_text.delta...,
+response.output_text.done, response.content_part.done, response.output_item.done, then
+response.completed / response.incomplete / response.failed). `background: true` answers a
+queued response at once and generates in a task (POST /v1/responses/{id}/cancel stops it).
+GET /v1/responses/{id} retrieves and DELETE /v1/responses/{id} deletes a stored response.
+
+Stored responses (store defaults to true) live in this process's memory: the most recent
+MAX_STORED_RESPONSES, the oldest evicted first, lost on restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import orjson
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import ValidationError
+
+from sglang.srt.entrypoints.openai.protocol import (
+    RESPONSE_ID_PREFIX,
+    RESPONSES_UNSUPPORTED,
+    ChatCompletionRequest,
+    ErrorResponse,
+    RequestError,
+    ResponseOutputMessage,
+    ResponseOutputText,
+    ResponsesRequest,
+    ResponsesResponse,
+    ResponseStatus,
+    ResponseUsage,
+)
+from sglang.srt.entrypoints.openai.serving_base import (
+    ChoiceTracker,
+    collect_unless_disconnected,
+    describe_failure,
+    merge_streams,
+    prepend,
+    validation_error,
+)
+from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
+from sglang.srt.managers.io_struct import GenerateReqInput
+
+MAX_STORED_RESPONSES = 1024
+
+Events = AsyncIterator[tuple[int, dict[str, Any]]]
+Message = dict[str, Any]
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+class ResponsesRequestError(RequestError):
+    """A refused request with its HTTP status (400, or 404 for an unknown response id)."""
+
+    def __init__(self, message: str, param: Optional[str] = None, status_code: int = 400) -> None:
+        super().__init__(message, param)
+        self.status_code = status_code
+
+
+def _json(body: Any, status_code: int = 200) -> Response:
+    data = body.model_dump() if hasattr(body, "model_dump") else body
+    return Response(orjson.dumps(data), status_code=status_code, media_type="application/json")
+
+
+def responses_error(message: str, status_code: int = 400, param: Optional[str] = None,
+                    err_type: str = "invalid_request_error") -> Response:
+    # SGLang and OpenAI nest the error object for this route (the others answer it flat).
+    error = {"message": message, "type": err_type, "param": param, "code": status_code}
+    return _json({"error": error}, status_code)
+
+
+def _failure_response(failure: ErrorResponse) -> Response:
+    return responses_error(failure.message, failure.code, failure.param, failure.type)
+
+
+def _checked_id(response_id: str) -> str:
+    if not response_id.startswith(RESPONSE_ID_PREFIX):
+        raise ResponsesRequestError(
+            f"Invalid 'response_id': '{response_id}'. Expected an ID that begins with '{RESPONSE_ID_PREFIX}'.",
+            param="response_id",
+        )
+    return response_id
+
+
+def _not_found(response_id: str, param: str = "response_id") -> ResponsesRequestError:
+    return ResponsesRequestError(f"Response with id '{response_id}' not found.", param=param, status_code=404)
+
+
+# ----------------------------------------------------------------------------- storage
+
+
+@dataclass
+class StoredResponse:
+    response: ResponsesResponse
+    # The conversation that produced it, without instructions (OpenAI does not carry those over
+    # to a follow-up), ending with its output once it has finished.
+    history: list[Message]
+
+
+class ResponseStore:
+    """The most recent `capacity` responses; putting one again makes it the most recent."""
+
+    def __init__(self, capacity: int = MAX_STORED_RESPONSES) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[str, StoredResponse] = OrderedDict()
+
+    def get(self, response_id: str) -> Optional[StoredResponse]:
+        return self._items.get(response_id)
+
+    def put(self, stored: StoredResponse) -> None:
+        self._items[stored.response.id] = stored
+        self._items.move_to_end(stored.response.id)
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+
+    def pop(self, response_id: str) -> Optional[StoredResponse]:
+        return self._items.pop(response_id, None)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+# ----------------------------------------------------------------------------- one request
+
+
+@dataclass
+class Turn:
+    """One create request: what its response objects are built from."""
+
+    req: ResponsesRequest
+    response_id: str
+    model: str
+    history: list[Message]  # previous conversation + this input, without instructions
+    message_id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
+    created_at: int = field(default_factory=lambda: int(time.time()))
+
+    def response(self, status: ResponseStatus, **fields: Any) -> ResponsesResponse:
+        req = self.req
+        return ResponsesResponse(
+            id=self.response_id, created_at=self.created_at, status=status, model=self.model,
+            instructions=req.instructions, max_output_tokens=req.max_output_tokens,
+            previous_response_id=req.previous_response_id, store=req.store, background=req.background,
+            temperature=req.effective_temperature, top_p=req.effective_top_p, tool_choice=req.tool_choice,
+            parallel_tool_calls=req.parallel_tool_calls, user=req.user, metadata=req.metadata, **fields,
+        )
+
+    def message(self, text: str, status: str) -> ResponseOutputMessage:
+        return ResponseOutputMessage(id=self.message_id, status=status, content=[ResponseOutputText(text=text)])
+
+    def finished(self, final: dict[str, Any]) -> ResponsesResponse:
+        """The response for the engine's last item: completed on a stop, incomplete on length."""
+        meta = final["meta_info"]
+        usage = ResponseUsage.of(meta["prompt_tokens"], meta["completion_tokens"], meta.get("cached_tokens", 0))
+        finish = meta.get("finish_reason") or {}
+        kind = finish.get("type")
+        if kind == "abort":
+            error = {"code": "server_error", "message": finish.get("message", "the request was aborted")}
+            return self.response("failed", output=[self.message(final["text"], "incomplete")], usage=usage, error=error)
+        if kind == "length":
+            return self.response("incomplete", output=[self.message(final["text"], "incomplete")], usage=usage,
+                                 incomplete_details={"reason": "max_output_tokens"})
+        return self.response("completed", output=[self.message(final["text"], "completed")], usage=usage)
+
+    def failed(self, failure: ErrorResponse) -> ResponsesResponse:
+        return self.response("failed", error={"code": "server_error", "message": failure.message})
+
+    def stored(self, response: ResponsesResponse) -> StoredResponse:
+        output = response.output_text()
+        history = self.history + ([{"role": "assistant", "content": output}] if response.output else [])
+        return StoredResponse(response, history)
+
+
+async def _last_item(events: Events) -> dict[str, Any]:
+    final: Optional[dict[str, Any]] = None
+    async for _, item in events:
+        final = item
+    if final is None:
+        raise RuntimeError("the engine ended a request without output")
+    return final
+
+
+class _EventWriter:
+    """Server-sent Responses events: `event: <type>` + `data: <json>` with a sequence number."""
+
+    def __init__(self) -> None:
+        self.sequence = 0
+
+    def __call__(self, kind: str, **fields: Any) -> bytes:
+        body = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(body) + b"\n\n"
+
+
+# ----------------------------------------------------------------------------- serving
+
+
+class OpenAIServingResponses:
+    def __init__(self, tokenizer_manager: Any, server_args: Any, chat: OpenAIServingChat,
+                 capacity: int = MAX_STORED_RESPONSES) -> None:
+        self.tokenizer_manager = tokenizer_manager
+        self.server_args = server_args
+        self.chat = chat
+        self.store = ResponseStore(capacity)
+        self._background: dict[str, asyncio.Task] = {}
+
+    # ------------------------------------------------------------------ routes
+
+    async def create(self, raw_request: Request) -> Response:
+        try:
+            turn = self._turn(parse_responses_request(await raw_request.body()))
+            obj = self._engine_request(turn)
+        except ResponsesRequestError as exc:
+            return responses_error(str(exc), exc.status_code, exc.param)
+        except RequestError as exc:
+            return responses_error(str(exc), param=exc.param)
+        events = merge_streams([self.tokenizer_manager.generate_request(obj)])
+        if turn.req.background:
+            return self._start_background(turn, events)
+        if turn.req.stream:
+            return await self._stream(turn, events)
+        return await self._complete(turn, raw_request, events)
+
+    async def retrieve(self, response_id: str) -> Response:
+        try:
+            return _json(self._stored(response_id).response)
+        except ResponsesRequestError as exc:
+            return responses_error(str(exc), exc.status_code, exc.param)
+
+    async def delete(self, response_id: str) -> Response:
+        try:
+            self._stored(response_id)
+        except ResponsesRequestError as exc:
+            return responses_error(str(exc), exc.status_code, exc.param)
+        await self._stop_background(response_id)
+        self.store.pop(response_id)
+        return _json({"id": response_id, "object": "response", "deleted": True})
+
+    async def cancel(self, response_id: str) -> Response:
+        try:
+            stored = self._stored(response_id)
+        except ResponsesRequestError as exc:
+            return responses_error(str(exc), exc.status_code, exc.param)
+        task = self._background.get(response_id)
+        if task is None or task.done():
+            return responses_error(
+                "Only a queued or in-progress background response can be cancelled.", param="response_id"
+            )
+        stored.response.status = "cancelled"  # before the task stops, so it records nothing else
+        await self._stop_background(response_id)
+        return _json(stored.response)
+
+    # ------------------------------------------------------------------ request -> engine
+
+    def _turn(self, req: ResponsesRequest) -> Turn:
+        history = self._previous_history(req.previous_response_id) + req.input_messages()
+        response_id = req.request_id or f"{RESPONSE_ID_PREFIX}{uuid.uuid4().hex}"
+        if self.store.get(response_id) is not None or response_id in self._background:
+            raise ResponsesRequestError(f"request_id '{response_id}' is already in use", param="request_id")
+        model = req.model or self.server_args.served_model_name
+        return Turn(req=req, response_id=response_id, model=model, history=history)
+
+    def _previous_history(self, previous_id: Optional[str]) -> list[Message]:
+        if previous_id is None:
+            return []
+        if not previous_id.startswith(RESPONSE_ID_PREFIX):
+            raise ResponsesRequestError(
+                f"previous_response_id must begin with '{RESPONSE_ID_PREFIX}'", param="previous_response_id"
+            )
+        previous = self.store.get(previous_id)
+        if previous is None:
+            raise _not_found(previous_id, param="previous_response_id")
+        if previous.response.status in ("queued", "in_progress"):
+            raise ResponsesRequestError(
+                f"the previous response '{previous_id}' has not finished", param="previous_response_id"
+            )
+        return list(previous.history)
+
+    def _engine_request(self, turn: Turn) -> GenerateReqInput:
+        req = turn.req
+        system = [{"role": "system", "content": req.instructions}] if req.instructions is not None else []
+        try:
+            chat_req = ChatCompletionRequest.model_validate({"messages": system + turn.history})
+            prompt = self.chat.render(chat_req)
+        except ValidationError as exc:
+            raise RequestError(f"input: {validation_error(exc)}", param="input") from None
+        except RequestError as exc:
+            raise RequestError(str(exc), param="input") from None
+        return GenerateReqInput(
+            text=prompt, sampling_params=req.sampling_params(), rid=turn.response_id, stream=req.stream
+        )
+
+    def _stored(self, response_id: str) -> StoredResponse:
+        stored = self.store.get(_checked_id(response_id))
+        if stored is None:
+            raise _not_found(response_id)
+        return stored
+
+    def _remember(self, turn: Turn, response: ResponsesResponse) -> None:
+        if turn.req.store:
+            self.store.put(turn.stored(response))
+
+    # ------------------------------------------------------------------ answering
+
+    async def _complete(self, turn: Turn, raw_request: Request, events: Events) -> Response:
+        try:
+            finals = await collect_unless_disconnected(raw_request, events, 1)
+        except Exception as exc:
+            return _failure_response(describe_failure(exc))
+        if finals is None:
+            return responses_error("the client closed the request", 499, err_type="ClientClosedRequest")
+        response = turn.finished(finals[0])
+        self._remember(turn, response)
+        return _json(response)
+
+    async def _stream(self, turn: Turn, events: Events) -> Response:
+        # The first item first, so that a request the engine rejects is still a plain 400.
+        try:
+            first = await anext(events)
+        except Exception as exc:
+            await events.aclose()
+            return _failure_response(describe_failure(exc))
+        return StreamingResponse(self._sse(turn, first, events), media_type="text/event-stream")
+
+    async def _sse(self, turn: Turn, first: tuple[int, dict[str, Any]], events: Events) -> AsyncIterator[bytes]:
+        event = _EventWriter()
+        started = turn.response("in_progress").model_dump()
+        yield event("response.created", response=started)
+        yield event("response.in_progress", response=started)
+        ids = {"item_id": turn.message_id, "output_index": 0, "content_index": 0}
+        yield event("response.output_item.added", output_index=0, item=turn.message("", "in_progress").model_dump()
+                    | {"content": []})
+        yield event("response.content_part.added", **ids, part=ResponseOutputText(text="").model_dump())
+        tracker, final = ChoiceTracker(0, None), first[1]
+        try:
+            async for _, item in prepend(first, events):
+                final, delta = item, tracker.step(item).text
+                if delta:
+                    yield event("response.output_text.delta", **ids, delta=delta, logprobs=[])
+        except Exception as exc:
+            response = turn.failed(describe_failure(exc))
+            self._remember(turn, response)
+            yield event("response.failed", response=response.model_dump())
+            return
+        finally:
+            await events.aclose()
+        response = turn.finished(final)
+        message = response.output[0]
+        yield event("response.output_text.done", **ids, text=message.content[0].text, logprobs=[])
+        yield event("response.content_part.done", **ids, part=message.content[0].model_dump())
+        yield event("response.output_item.done", output_index=0, item=message.model_dump())
+        self._remember(turn, response)
+        yield event(f"response.{response.status}", response=response.model_dump())
+
+    # ------------------------------------------------------------------ background
+
+    def _start_background(self, turn: Turn, events: Events) -> Response:
+        queued = turn.response("queued")
+        self.store.put(turn.stored(queued))
+        task = asyncio.create_task(self._run_background(turn, events), name=f"response-{turn.response_id}")
+        self._background[turn.response_id] = task
+        task.add_done_callback(lambda _: self._background.pop(turn.response_id, None))
+        return _json(queued)
+
+    async def _run_background(self, turn: Turn, events: Events) -> None:
+        stored = self.store.get(turn.response_id)
+        if stored is not None:
+            stored.response.status = "in_progress"
+        try:
+            response = turn.finished(await _last_item(events))
+        except Exception as exc:  # recorded on the stored response; nobody is waiting to be told
+            response = turn.failed(describe_failure(exc))
+        finally:
+            await events.aclose()
+        if self.store.get(turn.response_id) is not None:  # deleted meanwhile: nothing to record
+            self._remember(turn, response)
+
+    async def _stop_background(self, response_id: str) -> None:
+        task = self._background.get(response_id)
+        if task is not None:
+            task.cancel()  # closes the engine stream, which aborts the request
+            await asyncio.gather(task, return_exceptions=True)
+
+
+def parse_responses_request(body: bytes) -> ResponsesRequest:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise RequestError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise RequestError("request body must be a JSON object")
+    for name, (accepted, why) in RESPONSES_UNSUPPORTED.items():
+        if not accepted(data.get(name)):
+            raise RequestError(f"'{name}' is not supported by this server: {why}.", param=name)
+    try:
+        return ResponsesRequest.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
