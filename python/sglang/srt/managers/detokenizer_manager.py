@@ -76,13 +76,16 @@ def cut_at_last(text: str, matched: str) -> str:
 
 class DetokenizerManager:
     def __init__(self, tokenizer: Any) -> None:
-        self.decoder = TextDecoder(tokenizer)
+        # None with --skip-tokenizer-init: results pass through with no text.
+        self.decoder = TextDecoder(tokenizer) if tokenizer is not None else None
         self._states: dict[str, _DecodeState] = {}
 
     def handle(self, batch: BatchTokenOut) -> BatchStrOut:
         return BatchStrOut(outs=[StrOut(token=out, new_text=self._safe_new_text(out)) for out in batch.outs])
 
     def _safe_new_text(self, out: TokenOut) -> str:
+        if self.decoder is None:
+            return ""
         try:
             return self._new_text(out)
         except Exception:  # one request's bad ids must not take the process down
@@ -143,7 +146,8 @@ def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs) -> Non
     send_sock = context.socket(zmq.PUSH)
     send_sock.connect(port_args.tokenizer_manager_ipc)
     try:
-        manager = DetokenizerManager(get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code))
+        tokenizer = None if server_args.skip_tokenizer_init else get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
+        manager = DetokenizerManager(tokenizer)
         batch_decoder = decoder(BatchTokenOut)
         while True:
             batch = batch_decoder.decode(recv_sock.recv())

@@ -1,6 +1,6 @@
 """Messages between the processes, as msgspec structs encoded with msgpack (never pickle).
 
-TokenizerManager --(TokenizedGenerateReqInput | AbortReq)--> Scheduler (rank 0)
+TokenizerManager --(TokenizedGenerateReqInput | AbortReq | FlushCacheReq)--> Scheduler (rank 0)
 Scheduler --BatchTokenOut--> DetokenizerManager --BatchStrOut--> TokenizerManager
 """
 
@@ -50,7 +50,11 @@ class AbortReq(msgspec.Struct, tag=True):
     rid: str
 
 
-SchedulerInput = Union[TokenizedGenerateReqInput, AbortReq]
+class FlushCacheReq(msgspec.Struct, tag=True):
+    """Empty the prefix cache (sent only while no request runs)."""
+
+
+SchedulerInput = Union[TokenizedGenerateReqInput, AbortReq, FlushCacheReq]
 
 
 class TokenOut(msgspec.Struct):

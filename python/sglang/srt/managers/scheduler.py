@@ -21,7 +21,7 @@ import time
 import traceback
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
@@ -32,6 +32,7 @@ from sglang.srt.distributed.parallel_state import init_tp_groups, tp_cpu_group
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchTokenOut,
+    FlushCacheReq,
     SchedulerInput,
     SchedulerReady,
     TokenizedGenerateReqInput,
@@ -40,6 +41,7 @@ from sglang.srt.managers.io_struct import (
     encode,
 )
 from sglang.srt.managers.schedule_batch import INVALID_TOKEN_ID, LogprobRequest, Req, ScheduleBatch, Step, StepResult
+from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
@@ -50,7 +52,17 @@ from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
 logger = logging.getLogger(__name__)
 
+# SGLang's bound: beyond it, matching every waiting prompt each step costs more than LPM saves.
+LPM_MAX_QUEUE = 128
+
 NAN_MESSAGE = "The logits of this request contained NaN or +inf (or no finite value), so no token could be sampled."
+
+
+class PromptChunk(NamedTuple):
+    req: Req
+    start: int  # first prompt position of the chunk (the tokens before it are cached)
+    length: int
+    slots: torch.Tensor  # [length] int64 KV slots, host
 
 
 class Scheduler:
@@ -97,7 +109,8 @@ class Scheduler:
         self.eos_token_ids = set(config.eos_token_ids)
         self.max_total_tokens = self.model_runner.max_total_num_tokens
         self.max_running = self.model_runner.max_running_requests
-        self.tokenizer = get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
+        # --skip-tokenizer-init: none; stop strings are refused upstream and EOS comes from the model config.
+        self.tokenizer = None if server_args.skip_tokenizer_init else get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
         self.step_count = 0
         self.stream_interval = server_args.stream_interval
         self.decode_steps, self.decode_tokens, self.decode_log_time = 0, 0, time.perf_counter()
@@ -111,9 +124,14 @@ class Scheduler:
         self.chunked_req: Optional[Req] = None
         self.to_merge: list[ScheduleBatch] = []
         self.reqs_by_rid: dict[str, Req] = {}
-        # Prompt -> the live request whose K/V holds it, and users per KV slot (prefix sharing).
-        self.prompt_owners: dict[tuple[int, ...], Req] = {}
-        self.slot_refs = torch.zeros(self.max_total_tokens + 1, dtype=torch.int32)
+        self.tree_cache = RadixCache(
+            self.model_runner.req_to_token_pool,
+            self.model_runner.token_to_kv_pool_allocator,
+            disable=server_args.disable_radix_cache,
+            # Deterministic mode: only whole aligned prefill chunks, whose bits every run shares.
+            align=server_args.chunked_prefill_size if self.deterministic else 1,
+        )
+        self.flush_requested = False
 
         self.decode_input = decoder(SchedulerInput)
         self.parent_pid = os.getppid()
@@ -182,6 +200,8 @@ class Scheduler:
     def _handle(self, message: Any) -> None:
         if isinstance(message, TokenizedGenerateReqInput):
             self._add_request(message)
+        elif isinstance(message, FlushCacheReq):
+            self.flush_requested = True
         elif isinstance(message, AbortReq):
             req = self.reqs_by_rid.get(message.rid)
             if req is not None and not req.finished():
@@ -243,6 +263,10 @@ class Scheduler:
 
     def get_next_step(self) -> Optional[Step]:
         self._update_running_batch()
+        if self.flush_requested:
+            # After the release of requests that finished before the flush was asked for.
+            self.tree_cache.flush()
+            self.flush_requested = False
         step = self._prefill_step()
         if step is None and self.running is not None:
             step = self._decode_step()
@@ -254,7 +278,8 @@ class Scheduler:
 
     def _log_step(self, step: Step) -> None:
         """SGLang's progress lines: every prefill, and every --decode-log-interval decode steps."""
-        queued, used = len(self.waiting), self.max_total_tokens - self.model_runner.token_to_kv_pool_allocator.available_size()
+        # Cached prefixes nobody uses count as free, as in SGLang's token usage.
+        queued, used = len(self.waiting), self.max_total_tokens - self.tree_cache.available_size()
         if step.mode == ForwardMode.EXTEND:
             new_tokens = sum(step.forward_batch.extend_seq_lens_cpu)
             cached = sum(r.cached_tokens for r in step.reqs)
@@ -319,18 +344,13 @@ class Scheduler:
         )
 
     def _release(self, req: Req) -> None:
-        pool = self.model_runner.req_to_token_pool
-        if req.req_pool_idx is not None:
-            slots = pool.slots_of(req.req_pool_idx, req.kv_len)
-            # Slots shared with other children of the same prompt live until the last user leaves.
-            self.slot_refs[slots] -= 1
-            self.model_runner.token_to_kv_pool_allocator.free(slots[self.slot_refs[slots] == 0])
-            pool.free(req.req_pool_idx)
-            req.req_pool_idx = None
-        key = tuple(req.origin_input_ids)
-        if self.prompt_owners.get(key) is req:
-            del self.prompt_owners[key]
+        self._free_kv(req)
         self.reqs_by_rid.pop(req.rid, None)
+
+    def _free_kv(self, req: Req) -> None:
+        if req.req_pool_idx is not None:
+            self.tree_cache.release(req)
+            req.req_pool_idx = None
 
     def _reserved_tokens(self) -> int:
         active = list(self.running.reqs) if self.running is not None else []
@@ -345,8 +365,7 @@ class Scheduler:
 
     def _prefill_step(self) -> Optional[Step]:
         budget = self.server_args.chunked_prefill_size
-        chunks: list[tuple[Req, int]] = []
-        shares: list[tuple[Req, Req]] = []
+        chunks: list[PromptChunk] = []
         if self.chunked_req is not None and self.chunked_req.finished():
             # Aborted mid-prefill: its slots go back now, and nothing of it is scheduled.
             self._release(self.chunked_req)
@@ -354,37 +373,54 @@ class Scheduler:
             self.chunked_req = None
         if self.chunked_req is not None:
             budget -= self._add_chunk(chunks, self.chunked_req, budget)
-        free = self.model_runner.token_to_kv_pool_allocator.available_size() - self._reserved_tokens()
+        reserved = self._reserved_tokens()
         admitted = self._running_count()
+        self._order_waiting()
         while self.waiting and budget > 0 and admitted < self.max_running:
             req = self.waiting[0]
-            donor = self._prefix_donor(req, chunks)
-            shared = len(req.origin_input_ids) - 1 if donor is not None else 0
-            if (
-                self._budget(req) - shared > free
-                or self.model_runner.req_to_token_pool.available_size() == 0
-                or self._chunk_len(req, budget) == 0
-            ):
+            if self.model_runner.req_to_token_pool.available_size() == 0:
+                break
+            req.req_pool_idx = self.model_runner.req_to_token_pool.alloc()
+            req.kv_len = req.cached_tokens = self.tree_cache.admit(req, self._cacheable_len(req))
+            need = self._budget(req) - req.kv_len
+            if need > self.tree_cache.available_size() - reserved or self._chunk_len(req, budget) == 0:
+                self._free_kv(req)  # it waits, and matches again next step
+                req.kv_len = req.cached_tokens = 0
                 break
             self.waiting.popleft()
-            req.req_pool_idx = self.model_runner.req_to_token_pool.alloc()
-            free -= self._budget(req) - shared
-            if donor is not None:
-                req.kv_len = req.cached_tokens = shared
-                shares.append((req, donor))
-            budget -= self._add_chunk(chunks, req, budget)
+            n = self._add_chunk(chunks, req, budget)
+            reserved += need - n
+            budget -= n
             admitted += 1
         if not chunks:
             return None
-        return self._build_extend_step(chunks, shares)
+        return self._build_extend_step(chunks)
 
-    def _add_chunk(self, chunks: list[tuple[Req, int]], req: Req, budget: int) -> int:
-        """Schedule the next prompt chunk of `req`; returns its length."""
+    def _cacheable_len(self, req: Req) -> int:
+        """Most prompt tokens a request may take from the cache: never the last (its logits give
+        the first output token), nor any whose prompt logprobs it asked for (they come from the
+        logits of the position before)."""
+        limit = len(req.origin_input_ids) - 1
+        if req.logprob is not None and req.logprob.logprob_start_len < len(req.origin_input_ids):
+            limit = min(limit, req.logprob.logprob_start_len - 1)
+        return limit
+
+    def _order_waiting(self) -> None:
+        """--schedule-policy lpm: longest cached prefix first (SGLang falls back to FCFS for long queues)."""
+        if self.server_args.schedule_policy != "lpm" or self.tree_cache.disable or len(self.waiting) > LPM_MAX_QUEUE:
+            return
+        matched = {id(r): self.tree_cache.match_len(r, self._cacheable_len(r)) for r in self.waiting}
+        self.waiting = deque(sorted(self.waiting, key=lambda r: -matched[id(r)]))
+
+    def _add_chunk(self, chunks: list[PromptChunk], req: Req, budget: int) -> int:
+        """Schedule the next prompt chunk of `req` and give it KV slots; returns its length. The
+        chunk enters the prefix cache at once, so a request admitted later in this same step
+        (an n > 1 sibling) already reuses it."""
         n = self._chunk_len(req, budget)
-        if req.kv_len + n == len(req.origin_input_ids):
-            # Its whole prompt is in the cache after this step's layers: children can share it.
-            self.prompt_owners.setdefault(tuple(req.origin_input_ids), req)
-        chunks.append((req, n))
+        start = req.kv_len
+        slots = self._allocate_slots([req], [n])
+        self.tree_cache.cache_prefill(req)
+        chunks.append(PromptChunk(req, start, n, slots))
         return n
 
     def _chunk_len(self, req: Req, budget: int) -> int:
@@ -399,35 +435,10 @@ class Scheduler:
         n = min(remaining, size - req.kv_len % size)
         return n if n <= budget else 0
 
-    def _prefix_donor(self, req: Req, chunks: list[tuple[Req, int]]) -> Optional[Req]:
-        """A live request with the same prompt whose K/V for all but the last prompt token exist,
-        or are written earlier in this same step (each layer stores K/V before attending).
-
-        This is how the n > 1 children of one request share their prompt. The last prompt token
-        is always recomputed, so each child gets its own first-token logits. Not in deterministic
-        mode: that recomputation is a one-token extend whose bits differ from the donor's chunk."""
-        if self.deterministic:
-            return None
-        if len(req.origin_input_ids) < 2 or (req.logprob is not None and req.logprob.logprob_start_len < len(req.origin_input_ids)):
-            return None
-        donor = self.prompt_owners.get(tuple(req.origin_input_ids))
-        if donor is None or donor.req_pool_idx is None:
-            return None
-        in_this_step = any(r is donor and r.kv_len + n == len(r.origin_input_ids) for r, n in chunks)
-        return donor if in_this_step or donor.kv_len >= len(req.origin_input_ids) - 1 else None
-
-    def _share_prefixes(self, shares: list[tuple[Req, Req]]) -> None:
-        """Point each sharer's first cached_tokens positions at its donor's slots (allocated by now)."""
-        pool = self.model_runner.req_to_token_pool
-        for req, donor in shares:
-            pool.copy_prefix(req.req_pool_idx, donor.req_pool_idx, req.cached_tokens)
-            self.slot_refs[pool.slots_of(req.req_pool_idx, req.cached_tokens)] += 1
-
-    def _build_extend_step(self, chunks: list[tuple[Req, int]], shares: list[tuple[Req, Req]]) -> Step:
+    def _build_extend_step(self, chunks: list[PromptChunk]) -> Step:
         reqs, input_ids, sample_rows, spans = [], [], [], []
         self.chunked_req = None
-        for row, (req, n) in enumerate(chunks):
-            start = req.kv_len
+        for row, (req, start, n, _) in enumerate(chunks):
             reqs.append(req)
             input_ids.extend(req.origin_input_ids[start : start + n])
             if start + n == len(req.origin_input_ids):
@@ -436,10 +447,9 @@ class Scheduler:
                 self.chunked_req = req
             if req.logprob is not None and req.logprob.logprob_start_len < len(req.origin_input_ids):
                 spans.append((row, req.logprob.logprob_start_len, start, start + n))
-        prefix_lens = [req.kv_len for req in reqs]
-        extend_lens = [n for _, n in chunks]
-        out_cache_loc = self._allocate_slots(reqs, extend_lens)
-        self._share_prefixes(shares)
+        prefix_lens = [chunk.start for chunk in chunks]
+        extend_lens = [chunk.length for chunk in chunks]
+        out_cache_loc = torch.cat([chunk.slots for chunk in chunks])
         forward_batch = self._forward_batch(ForwardMode.EXTEND, reqs, input_ids, prefix_lens, extend_lens, out_cache_loc)
         forward_batch.return_input_logits = bool(spans)
         sampled = [reqs[r] for r in sample_rows]
@@ -461,10 +471,9 @@ class Scheduler:
 
     def _allocate_slots(self, reqs: list[Req], lens: list[int]) -> torch.Tensor:
         """[sum lens] int64 KV slots on the host, recorded in req_to_token after each request's kv_len."""
-        slots = self.model_runner.token_to_kv_pool_allocator.alloc(sum(lens))
+        slots = self.tree_cache.alloc(sum(lens))
         if slots is None:
             raise RuntimeError("KV cache exhausted despite admission control")
-        self.slot_refs[slots] = 1
         self.model_runner.req_to_token_pool.assign([r.req_pool_idx for r in reqs], [r.kv_len for r in reqs], lens, slots)
         for req, n in zip(reqs, lens):
             req.kv_len += n

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import secrets
 import uuid
@@ -25,6 +26,7 @@ from sglang.srt.managers.detokenizer_manager import TextDecoder, cut_at_last, tr
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchStrOut,
+    FlushCacheReq,
     GenerateReqInput,
     SchedulerReady,
     StrOut,
@@ -32,6 +34,7 @@ from sglang.srt.managers.io_struct import (
     decoder,
     encode,
 )
+from sglang.srt.managers.request_logger import RequestLogger
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import PortArgs, ServerArgs
 
@@ -96,6 +99,7 @@ class _ReqState:
     sampling_seed: Optional[int] = None
     logprobs: dict[str, list[Any]] = field(default_factory=dict)
     dirty: bool = False
+    streamed_ids: int = 0  # output ids already sent in chunks (--stream-output)
 
 
 @dataclass
@@ -106,6 +110,7 @@ class PreparedRequest:
     stream: bool
     children: list[TokenizedGenerateReqInput]
     return_text_in_logprobs: bool
+    obj: Optional[GenerateReqInput] = None  # the request as received, for --log-requests
 
 
 class TokenizerManager:
@@ -114,8 +119,9 @@ class TokenizerManager:
     ) -> None:
         self.server_args = server_args
         self.ready = ready
-        self.tokenizer = tokenizer
-        self._text_decoder = TextDecoder(tokenizer)
+        self.tokenizer = tokenizer  # None with --skip-tokenizer-init
+        self._text_decoder = TextDecoder(tokenizer) if tokenizer is not None else None
+        self.request_logger = RequestLogger(server_args.log_requests, server_args.log_requests_level)
         self.preferred_sampling_params = server_args.preferred_sampling_params_dict()
         # Sends never block: PUSH to a connected endpoint queues and the HWM is unlimited, so
         # abort can be sent from a generator's finally (even during garbage collection).
@@ -138,8 +144,10 @@ class TokenizerManager:
     async def generate_request(self, obj: GenerateReqInput) -> AsyncIterator[dict[str, Any]]:
         """Yield `{"text", "output_ids", "meta_info"}` dicts for one request.
 
-        Streaming: a cumulative dict after every update, the last one finished. Otherwise one
-        final dict per child. With n > 1 every dict also carries "index" (the child, 0..n-1).
+        Streaming: a cumulative dict after every update, the last one finished (with
+        --stream-output, each dict's output_ids holds only the ids new since the previous one).
+        Otherwise one final dict per child. With --skip-tokenizer-init the dicts have no "text".
+        With n > 1 every dict also carries "index" (the child, 0..n-1).
         Invalid requests raise ValueError on the first iteration, before anything is sent.
         """
         prepared = self.prepare_request(obj)
@@ -174,13 +182,14 @@ class TokenizerManager:
             custom_logit_processor=obj.custom_logit_processor,
             stream=obj.stream,
         )
-        return PreparedRequest(rid, obj.stream, _fan_out(base, params.n), obj.return_text_in_logprobs)
+        return PreparedRequest(rid, obj.stream, _fan_out(base, params.n), obj.return_text_in_logprobs, obj)
 
     async def run_prepared(self, prepared: PreparedRequest) -> AsyncIterator[dict[str, Any]]:
         """Send a prepared request and yield its results (see generate_request)."""
         self._ensure_receiving()
         group = self._register(prepared)
         indexed = len(prepared.children) > 1
+        logged = self._logged_request(prepared)
         try:
             for child in prepared.children:
                 self._send_sock.send(encode(child))
@@ -189,7 +198,11 @@ class TokenizerManager:
                 group.event.clear()
                 for state in self._take_dirty(group):
                     if prepared.stream or state.finished_reason is not None:
-                        yield self._snapshot(state, indexed)
+                        out = self._snapshot(state, indexed)
+                        if logged is not None and state.finished_reason is not None:
+                            # The whole output, also when --stream-output made this chunk a delta.
+                            self.request_logger.finished(logged, {**out, "output_ids": state.output_ids})
+                        yield out
         finally:
             # Reached early on cancellation or client disconnect: stop the scheduler's work.
             for state in group.unfinished():
@@ -218,9 +231,12 @@ class TokenizerManager:
         return True
 
     def flush_cache(self) -> bool:
-        """SGLang's /flush_cache: refused (False) while any request runs. Nothing outlives its
-        request here yet (no prefix cache), so an idle server has nothing to flush."""
-        return not self._states
+        """SGLang's /flush_cache: empty the prefix cache; refused (False) while any request runs.
+        The scheduler reads its input in order, so every later request sees the emptied cache."""
+        if self._states:
+            return False
+        self._send_sock.send(encode(FlushCacheReq()))
+        return True
 
     def fail_all(self, message: str) -> None:
         """Finish every running request with an abort, e.g. when the scheduler died. Thread-safe."""
@@ -250,6 +266,10 @@ class TokenizerManager:
                 raise ValueError(f"text must be a string, got {type(obj.text).__name__}.")
             if not obj.text:  # checked before encoding, which may add a BOS token
                 raise ValueError("The input is empty: text must not be an empty string.")
+            if self.tokenizer is None:
+                raise ValueError(
+                    "This server runs with --skip-tokenizer-init and cannot tokenize text: send input_ids instead."
+                )
             ids = self.tokenizer.encode(obj.text)
         else:
             ids = obj.input_ids
@@ -444,11 +464,19 @@ class TokenizerManager:
     def _nested_rows(self, rows: list[Optional[list[list[Any]]]], with_text: bool) -> list[Any]:
         return [None if row is None else self._pair_rows(row, with_text) for row in rows]
 
-    def _token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
+    def _token_text(self, token_id: int) -> Optional[str]:
+        # --skip-tokenizer-init: no text, as SGLang (return_text_in_logprobs gives null texts).
+        return self.tokenizer.decode([token_id]) if self.tokenizer is not None else None
 
-    @staticmethod
-    def _snapshot(state: _ReqState, indexed: bool) -> dict[str, Any]:
+    def _logged_request(self, prepared: PreparedRequest) -> Optional[GenerateReqInput]:
+        """--log-requests: log the request's arrival; returns what its finish line shows (None: not logged)."""
+        if prepared.obj is None or not self.request_logger.wants(prepared.rid):
+            return None
+        obj = dataclasses.replace(prepared.obj, rid=prepared.rid)
+        self.request_logger.received(obj)
+        return obj
+
+    def _snapshot(self, state: _ReqState, indexed: bool) -> dict[str, Any]:
         # Copies, because the state keeps growing after the dict is handed out.
         meta: dict[str, Any] = {
             "id": state.rid,
@@ -460,7 +488,16 @@ class TokenizerManager:
         meta.update({key: list(rows) for key, rows in state.logprobs.items()})
         if state.sampling_seed is not None:
             meta["sampling_seed"] = state.sampling_seed
-        out: dict[str, Any] = {"text": _visible_text(state), "output_ids": list(state.output_ids), "meta_info": meta}
+        out: dict[str, Any] = {}
+        if not self.server_args.skip_tokenizer_init:  # SGLang's token-only responses have no "text"
+            out["text"] = _visible_text(state)
+        if self.server_args.stream_output and state.stream:
+            # SGLang's --stream-output: a streamed chunk carries only the ids new since the last one.
+            out["output_ids"] = state.output_ids[state.streamed_ids :]
+            state.streamed_ids = len(state.output_ids)
+        else:
+            out["output_ids"] = list(state.output_ids)
+        out["meta_info"] = meta
         if indexed:
             out["index"] = state.index
         return out

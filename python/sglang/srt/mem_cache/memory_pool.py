@@ -60,12 +60,12 @@ class ReqToTokenPool:
             rows = torch.repeat_interleave(req_pool_indices, extend_lens, output_size=positions.numel())  # [N] int64
         self.req_to_token.index_put_((rows, positions), out_cache_loc)
 
-    def copy_prefix(self, dst_row: int, src_row: int, length: int) -> None:
-        """Request dst_row starts with the first `length` slots of src_row (a shared prompt)."""
-        self.req_to_token_cpu[dst_row, :length] = self.req_to_token_cpu[src_row, :length]
+    def write_prefix(self, row: int, slots: torch.Tensor) -> None:
+        """Positions [0, len(slots)) of request `row` hold `slots` ([M] int64, host): a cached prefix."""
+        m = slots.numel()
+        self.req_to_token_cpu[row, :m] = slots
         if self.req_to_token is not self.req_to_token_cpu:
-            # From the host's row: the source's device row may still wait for its forward batch.
-            self.req_to_token[dst_row, :length] = host_to_device(self.req_to_token_cpu[dst_row, :length], self.device)
+            self.req_to_token[row, :m] = host_to_device(slots, self.device)
 
     def slots_of(self, row: int, length: int) -> torch.Tensor:
         """[length] int64 on the host: the KV slots of positions [0, length) of request `row`."""
