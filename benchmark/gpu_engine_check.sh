@@ -5,9 +5,11 @@
 #             solo vs batched, deterministic mode with graphs, bf16 tolerance, decode step times,
 #             the sampling step's share), then benchmark/gpu_sampling_graph_check.py (the server's
 #             tokens with decode + sampling graphs equal its eager tokens)
+#   cache   - the radix cache's unit tests, benchmark/gpu_prefix_cache_check.py (cached against
+#             --disable-radix-cache through the server) and gpu_sampling_graph_check.py
 #   bench   - benchmark/bench_serving_gpu.py: ours vs HF generate (eager, static cache + compile)
 # Run through the device tool from the repo root with carry [".carry_engine"] (benchmark/make_engine_carry.sh):
-#   bash benchmark/gpu_engine_check.sh tests      |      bash benchmark/gpu_engine_check.sh bench [bench args]
+#   bash benchmark/gpu_engine_check.sh tests|cache      |      bash benchmark/gpu_engine_check.sh bench [bench args]
 # Everything printed also goes to $OUT/gpu_engine_<phase>.txt (committed under docs/gpu/).
 set -uo pipefail
 phase=${1:?usage: gpu_engine_check.sh tests|bench [args]}
@@ -29,6 +31,11 @@ case "$phase" in
       test/test_cuda_graph_runner.py test/test_sampling_graph.py
     timeout 420 python3 benchmark/gpu_engine_check.py --out "$OUT" --tokenizer .carry_engine/tokenizer "$@"
     timeout 300 python3 benchmark/gpu_sampling_graph_check.py --out-dir "$OUT/sampling_graph"
+    ;;
+  cache)
+    timeout 60 python3 -m pytest -q -p no:cacheprovider test/test_radix_cache.py
+    timeout 330 python3 benchmark/gpu_prefix_cache_check.py --out-dir "$OUT/prefix_cache"
+    timeout 200 python3 benchmark/gpu_sampling_graph_check.py --out-dir "$OUT/sampling_graph"
     ;;
   bench)
     timeout 560 python3 benchmark/bench_serving_gpu.py --out-dir "$OUT" --tokenizer .carry_engine/tokenizer "$@"

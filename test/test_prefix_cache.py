@@ -163,3 +163,16 @@ def test_deterministic_mode_cached_equals_uncached_to_the_bit() -> None:
     for a, b in zip(runs["cache"], runs["none"]):
         assert a["output_ids"] == b["output_ids"]
         assert a["meta_info"]["output_token_logprobs"] == b["meta_info"]["output_token_logprobs"]
+
+
+@pytest.mark.parametrize("server_name", ["cached", "uncached"])
+def test_admission_reserves_for_requests_whose_prefill_is_in_flight(server_name, request) -> None:
+    """More long requests at once than the pool holds: under the overlap schedule the scheduler
+    builds the next step before reading the in-flight prefill's tokens, and must still count
+    those requests' reservations (it used to admit more and run out of KV slots mid-decode)."""
+    server = request.getfixturevalue(server_name)
+    params = {"max_new_tokens": 150, "ignore_eos": True, "temperature": 0.0}
+    prompts = [f"Request {i}: " + "tell me about the sea and the ships " * 4 for i in range(8)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda p: generate_ok(server, p, sampling_params=params), prompts))
+    assert [len(r["output_ids"]) for r in results] == [150] * 8

@@ -352,16 +352,22 @@ class Scheduler:
             self.tree_cache.release(req)
             req.req_pool_idx = None
 
-    def _reserved_tokens(self) -> int:
+    def _active_reqs(self) -> list[Req]:
+        """Admitted requests not yet released: running, prefilled and waiting to merge (among them
+        those whose prefill step is still in flight under the overlap schedule), mid-prefill."""
         active = list(self.running.reqs) if self.running is not None else []
         active += [r for batch in self.to_merge for r in batch.reqs]
+        if self.in_flight is not None and self.in_flight[0].mode == ForwardMode.EXTEND and self.in_flight[0].sampled_batch:
+            active += self.in_flight[0].sampled_batch.reqs
         if self.chunked_req is not None:
             active.append(self.chunked_req)
-        return sum(max(self._budget(r) - r.kv_len, 0) for r in active if not r.finished())
+        return active
+
+    def _reserved_tokens(self) -> int:
+        return sum(max(self._budget(r) - r.kv_len, 0) for r in self._active_reqs() if not r.finished())
 
     def _running_count(self) -> int:
-        count = len(self.running.reqs) if self.running is not None else 0
-        return count + sum(len(batch.reqs) for batch in self.to_merge) + (self.chunked_req is not None)
+        return len(self._active_reqs())
 
     def _prefill_step(self) -> Optional[Step]:
         budget = self.server_args.chunked_prefill_size
