@@ -46,7 +46,7 @@ def test_match_reuses_the_slots_of_the_longest_prefix_and_splits_the_edge() -> N
     assert b.cached_tokens == 3
     assert torch.equal(cache.req_to_token_pool.slots_of(b.req_pool_idx, 3), a_slots[:3])
     # The edge [1..6] was split at 3: [1,2,3] -> {[4,5,6], [9,9]}.
-    upper = cache.root.children[1]
+    upper = cache.root().children[1]
     assert upper.key == [1, 2, 3] and sorted(c.key[0] for c in upper.children.values()) == [4, 9]
     # Only 6 + 2 slots are in use: b's first three are a's.
     assert cache.allocator.available_size() == POOL_TOKENS - 8
@@ -153,3 +153,24 @@ def test_disabled_cache_shares_nothing_and_frees_everything() -> None:
     cache.release(a)
     cache.release(b)
     assert cache.allocator.available_size() == POOL_TOKENS
+
+
+def test_namespaces_share_nothing_and_vanish_when_evicted() -> None:
+    cache = _cache()
+    plain = _req(cache, [1, 2, 3, 4])
+    salted = Req("salted", [1, 2, 3, 4], SamplingParams(max_new_tokens=4))
+    salted.extra_key = "salt-a"
+    salted.req_pool_idx = cache.req_to_token_pool.alloc()
+    salted.kv_len = salted.cached_tokens = cache.admit(salted, 3)
+    assert salted.cached_tokens == 0  # another namespace's prefix is not visible
+    _prefill(cache, salted, 4)
+    twin = Req("twin", [1, 2, 3, 9], SamplingParams(max_new_tokens=4))
+    twin.extra_key = "salt-a"
+    twin.req_pool_idx = cache.req_to_token_pool.alloc()
+    twin.kv_len = cache.admit(twin, 3)
+    assert twin.kv_len == 3
+    for req in (plain, salted, twin):
+        cache.release(req)
+    assert set(cache.roots) == {None, "salt-a"}
+    cache.flush()
+    assert set(cache.roots) == set() and cache.allocator.available_size() == POOL_TOKENS

@@ -9,7 +9,9 @@ SGLang's is still an error, naming the closest real flag.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
+import functools
 from typing import NamedTuple, Optional, Union
 
 from sglang.srt.sglang_flags import SGLANG_FLAGS
@@ -46,7 +48,7 @@ def add_compat_args(parser: argparse.ArgumentParser) -> None:
         + ", ".join(spec.names[0] for spec in specs) + ".",
     )
     for spec in specs:
-        dest = _PREFIX + spec.names[0].lstrip("-").replace("-", "_")
+        dest = _PREFIX + _field_name(spec.names[0])
         if spec.switch:
             group.add_argument(*spec.names, dest=dest, action="store_const", const=True, default=None, help=argparse.SUPPRESS)
         elif spec.nargs == "?":  # given bare, it takes const: not None, so it counts as passed
@@ -62,6 +64,25 @@ def _add_alias(parser: argparse.ArgumentParser, action: argparse.Action, names: 
         parser.add_argument(*names, action="store_const", const=action.const, **kwargs)
     else:
         parser.add_argument(*names, type=action.type, nargs=action.nargs, choices=action.choices, **kwargs)
+
+
+@functools.cache
+def compat_fields() -> dict[str, bool]:
+    """SGLang's field name of each flag accepted without effect -> whether it is a switch."""
+    from sglang.srt.server_args import ServerArgs
+
+    ours = {f.name for f in dataclasses.fields(ServerArgs)}
+    fields = {_field_name(names[0]): switch for names, switch, _ in SGLANG_FLAGS}
+    return {name: switch for name, switch in fields.items() if name not in ours}
+
+
+def _field_name(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def ignored_values(args: argparse.Namespace) -> dict[str, object]:
+    """The accepted-without-effect flags a command passed, by SGLang's field name."""
+    return {dest[len(_PREFIX) :]: value for dest, value in vars(args).items() if dest.startswith(_PREFIX) and value is not None}
 
 
 def ignored_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:

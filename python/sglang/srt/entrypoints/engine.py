@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import difflib
+import logging
 import os
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -34,7 +35,10 @@ from sglang.srt.entrypoints.http_server import (
 )
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import PortArgs, ServerArgs
+from sglang.srt.server_args_compat import compat_fields
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer, load_chat_template
+
+logger = logging.getLogger(__name__)
 
 Prompt = Union[str, list[str], None]
 InputIds = Union[list[int], list[list[int]], None]
@@ -43,6 +47,9 @@ InputIds = Union[list[int], list[list[int]], None]
 class Engine:
     def __init__(self, **kwargs: Any) -> None:
         self.server_args = _server_args(kwargs).resolve()
+        if self.server_args.ignored_flags:
+            logger.warning("These SGLang arguments have no effect in this engine and are ignored: %s",
+                           ", ".join(self.server_args.ignored_values))
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sglang-engine-loop", daemon=True)
         self._thread.start()
@@ -174,12 +181,18 @@ class Engine:
 
 
 def _server_args(kwargs: dict) -> ServerArgs:
-    names = {f.name for f in dataclasses.fields(ServerArgs)} - {"ignored_flags"}
+    """Our fields, plus SGLang's other ServerArgs fields, accepted without effect as on the command
+    line (kept in ignored_values, listed in the start-up warning)."""
+    names = {f.name for f in dataclasses.fields(ServerArgs)} - {"ignored_flags", "ignored_values"}
+    compat = compat_fields()
+    ignored = {key: value for key, value in kwargs.items() if key not in names and key in compat}
     for key in kwargs:
-        if key not in names:
-            close = difflib.get_close_matches(key, sorted(names), n=1)
+        if key not in names and key not in compat:
+            close = difflib.get_close_matches(key, sorted(names | set(compat)), n=1)
             raise TypeError(f"Engine() got an unknown argument {key!r}" + (f"; did you mean {close[0]!r}?" if close else "."))
-    return ServerArgs(**kwargs)
+    ours = {key: value for key, value in kwargs.items() if key in names}
+    flags = sorted("--" + key.replace("_", "-") for key in ignored)
+    return ServerArgs(**ours, ignored_flags=flags, ignored_values=ignored)
 
 
 def _body(prompt: Prompt, sampling_params: Any, input_ids: InputIds, return_logprob: Any, logprob_start_len: Any,

@@ -344,6 +344,28 @@ async def _json_call(request: Request, handle: Callable[[Any], dict]) -> Respons
 
 
 
+ABORT_FIELDS = {"rid": str, "abort_all": bool}
+
+
+def _abort(body: Any, tm: TokenizerManager) -> dict:
+    """SGLang's /abort_request: {"rid": str} aborts that request (all its n children), {"abort_all":
+    true} every request; an unknown rid is not an error (it may have just finished)."""
+    if not isinstance(body, dict):
+        raise ValueError("The body must be a JSON object with rid or abort_all.")
+    for key, value in body.items():
+        if key not in ABORT_FIELDS:
+            raise ValueError(f"Unknown field {key!r} for /abort_request (allowed: rid, abort_all).")
+        if not isinstance(value, ABORT_FIELDS[key]):
+            raise ValueError(f"{key} must be a {ABORT_FIELDS[key].__name__}.")
+    if body.get("abort_all"):
+        tm.abort_all()
+    elif body.get("rid"):
+        tm.abort_request(body["rid"])
+    else:
+        raise ValueError("/abort_request needs rid or abort_all: true.")
+    return {}
+
+
 def create_app(tm: TokenizerManager, server_args: ServerArgs, ready: SchedulerReady) -> FastAPI:
     """The FastAPI app with the native routes and, when present, the OpenAI routes."""
     app = FastAPI(title="sglang", docs_url=None, redoc_url=None)
@@ -355,6 +377,10 @@ def create_app(tm: TokenizerManager, server_args: ServerArgs, ready: SchedulerRe
     @app.post("/generate")
     async def generate(request: Request) -> Response:
         return await handle_generate(request, tm)
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request) -> Response:
+        return await _json_call(request, lambda body: _abort(body, tm))
 
     @app.get("/health")
     @app.get("/health_generate")

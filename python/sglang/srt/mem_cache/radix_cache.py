@@ -64,7 +64,8 @@ class RadixCache:
         self.slot_refs = torch.zeros(allocator.size + 1, dtype=torch.int32)  # [S + 1] users per slot
         self._ids = itertools.count()
         self._clock = itertools.count(1)
-        self.root = TreeNode([], torch.empty(0, dtype=torch.int64), None, next(self._ids))
+        # One tree per namespace (a request's extra_key / cache_salt; None for the rest).
+        self.roots: dict[Optional[str], TreeNode] = {}
         self._evictable = 0  # tokens in unlocked nodes
         self._protected = 0  # tokens in locked nodes
 
@@ -85,10 +86,20 @@ class RadixCache:
 
     # ------------------------------------------------------------------ tree
 
-    def match_prefix(self, key: list[int]) -> tuple[torch.Tensor, TreeNode]:
+    def root(self, namespace: Optional[str] = None) -> TreeNode:
+        """The namespace's tree, made on first use (eviction drops it again once empty, so
+        clients sending many salts leave nothing behind)."""
+        node = self.roots.get(namespace)
+        if node is None:
+            node = self.roots[namespace] = TreeNode([], torch.empty(0, dtype=torch.int64), None, next(self._ids))
+        return node
+
+    def match_prefix(self, key: list[int], namespace: Optional[str] = None) -> tuple[torch.Tensor, Optional[TreeNode]]:
         """The slots of the longest cached prefix of `key` ([M] int64) and the node it ends at
         (split there if it ended inside an edge, so that exactly the match can be locked)."""
-        node, parts, i = self.root, [], 0
+        node, parts, i = self.roots.get(namespace), [], 0
+        if node is None:
+            return torch.empty(0, dtype=torch.int64), None
         tick = next(self._clock)
         while i < len(key):
             child = node.children.get(key[i])
@@ -104,9 +115,11 @@ class RadixCache:
         slots = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
         return slots, node
 
-    def prefix_len(self, key: list[int]) -> int:
+    def prefix_len(self, key: list[int], namespace: Optional[str] = None) -> int:
         """Length of the longest cached prefix of `key`, without touching the tree."""
-        node, i = self.root, 0
+        node, i = self.roots.get(namespace), 0
+        if node is None:
+            return 0
         while i < len(key):
             child = node.children.get(key[i])
             if child is None:
@@ -118,11 +131,11 @@ class RadixCache:
             node = child
         return i
 
-    def insert(self, key: list[int], slots: torch.Tensor) -> TreeNode:
+    def insert(self, key: list[int], slots: torch.Tensor, namespace: Optional[str] = None) -> TreeNode:
         """Store `slots` ([len(key)] int64) as the K/V of `key`; returns the node `key` ends at.
         Where a prefix is cached already the tree keeps its own slots, and the caller's copies
         stay the caller's."""
-        node, i = self.root, 0
+        node, i = self.root(namespace), 0
         tick = next(self._clock)
         while i < len(key):
             child = node.children.get(key[i])
@@ -151,7 +164,7 @@ class RadixCache:
         return upper
 
     def inc_lock_ref(self, node: TreeNode) -> None:
-        while node is not self.root:
+        while node.parent is not None:
             if node.lock_ref == 0:
                 self._evictable -= len(node.key)
                 self._protected += len(node.key)
@@ -159,7 +172,7 @@ class RadixCache:
             node = node.parent
 
     def dec_lock_ref(self, node: TreeNode) -> None:
-        while node is not self.root:
+        while node.parent is not None:
             node.lock_ref -= 1
             if node.lock_ref == 0:
                 self._evictable += len(node.key)
@@ -178,17 +191,19 @@ class RadixCache:
             del parent.children[leaf.key[0]]
             self._evictable -= len(leaf.key)
             freed += self._unref(leaf.value)
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+            if parent.parent is not None and not parent.children and parent.lock_ref == 0:
                 heapq.heappush(heap, (parent.last_access, parent.node_id, parent))
+            elif parent.parent is None and not parent.children:
+                self.roots = {ns: root for ns, root in self.roots.items() if root is not parent}
         return freed
 
     def _leaves(self) -> list[TreeNode]:
-        leaves, stack = [], [self.root]
+        leaves, stack = [], list(self.roots.values())
         while stack:
             node = stack.pop()
             if node.children:
                 stack.extend(node.children.values())
-            elif node is not self.root:
+            elif node.parent is not None:
                 leaves.append(node)
         return leaves
 
@@ -222,18 +237,18 @@ class RadixCache:
         """How much of the request's first `limit` prompt tokens the tree holds, aligned."""
         if self.disable:
             return 0
-        return self._aligned(self.prefix_len(req.origin_input_ids[:limit]))
+        return self._aligned(self.prefix_len(req.origin_input_ids[:limit], req.extra_key))
 
     def admit(self, req: Req, limit: int) -> int:
         """Point the start of the request's row at its longest cached prefix (at most `limit`
         tokens) and lock it; returns that prefix's length."""
-        req.last_node = self.root
+        req.last_node = None
         if self.disable or limit <= 0:
             return 0
-        slots, node = self.match_prefix(req.origin_input_ids[: self._aligned(limit)])
+        slots, node = self.match_prefix(req.origin_input_ids[: self._aligned(limit)], req.extra_key)
         m = self._aligned(slots.numel())
         if m < slots.numel():
-            slots, node = self.match_prefix(req.origin_input_ids[:m])
+            slots, node = self.match_prefix(req.origin_input_ids[:m], req.extra_key)
         if m == 0:
             return 0
         self.inc_lock_ref(node)
@@ -262,7 +277,7 @@ class RadixCache:
         if self.disable or length <= 0 or length <= self._locked_len(req):
             return
         slots = self.req_to_token_pool.slots_of(req.req_pool_idx, length)
-        node = self.insert(req.fill_ids[:length], slots)
+        node = self.insert(req.fill_ids[:length], slots, req.extra_key)
         self.inc_lock_ref(node)
         if req.last_node is not None:
             self.dec_lock_ref(req.last_node)
@@ -270,7 +285,7 @@ class RadixCache:
 
     def _locked_len(self, req: Req) -> int:
         n, node = 0, req.last_node
-        while node is not None and node is not self.root:
+        while node is not None and node.parent is not None:
             n += len(node.key)
             node = node.parent
         return n

@@ -160,7 +160,9 @@ class Turn:
         return ResponseOutputMessage(id=self.message_id, status=status, content=[ResponseOutputText(text=text)])
 
     def finished(self, final: dict[str, Any]) -> ResponsesResponse:
-        """The response for the engine's last item: completed on a stop, incomplete on length."""
+        """The response for the engine's last item: completed (also on reaching max_output_tokens:
+        SGLang's answer, which SGLang clients and the openai client's stream helper expect;
+        OpenAI's own API says incomplete there)."""
         meta = final["meta_info"]
         usage = ResponseUsage.of(meta["prompt_tokens"], meta["completion_tokens"], meta.get("cached_tokens", 0))
         finish = meta.get("finish_reason") or {}
@@ -168,9 +170,6 @@ class Turn:
         if kind == "abort":
             error = {"code": "server_error", "message": finish.get("message", "the request was aborted")}
             return self.response("failed", output=[self.message(final["text"], "incomplete")], usage=usage, error=error)
-        if kind == "length":
-            return self.response("incomplete", output=[self.message(final["text"], "incomplete")], usage=usage,
-                                 incomplete_details={"reason": "max_output_tokens"})
         return self.response("completed", output=[self.message(final["text"], "completed")], usage=usage)
 
     def failed(self, failure: ErrorResponse) -> ResponsesResponse:

@@ -1,0 +1,59 @@
+"""Helpers and constants of the ports of SGLang's upstream tests (test_upstream_*.py); the
+extra server they share is the upstream_servers plugin."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import requests
+from sglang.srt.entrypoints.http_server import ServerProcess
+
+TIMEOUT = 300
+EXTRA_CONTEXT_LEN = 1000
+EXTRA_CHUNKED_PREFILL = 64
+EXTRA_STREAM_INTERVAL = 2
+EXTRA_FLAGS = [
+    "--context-length", str(EXTRA_CONTEXT_LEN),
+    "--max-total-tokens", "4000",
+    "--chunked-prefill-size", str(EXTRA_CHUNKED_PREFILL),
+    "--schedule-policy", "lpm",
+    "--disable-overlap-schedule",
+    "--stream-interval", str(EXTRA_STREAM_INTERVAL),
+    "--enable-cache-report",
+    "--max-running-requests", "10",
+]
+
+
+def post(server: ServerProcess, path: str, body: Any, timeout: float = TIMEOUT) -> requests.Response:
+    return requests.post(server.url + path, json=body, timeout=timeout)
+
+
+def post_ok(server: ServerProcess, path: str, body: Any) -> Any:
+    response = post(server, path, body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def sse_data(server: ServerProcess, path: str, body: dict) -> list[dict]:
+    """Every JSON `data:` payload of a streamed POST, up to [DONE]."""
+    chunks = []
+    with requests.post(server.url + path, json={**body, "stream": True}, stream=True, timeout=TIMEOUT) as response:
+        assert response.status_code == 200, response.text
+        for line in response.iter_lines():
+            if line.startswith(b"data: "):
+                data = line[len(b"data: ") :]
+                if data == b"[DONE]":
+                    break
+                chunks.append(json.loads(data))
+    return chunks
+
+
+def served_model(server: ServerProcess) -> str:
+    return requests.get(server.url + "/v1/models", timeout=60).json()["data"][0]["id"]
+
+
+def openai_client(server: ServerProcess, api_key: str = "sk-upstream-port"):
+    import openai
+
+    return openai.Client(api_key=api_key, base_url=server.url + "/v1", timeout=TIMEOUT, max_retries=0)
