@@ -63,6 +63,21 @@ class ServerArgs:
     log_requests_level: int = 2  # SGLang's default
     # SGLang flags the command passed that have no effect here (set by prepare_server_args).
     ignored_flags: list[str] = dataclasses.field(default_factory=list)
+    # Their values by SGLang's field name, readable as attributes as on SGLang's ServerArgs.
+    ignored_values: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        """Only reached for names that are not ours: an SGLang field we accept without effect
+        reads as the value passed, else None (False for a switch); anything else is an error."""
+        from sglang.srt.server_args_compat import compat_fields
+
+        values = self.__dict__.get("ignored_values", {})
+        if name in values:
+            return values[name]
+        switch = compat_fields().get(name)
+        if switch is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return False if switch else None
 
     def resolve(self) -> "ServerArgs":
         """Fill what depends on the machine: model path, device, sampling backend, names."""
@@ -324,7 +339,7 @@ def _default_sampling_backend(device: str) -> str:
 def prepare_server_args(argv: Optional[list[str]] = None) -> ServerArgs:
     """Ours and every other SGLang flag parse (see server_args_compat); an unknown flag exits with
     the closest real one."""
-    from sglang.srt.server_args_compat import add_compat_args, ignored_flags, parse_args
+    from sglang.srt.server_args_compat import add_compat_args, ignored_flags, ignored_values, parse_args
 
     parser = argparse.ArgumentParser(
         prog="python -m sglang.launch_server", usage="%(prog)s [flags]",
@@ -335,4 +350,5 @@ def prepare_server_args(argv: Optional[list[str]] = None) -> ServerArgs:
     args = parse_args(parser, argv)
     server_args = ServerArgs.from_cli_args(args)
     server_args.ignored_flags = ignored_flags(args, parser)
+    server_args.ignored_values = ignored_values(args)
     return server_args

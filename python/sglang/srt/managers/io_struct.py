@@ -31,6 +31,8 @@ class GenerateReqInput:
     token_ids_logprob: Optional[list[int]] = None
     return_text_in_logprobs: bool = False
     custom_logit_processor: Optional[str] = None
+    # SGLang's prefix-cache namespace: requests share cached prefixes only with the same key.
+    extra_key: Optional[str] = None
 
 
 class TokenizedGenerateReqInput(msgspec.Struct, tag=True):
@@ -44,6 +46,7 @@ class TokenizedGenerateReqInput(msgspec.Struct, tag=True):
     token_ids_logprob: Optional[list[int]] = None
     custom_logit_processor: Optional[str] = None
     stream: bool = False
+    extra_key: Optional[str] = None
 
 
 class AbortReq(msgspec.Struct, tag=True):

@@ -66,6 +66,7 @@ class Req:
         self.kv_len = 0  # tokens whose K/V are in the cache
         self.cached_tokens = 0  # prompt tokens whose K/V came from the prefix cache
         self.last_node: Any = None  # the deepest radix-cache node the request holds locked
+        self.extra_key: Optional[str] = None  # its prefix-cache namespace (cache_salt / extra_key)
         self.sent_output_len = 0  # output ids already sent to the detokenizer
         self.finish_sent = False
         self.pending_logprobs = _PendingLogprobs()

@@ -230,6 +230,7 @@ class Scheduler:
             logprob=logprob,
             stream=message.stream,
         )
+        req.extra_key = message.extra_key
         self.reqs_by_rid[req.rid] = req
         try:
             params.normalize(self.tokenizer)

@@ -181,6 +181,7 @@ class TokenizerManager:
             token_ids_logprob=obj.token_ids_logprob,
             custom_logit_processor=obj.custom_logit_processor,
             stream=obj.stream,
+            extra_key=obj.extra_key,
         )
         return PreparedRequest(rid, obj.stream, _fan_out(base, params.n), obj.return_text_in_logprobs, obj)
 
@@ -215,6 +216,11 @@ class TokenizerManager:
             state = self._states.get(child_rid)
             if state is not None:
                 self._abort_child(state, notify=True)
+
+    def abort_all(self) -> None:
+        """SGLang's abort_all: every running or waiting request finishes with abort."""
+        for state in list(self._states.values()):
+            self._abort_child(state, notify=True)
 
     async def health(self, timeout: float = HEALTH_CHECK_TIMEOUT_S) -> bool:
         """True when a one-token generation makes the round trip within `timeout` seconds."""
@@ -330,6 +336,8 @@ class TokenizerManager:
         for name in ("return_logprob", "return_text_in_logprobs", "stream"):
             if not isinstance(getattr(obj, name), bool):
                 raise ValueError(f"{name} must be a boolean, got {getattr(obj, name)!r}.")
+        if obj.extra_key is not None and not isinstance(obj.extra_key, str):
+            raise ValueError(f"extra_key must be a string, got {obj.extra_key!r}.")
 
     def _check_logprob_args(self, obj: GenerateReqInput, input_len: int) -> None:
         top, top_max = obj.top_logprobs_num, self.server_args.max_top_logprobs_num

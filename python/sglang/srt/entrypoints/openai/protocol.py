@@ -57,6 +57,9 @@ class RequestError(ValueError):
 
 class StreamOptions(_Nested):
     include_usage: bool = False
+    # With include_usage: every chunk also carries the usage of its choice so far (vLLM's and
+    # SGLang's extension).
+    continuous_usage_stats: bool = False
     # Random padding OpenAI adds against size side channels; carries no content, so a
     # server without it answers the same tokens.
     include_obfuscation: bool = False
@@ -134,6 +137,15 @@ class _GenerationRequest(_Strict):
     ebnf: Optional[str] = None
     # SGLang: the engine request id, which is also the response id (one choice) or its prefix.
     rid: Optional[str] = Field(None, min_length=1)
+    # SGLang/vLLM: prefix-cache namespaces; requests share cached prefixes only within one.
+    cache_salt: Optional[str] = None
+    extra_key: Optional[str] = None
+
+    @property
+    def cache_namespace(self) -> Optional[str]:
+        """SGLang's combination: the salt, then the extra key."""
+        parts = [p for p in (self.cache_salt, self.extra_key) if p is not None]
+        return "".join(parts) if parts else None
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> "_GenerationRequest":
@@ -144,6 +156,10 @@ class _GenerationRequest(_Strict):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
 
 def _is_token_ids(value: Any) -> bool:
@@ -279,8 +295,6 @@ _COMMON_UNSUPPORTED: Unsupported = {
     "return_meta_info": (_is_falsy, "meta_info is not returned on the OpenAI routes; use /generate"),
     "session_id": (_is_absent, "sessions are not implemented"),
     "session_params": (_is_absent, "sessions are not implemented"),
-    "extra_key": (_is_absent, "per-request cache keys are not implemented"),
-    "cache_salt": (_is_absent, "per-request cache salts are not implemented"),
     "priority": (_is_default_priority, "priority scheduling is not implemented; only 0 is accepted"),
     "bootstrap_host": (_is_absent, "prefill/decode disaggregation is not implemented"),
     "bootstrap_port": (_is_absent, "prefill/decode disaggregation is not implemented"),

@@ -442,7 +442,8 @@ class OpenAIServingBase(ABC, Generic[RequestT]):
                 finals[index] = item
                 piece = trackers[index].step(item)
                 if not piece.is_empty():
-                    yield sse_event(self.stream_chunk(req, request_id, [piece]))
+                    usage = usage_of([item], 1) if req.continuous_usage else None
+                    yield sse_event(self.stream_chunk(req, request_id, [piece], usage))
             if req.include_usage:
                 yield sse_event(self.stream_chunk(req, request_id, [], usage_of(finals, req.n)))
         except Exception as exc:

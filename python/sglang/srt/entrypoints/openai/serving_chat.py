@@ -104,6 +104,7 @@ class OpenAIServingChat(OpenAIServingBase[ChatCompletionRequest]):
             return_text_in_logprobs=True,
             custom_logit_processor=req.custom_logit_processor,
             stream=req.stream,
+            extra_key=req.cache_namespace,
         )
 
     def render(self, req: ChatCompletionRequest) -> str:

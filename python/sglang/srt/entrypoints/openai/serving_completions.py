@@ -45,6 +45,7 @@ class OpenAIServingCompletion(OpenAIServingBase[CompletionRequest]):
             "logprob_start_len": 0 if req.echo and req.logprobs is not None else -1,
             "custom_logit_processor": req.custom_logit_processor,
             "stream": req.stream,
+            "extra_key": req.cache_namespace,
         }
         inputs: list[GenerateReqInput] = []
         for prompt in req.prompts():
