@@ -642,11 +642,9 @@ def test_failure_inside_a_stream_is_an_error_event(client: openai.OpenAI, raw: T
         # SGLang request fields without machinery here.
         ("/v1/chat/completions", {"session_params": {"id": "s"}}, "session_params"),
         ("/v1/chat/completions", {"priority": 1}, "priority"),
-        ("/v1/chat/completions", {"cache_salt": "x"}, "cache_salt"),
         ("/v1/chat/completions", {"return_token_ids": True}, "return_token_ids"),
         ("/v1/chat/completions", {"reasoning": {"effort": "low"}}, "reasoning"),
         ("/v1/chat/completions", {"bootstrap_room": 1}, "bootstrap_room"),
-        ("/v1/completions", {"extra_key": "k"}, "extra_key"),
         ("/v1/completions", {"return_hidden_states": True}, "return_hidden_states"),
     ],
 )
@@ -659,6 +657,15 @@ def test_unsupported_fields_are_refused_by_name(
     error = resp.json()
     assert error["param"] == param and f"'{param}'" in error["message"] and error["type"] == "BadRequestError"
     assert fake.received == []
+
+
+def test_cache_salt_and_extra_key_name_the_prefix_cache_namespace(raw: TestClient, fake: FakeTokenizerManager) -> None:
+    """SGLang joins them, salt first, into the engine request's extra_key."""
+    chat = {"messages": [{"role": "user", "content": "x"}], "cache_salt": "salt-", "extra_key": "key"}
+    assert raw.post("/v1/chat/completions", json=chat).status_code == 200
+    assert raw.post("/v1/completions", json={"prompt": "x", "cache_salt": "only"}).status_code == 200
+    assert raw.post("/v1/completions", json={"prompt": "x"}).status_code == 200
+    assert [r.extra_key for r in fake.received] == ["salt-key", "only", None]
 
 
 def test_harmless_forms_of_unsupported_fields_pass(raw: TestClient) -> None:
