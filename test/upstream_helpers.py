@@ -3,10 +3,11 @@ extra server they share is the upstream_servers plugin."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import requests
+from flag_helpers import post_ok  # noqa: F401  (re-exported for the upstream ports)
+from flag_helpers import stream as sse_data  # noqa: F401
 from sglang.srt.entrypoints.http_server import ServerProcess
 
 TIMEOUT = 300
@@ -27,26 +28,6 @@ EXTRA_FLAGS = [
 
 def post(server: ServerProcess, path: str, body: Any, timeout: float = TIMEOUT) -> requests.Response:
     return requests.post(server.url + path, json=body, timeout=timeout)
-
-
-def post_ok(server: ServerProcess, path: str, body: Any) -> Any:
-    response = post(server, path, body)
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-def sse_data(server: ServerProcess, path: str, body: dict) -> list[dict]:
-    """Every JSON `data:` payload of a streamed POST, up to [DONE]."""
-    chunks = []
-    with requests.post(server.url + path, json={**body, "stream": True}, stream=True, timeout=TIMEOUT) as response:
-        assert response.status_code == 200, response.text
-        for line in response.iter_lines():
-            if line.startswith(b"data: "):
-                data = line[len(b"data: ") :]
-                if data == b"[DONE]":
-                    break
-                chunks.append(json.loads(data))
-    return chunks
 
 
 def served_model(server: ServerProcess) -> str:
