@@ -26,9 +26,12 @@ setup(
         "transformers",
         "tokenizers",
         "jinja2",
+        # Grammar backends (--grammar-backend xgrammar | llguidance).
+        "xgrammar",
+        "llguidance",
     ],
     extras_require={
-        "test": ["pytest", "hypothesis", "scipy", "openai", "accelerate", "triton==3.9.0"],
+        "test": ["pytest", "hypothesis", "scipy", "openai", "accelerate", "triton==3.9.0", "jsonschema"],
         "bench": ["tqdm", "matplotlib"],
         "gpu": ["flashinfer-python", "triton"],
     },

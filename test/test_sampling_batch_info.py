@@ -7,6 +7,7 @@ import zlib
 import torch
 
 from sampling_utils import make_info
+from sglang.srt.constrained.bitmask import bitmask_width
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import Sampler
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
@@ -46,8 +47,8 @@ def test_logit_bias_dedup_and_order_after_vocab_mask():
         SamplingParams(logit_bias={"2": 100.0}),
     ]
     info = make_info(params, V)
-    info.vocab_mask = torch.zeros(3, V, dtype=torch.bool)
-    info.vocab_mask[2, 2] = True
+    info.vocab_mask = torch.full((3, bitmask_width(V)), -1, dtype=torch.int32)  # packed, bit set = allowed
+    info.vocab_mask[2, 0] &= ~(1 << 2)
     logits = torch.zeros(3, V)
     info.apply_logits_bias(logits)
     expected = torch.zeros(3, V)

@@ -15,6 +15,7 @@ SAMPLING_DEFAULTS_CHOICES = ("model", "openai")
 SCHEDULE_POLICY_CHOICES = ("lpm", "random", "fcfs", "dfs-weight", "lof", "priority", "routing-key")
 SCHEDULE_POLICY_SUPPORTED = ("fcfs", "lpm")
 LOG_REQUESTS_LEVELS = (0, 1, 2, 3)
+GRAMMAR_BACKEND_CHOICES = ("xgrammar", "llguidance", "none")
 
 
 @dataclasses.dataclass
@@ -39,6 +40,7 @@ class ServerArgs:
     schedule_policy: str = "fcfs"
     disable_radix_cache: bool = False
     sampling_backend: Optional[str] = None
+    grammar_backend: str = "xgrammar"
     enable_custom_logit_processor: bool = False
     custom_logit_processor_allowlist: Optional[list[str]] = None
     enable_deterministic_inference: bool = False
@@ -224,6 +226,8 @@ class ServerArgs:
             help="Accept custom_logit_processor in requests (off by default: dill payloads run code).")
         add("--custom-logit-processor-allowlist", nargs="+", default=d.custom_logit_processor_allowlist,
             help="Qualified class names (module.QualName) of the only processors requests may use.")
+        add("--grammar-backend", default=d.grammar_backend, choices=list(GRAMMAR_BACKEND_CHOICES),
+            help="Library that enforces json_schema / regex / ebnf / structural_tag (none: such requests get a 400).")
         add("--enable-deterministic-inference", action="store_true",
             help="Batch-invariant computation and seeded sampling for every request.")
         add("--sampling-defaults", default=d.sampling_defaults, choices=list(SAMPLING_DEFAULTS_CHOICES),

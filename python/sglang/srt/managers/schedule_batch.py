@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
@@ -16,6 +17,17 @@ if TYPE_CHECKING:
 
 # The scheduler sees -1 for a row the sampler flagged (NaN/inf logits, failed processor).
 INVALID_TOKEN_ID = -1
+
+
+def eos_ids(model_eos_ids: set[int], tokenizer: Any) -> set[int]:
+    """The model's EOS ids (config / generation config) and the tokenizer's EOS and extra stop ids."""
+    ids = set(model_eos_ids)
+    if tokenizer is not None:
+        ids |= set(getattr(tokenizer, "additional_stop_token_ids", None) or ())
+        eos = getattr(tokenizer, "eos_token_id", None)
+        if eos is not None:
+            ids.add(eos)
+    return ids
 
 
 @dataclass
@@ -67,6 +79,7 @@ class Req:
         self.cached_tokens = 0  # prompt tokens whose K/V came from the prefix cache
         self.last_node: Any = None  # the deepest radix-cache node the request holds locked
         self.extra_key: Optional[str] = None  # its prefix-cache namespace (cache_salt / extra_key)
+        self.grammar: Any = None  # its BaseGrammarObject once compiled (json_schema, regex, ebnf, structural_tag)
         self.sent_output_len = 0  # output ids already sent to the detokenizer
         self.finish_sent = False
         self.pending_logprobs = _PendingLogprobs()
@@ -87,20 +100,15 @@ class Req:
         return set(self.sampling_params.stop_token_ids or ()) | self.eos_ids()
 
     def eos_ids(self) -> set[int]:
-        ids = set(self.eos_token_ids)
-        if self.tokenizer is not None:
-            ids |= set(getattr(self.tokenizer, "additional_stop_token_ids", None) or ())
-            eos = getattr(self.tokenizer, "eos_token_id", None)
-            if eos is not None:
-                ids.add(eos)
-        return ids
+        return eos_ids(self.eos_token_ids, self.tokenizer)
 
     def abort(self, message: str, status_code: int = 400, err_type: str = "BadRequestError") -> None:
         self.finished_reason = {"type": "abort", "message": message, "status_code": status_code, "err_type": err_type}
 
     def check_finished(self) -> None:
         """Decide whether the last appended token ends the request (SGLang's order: stop strings and
-        regexes, stop tokens, length). min_new_tokens holds every stop condition back."""
+        regexes, stop tokens, length, grammar terminated). min_new_tokens holds the stop strings and
+        tokens back; a grammar that accepted its stop token ends the request even with ignore_eos."""
         if self.finished():
             return
         params = self.sampling_params
@@ -110,6 +118,8 @@ class Req:
                 return
         if params.max_new_tokens is not None and len(self.output_ids) >= params.max_new_tokens:
             self.finished_reason = {"type": "length", "length": params.max_new_tokens}
+        elif self.grammar is not None and self.grammar.is_terminated():
+            self.finished_reason = {"type": "stop", "matched": last}
 
     def _check_stop_token(self, token: int) -> bool:
         params = self.sampling_params
@@ -187,9 +197,16 @@ class Step:
     positions: torch.Tensor  # [S] position of each sampled row's last input token
     input_logprob_spans: list[tuple[int, int, int, int]] = field(default_factory=list)  # (row, start, a, b)
     index: int = 0  # the scheduler's step counter (same on every TP rank): keys the unseeded noise
+    # Overlap schedule, grammar rows: the previous step's `processed`; the worker waits for it
+    # after the forward and before filling the vocab mask (its tokens must be in the grammars).
+    grammar_wait: Optional[threading.Event] = None
+    processed: threading.Event = field(default_factory=threading.Event)  # set once the host read the result
 
     def reads_host_history(self) -> bool:
         return self.sampled_batch is not None and self.sampled_batch.sampling_info.has_custom_logit_processor
+
+    def has_grammar_rows(self) -> bool:
+        return self.sampled_batch is not None and self.sampled_batch.sampling_info.grammars is not None
 
 
 @dataclass

@@ -27,6 +27,8 @@ import torch
 import torch.distributed as dist
 import zmq
 
+from sglang.srt.constrained.base_grammar_backend import create_grammar_backend, grammar_key
+from sglang.srt.constrained.grammar_queue import GrammarQueue
 from sglang.srt.distributed.communication import broadcast_frames
 from sglang.srt.distributed.parallel_state import init_tp_groups, tp_cpu_group
 from sglang.srt.managers.io_struct import (
@@ -40,7 +42,7 @@ from sglang.srt.managers.io_struct import (
     decoder,
     encode,
 )
-from sglang.srt.managers.schedule_batch import INVALID_TOKEN_ID, LogprobRequest, Req, ScheduleBatch, Step, StepResult
+from sglang.srt.managers.schedule_batch import INVALID_TOKEN_ID, LogprobRequest, eos_ids, Req, ScheduleBatch, Step, StepResult
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
@@ -55,6 +57,7 @@ logger = logging.getLogger(__name__)
 # SGLang's bound: beyond it, matching every waiting prompt each step costs more than LPM saves.
 LPM_MAX_QUEUE = 128
 
+GRAMMAR_WAIT_S = 0.005
 NAN_MESSAGE = "The logits of this request contained NaN or +inf (or no finite value), so no token could be sampled."
 
 
@@ -111,6 +114,10 @@ class Scheduler:
         self.max_running = self.model_runner.max_running_requests
         # --skip-tokenizer-init: none; stop strings are refused upstream and EOS comes from the model config.
         self.tokenizer = None if server_args.skip_tokenizer_init else get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
+        backend = create_grammar_backend(
+            server_args.grammar_backend, self.tokenizer, self.vocab_size, sorted(eos_ids(self.eos_token_ids, self.tokenizer))
+        )
+        self.grammar_queue = GrammarQueue(backend, tp_cpu_group() if self.tp_size > 1 else None) if backend is not None else None
         self.step_count = 0
         self.stream_interval = server_args.stream_interval
         self.decode_steps, self.decode_tokens, self.decode_log_time = 0, 0, time.perf_counter()
@@ -167,6 +174,10 @@ class Scheduler:
                 # in-flight token first.
                 self.process_step_result(*self.in_flight)
                 self.in_flight = None
+            if self.overlap and self.in_flight is not None and step is not None and step.has_grammar_rows():
+                # SGLang's delayed sampling: the forward starts now; the vocab mask waits until the
+                # in-flight step's tokens are in the grammars (process_step_result, just below).
+                step.grammar_wait = self.in_flight[0].processed
             future = self.worker.submit(self.model_runner.run, step) if step is not None else None
             if self.overlap:
                 previous, self.in_flight = self.in_flight, (step, future) if step is not None else None
@@ -176,6 +187,9 @@ class Scheduler:
                 self.process_step_result(step, future)
 
     def _idle(self) -> bool:
+        return self._nothing_to_run() and not self.grammar_queue
+
+    def _nothing_to_run(self) -> bool:
         return not self.waiting and self.running is None and self.in_flight is None and not self.to_merge and self.chunked_req is None
 
     def recv_requests(self, block: bool) -> None:
@@ -186,6 +200,8 @@ class Scheduler:
             frames = broadcast_frames(frames, tp_cpu_group())
         for frame in frames:
             self._handle(self.decode_input.decode(frame))
+        if not block and self.grammar_queue and self._nothing_to_run():
+            self.grammar_queue.wait(GRAMMAR_WAIT_S)  # rather than spin while only compiles are pending
         if block and os.getppid() != self.parent_pid:
             raise SystemExit("scheduler: the server process is gone")
 
@@ -206,8 +222,9 @@ class Scheduler:
             req = self.reqs_by_rid.get(message.rid)
             if req is not None and not req.finished():
                 req.abort("Aborted by the client.", status_code=499, err_type="ClientAbort")
-                if req in self.waiting:
-                    self.waiting.remove(req)
+                if req in self.waiting or (self.grammar_queue is not None and self.grammar_queue.remove(req)):
+                    if req in self.waiting:
+                        self.waiting.remove(req)
                     self.reqs_by_rid.pop(req.rid, None)
                 self._send([req])
 
@@ -240,7 +257,26 @@ class Scheduler:
             req.abort(str(err))
             self._send([req])
             return
-        self.waiting.append(req)
+        key = grammar_key(params)
+        if key is None:
+            self.waiting.append(req)
+        elif self.grammar_queue is None:
+            # The tokenizer manager refuses these up front; this covers direct senders.
+            req.abort(f"{key.kind} needs a grammar backend; this server runs with --grammar-backend none or --skip-tokenizer-init.")
+            self._send([req])
+        else:
+            self.grammar_queue.add(req, key)
+
+    def _admit_compiled_grammars(self) -> None:
+        """Queue the requests whose grammar compiled on every rank; fail those whose grammar did not."""
+        if not self.grammar_queue:
+            return
+        ready, failed = self.grammar_queue.pop_ready()
+        self.waiting.extend(ready)
+        for req, reason in failed:
+            req.abort(reason)
+            self.reqs_by_rid.pop(req.rid, None)
+        self._send([req for req, _ in failed])
 
     def _check_fits(self, req: Req) -> None:
         need = self._budget(req)
@@ -263,6 +299,7 @@ class Scheduler:
     # ------------------------------------------------------------------ building steps
 
     def get_next_step(self) -> Optional[Step]:
+        self._admit_compiled_grammars()
         self._update_running_batch()
         if self.flush_requested:
             # After the release of requests that finished before the flush was asked for.
@@ -496,6 +533,12 @@ class Scheduler:
     # ------------------------------------------------------------------ results
 
     def process_step_result(self, step: Step, future: Future) -> None:
+        try:
+            self._process_step_result(step, future)
+        finally:
+            step.processed.set()  # the next step's grammar rows may fill their masks now
+
+    def _process_step_result(self, step: Step, future: Future) -> None:
         result: StepResult = future.result()
         if result.ready is not None:
             # The one read of the device per step: this step's tokens (the next step is already queued).
@@ -538,6 +581,9 @@ class Scheduler:
             return
         if req.sampling_params.max_new_tokens == 0:
             req.finished_reason = {"type": "length", "length": 0}
+            return
+        if req.grammar is not None and not req.grammar.accept_token(token):
+            req.abort(f"The grammar rejected the sampled token {token}.", status_code=500, err_type="InternalServerError")
             return
         req.output_ids.append(token)
         if logprobs is not None:

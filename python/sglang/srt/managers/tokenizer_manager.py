@@ -166,6 +166,7 @@ class TokenizerManager:
             params.sampling_seed = secrets.randbits(63)
         self._check_context(len(input_ids), params.max_new_tokens)
         self._check_custom_logit_processor(obj.custom_logit_processor)
+        self._check_grammar(params)
         self._check_flags(obj)
         self._check_logprob_args(obj, len(input_ids))
         rid = obj.rid if obj.rid is not None else uuid.uuid4().hex
@@ -313,6 +314,19 @@ class TokenizerManager:
                 f"Requested token count exceeds the model's maximum context length of {context} tokens: "
                 f"{input_len} input tokens + max_new_tokens={max_new_tokens}. Reduce the input or max_new_tokens."
             )
+
+    def _check_grammar(self, params: SamplingParams) -> None:
+        """A grammar this server cannot enforce, or that does not parse, is a 400 before anything is queued."""
+        from sglang.srt.constrained.base_grammar_backend import grammar_key, validate_grammar
+
+        key = grammar_key(params)
+        if key is None:
+            return
+        if self.tokenizer is None:
+            raise ValueError(f"{key.kind} needs the tokenizer, which --skip-tokenizer-init leaves unloaded.")
+        if self.server_args.grammar_backend == "none":
+            raise ValueError(f"{key.kind} needs a grammar backend; this server runs with --grammar-backend none.")
+        validate_grammar(self.server_args.grammar_backend, key)
 
     def _check_custom_logit_processor(self, processor: Optional[str]) -> None:
         if processor is None:

@@ -13,6 +13,7 @@ from sgl_kernel_ext.attention.decode_attention_cpu import cpu_decode_attention_a
 from sgl_kernel_ext.norm.rmsnorm_cpu import rmsnorm_cpu_applies
 from sgl_kernel_ext.rotary.rope_store_cpu import rope_store_cpu_applies
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.constrained.bitmask import grammar_bitmask
 from sglang.srt.distributed.communication import check_token_agreement, min_across_ranks, token_agreement_check_requested
 from sglang.srt.distributed.parallel_state import tp_cpu_group, tp_device_group
 from sglang.srt.layers.attention import create_attention_backend, default_attention_backend
@@ -241,8 +242,15 @@ class ModelRunner:
 
     def _sample(self, step: "Step", logits: torch.Tensor, pool_indices: torch.Tensor, prompt_logprobs: dict) -> "StepResult":
         info = step.sampled_batch.sampling_info
-        info.apply_logits_bias(logits)
         sampled_reqs = [step.reqs[r] for r in step.sample_rows]
+        if info.grammars is not None:
+            if step.grammar_wait is not None:
+                step.grammar_wait.wait()  # the previous step's tokens reach the grammars (overlap)
+            info.vocab_mask = grammar_bitmask(sampled_reqs, self.vocab_size, self.device)
+        try:
+            info.apply_logits_bias(logits)
+        finally:
+            info.vocab_mask = None
         wants = [r.logprob for r in sampled_reqs]
         return_logprob = any(w is not None for w in wants)
         out = LogitsProcessorOutput(next_token_logits=logits)

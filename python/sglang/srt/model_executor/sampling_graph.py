@@ -40,7 +40,6 @@ def needs_eager_sampling(step: "Step", sampler: Sampler, check_token_agreement: 
     info = step.sampled_batch.sampling_info
     return (
         info.has_custom_logit_processor
-        or info.vocab_mask is not None
         or info.grammars is not None
         or any(req.logprob is not None for req in step.reqs)
         or check_token_agreement

@@ -76,8 +76,8 @@ def penalty_table(device: torch.device) -> "PenaltyTable":
 
 def write_penalty_table(info, device: torch.device) -> bool:
     """Point the device's table at `info`'s lists; False when the torch path must run instead:
-    no triton, a grammar vocab mask (it sits between penalties and bias), or a custom penalizer."""
-    if not triton_available() or info.vocab_mask is not None:
+    no triton, or a custom penalizer."""
+    if not triton_available():
         return False
     lists = penalty_lists(info)
     if lists is None:

@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import torch
 
+from sglang.srt.constrained.bitmask import apply_token_bitmask
 from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor, load_custom_logit_processor
 from sglang.srt.sampling.fused_logits_bias import apply_logits_bias_fused, update_penalties_fused
 from sglang.srt.sampling.penaltylib import BatchedPenalizerOrchestrator
@@ -27,6 +28,7 @@ class RowSpec:
     params: SamplingParams
     processor_str: Optional[str] = None
     custom_params: Optional[dict] = None
+    grammar: Optional[Any] = None  # the request's BaseGrammarObject
 
 
 @dataclass
@@ -46,10 +48,9 @@ class SamplingBatchInfo:
     device: torch.device
     custom_logit_processor_allowlist: Optional[frozenset[str]] = None
     penalizer_orchestrator: Optional[BatchedPenalizerOrchestrator] = None
-    # Disallowed tokens ([B, V] bool, True = masked) set per step by grammar backends.
+    # The grammar rows' packed bitmask ([B, ceil(V / 32)] int32, bit set = allowed), set by the
+    # model runner for one step (constrained/bitmask.py).
     vocab_mask: Optional[torch.Tensor] = None
-    # Per-row grammar objects; their presence turns on the TP token all-reduce.
-    grammars: Optional[list[Any]] = None
 
     # Rebuilt from `rows` by _rebuild().
     temperatures: torch.Tensor = field(init=False)  # [B, 1] float32
@@ -64,6 +65,9 @@ class SamplingBatchInfo:
     logit_bias_values: Optional[torch.Tensor] = field(init=False)  # [B, K] float32, pad 0.0
     custom_logit_processor: Optional[dict[str, ProcessorEntry]] = field(init=False)
     custom_params: Optional[list[Optional[dict]]] = field(init=False)
+    # Per-row grammar objects (None where a row has none), or None without grammar rows; their
+    # presence turns on the TP token all-reduce and the eager sampling step.
+    grammars: Optional[list[Any]] = field(init=False)
     # The CPU sampler's grouping of these rows, built on first use (see sampler._CpuPlan).
     cpu_sample_plan: Optional[Any] = field(init=False, default=None)
 
@@ -76,6 +80,7 @@ class SamplingBatchInfo:
                 params=req.sampling_params,
                 processor_str=req.custom_logit_processor if enable_processors else None,
                 custom_params=req.custom_params,
+                grammar=getattr(req, "grammar", None),
             )
             for req in batch.reqs
         ]
@@ -109,6 +114,8 @@ class SamplingBatchInfo:
         self._build_seeds(params)
         self._build_logit_bias(params)
         self._build_processors()
+        grammars = [row.grammar for row in self.rows]
+        self.grammars = grammars if any(g is not None for g in grammars) else None
 
     def _refresh_flags(self, params: list[SamplingParams]) -> None:
         vocab = self.vocab_size
@@ -198,19 +205,12 @@ class SamplingBatchInfo:
             self.penalizer_orchestrator.filter(keep_indices_device)
             if not self.penalizer_orchestrator.is_required:
                 self.penalizer_orchestrator = None
-        if self.vocab_mask is not None:
-            self.vocab_mask = self.vocab_mask[keep_indices_device]
-        if self.grammars is not None:
-            self.grammars = [self.grammars[i] for i in keep_indices]
         self.rows = [self.rows[i] for i in keep_indices]
         self._rebuild()
 
     def merge_batch(self, other: "SamplingBatchInfo") -> None:
         """Append `other`'s rows after ours (call before the batch's reqs list is concatenated)."""
         self._merge_orchestrators(other)
-        self.vocab_mask = _merge_optional_rows(self.vocab_mask, other.vocab_mask, len(self), len(other), False)
-        if self.grammars is not None or other.grammars is not None:
-            self.grammars = (self.grammars or [None] * len(self)) + (other.grammars or [None] * len(other))
         self.rows = self.rows + other.rows
         self._rebuild()
 
@@ -233,16 +233,19 @@ class SamplingBatchInfo:
     # ------------------------------------------------------------------ per-step transforms
 
     def apply_logits_bias(self, logits: torch.Tensor) -> None:
-        """In place, SGLang's order: penalties (additive, then repetition), vocab mask, logit_bias."""
-        if logits.is_cuda and apply_logits_bias_fused(self, logits):
-            return
-        if self.penalizer_orchestrator is not None:
-            self.penalizer_orchestrator.apply(logits)
+        """In place: penalties (additive, then repetition), logit_bias, then the grammar mask.
+
+        SGLang masks before the bias so that a bias cannot re-enable a masked token; masking last
+        gives the same logits bit for bit (a masked token is -inf either way, a bias is finite and
+        the other tokens see the same arithmetic), and lets CUDA keep its one fused
+        penalties-and-bias kernel."""
+        if not (logits.is_cuda and apply_logits_bias_fused(self, logits)):
+            if self.penalizer_orchestrator is not None:
+                self.penalizer_orchestrator.apply(logits)
+            if self.logit_bias_ids is not None:
+                logits.scatter_add_(1, self.logit_bias_ids, self.logit_bias_values.to(logits.dtype))
         if self.vocab_mask is not None:
-            logits.masked_fill_(self.vocab_mask, float("-inf"))
-        if self.logit_bias_ids is not None:
-            # After the mask, so a bias cannot re-enable a masked token (-inf + b = -inf).
-            logits.scatter_add_(1, self.logit_bias_ids, self.logit_bias_values.to(logits.dtype))
+            apply_token_bitmask(logits, self.vocab_mask)
 
     def update_penalties(self, next_token_ids: torch.Tensor) -> None:
         """Fold this step's sampled ids ([B] int64, on device) into the penalty state.
@@ -264,15 +267,3 @@ def _dedup_logit_bias(bias: Optional[dict]) -> dict[int, float]:
         return {}
     return {int(key): float(value) for key, value in bias.items()}
 
-
-def _merge_optional_rows(
-    left: Optional[torch.Tensor], right: Optional[torch.Tensor], n_left: int, n_right: int, fill: Any
-) -> Optional[torch.Tensor]:
-    if left is None and right is None:
-        return None
-    template = left if left is not None else right
-    if left is None:
-        left = torch.full((n_left, *template.shape[1:]), fill, dtype=template.dtype, device=template.device)
-    if right is None:
-        right = torch.full((n_right, *template.shape[1:]), fill, dtype=template.dtype, device=template.device)
-    return torch.cat([left, right])

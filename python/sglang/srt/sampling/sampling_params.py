@@ -263,12 +263,6 @@ class SamplingParams:
         si = self.stream_interval
         if si is not None and not (_is_int(si) and si >= 1):
             raise ValueError(f"stream_interval must be at least 1, got {si}.")
-        for name in _GRAMMAR_FIELDS:
-            if getattr(self, name) is not None:
-                raise ValueError(
-                    f"{name} is not supported by this server yet "
-                    "(grammar-constrained decoding is not implemented)."
-                )
         if self.beam_width is not None and self.beam_width > 1:
             raise ValueError(
                 f"beam_width must be 1 or null (beam search is not supported by this server yet), "

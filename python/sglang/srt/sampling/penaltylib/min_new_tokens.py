@@ -27,7 +27,11 @@ class BatchedMinNewTokensPenalizer(_BatchedPenalizer):
         for b, row in enumerate(rows):
             stop_ids[b, : len(row)] = torch.tensor(row, dtype=torch.int64)
         self.stop_ids = stop_ids.to(self.device)
-        self.min_new_tokens = self._column([int(r.sampling_params.min_new_tokens or 0) for r in reqs])
+        # A grammar row's stop tokens are held back by its vocab mask instead (constrained/bitmask.py),
+        # which lets the grammar end the request when ending is all it allows.
+        self.min_new_tokens = self._column(
+            [int(r.sampling_params.min_new_tokens or 0) if getattr(r, "grammar", None) is None else 0 for r in reqs]
+        )
         self.output_lens = self._column([len(r.output_ids) for r in reqs])
 
     def _column(self, values: list[int]) -> torch.Tensor:
