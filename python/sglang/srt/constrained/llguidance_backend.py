@@ -35,15 +35,20 @@ class GuidanceObject(BaseGrammarObject):
         self.accepted_stop = False
 
     def accept_token(self, token: int) -> bool:
-        if not self.matcher.consume_token(token):
-            return False
-        self.accepted_stop = token in self.stop_token_ids
-        return True
+        if token in self.stop_token_ids:
+            # Ending is not a token of llguidance's parse (its rollback would not count it), so a
+            # stop token is recorded here, allowed wherever the grammar may end.
+            self.accepted_stop = self.matcher.is_accepting()
+            return self.accepted_stop
+        # try_consume_tokens leaves a refused token unconsumed; consume_token would enter an error state.
+        return self.matcher.try_consume_tokens([token]) == 1
 
     def rollback(self, num_tokens: int) -> None:
+        if num_tokens > 0 and self.accepted_stop:
+            self.accepted_stop = False
+            num_tokens -= 1
         if num_tokens > 0:
             self.matcher.rollback(num_tokens)
-            self.accepted_stop = False
 
     def is_terminated(self) -> bool:
         return self.accepted_stop
