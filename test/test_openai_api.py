@@ -633,12 +633,10 @@ def test_failure_inside_a_stream_is_an_error_event(client: openai.OpenAI, raw: T
     [
         ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ("/v1/chat/completions", {"tool_choice": "auto"}, "tool_choice"),
-        ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
         ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
         ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
         ("/v1/completions", {"suffix": "end"}, "suffix"),
         ("/v1/completions", {"best_of": 3}, "best_of"),
-        ("/v1/completions", {"response_format": {"type": "json_object"}}, "response_format"),
         # SGLang request fields without machinery here.
         ("/v1/chat/completions", {"session_params": {"id": "s"}}, "session_params"),
         ("/v1/chat/completions", {"priority": 1}, "priority"),
@@ -657,6 +655,70 @@ def test_unsupported_fields_are_refused_by_name(
     error = resp.json()
     assert error["param"] == param and f"'{param}'" in error["message"] and error["type"] == "BadRequestError"
     assert fake.received == []
+
+
+_SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+_TAG = {
+    "type": "structural_tag",
+    "structures": [{"begin": "<f>", "schema": _SCHEMA, "end": "</f>"}],
+    "triggers": ["<f>"],
+}
+
+
+@pytest.mark.parametrize(
+    "response_format, expected",
+    [
+        ({"type": "text"}, {}),
+        ({"type": "json_object"}, {"json_schema": '{"type": "object"}'}),
+        (
+            {"type": "json_schema", "json_schema": {"name": "a", "schema": _SCHEMA, "strict": True}},
+            {"json_schema": json.dumps(_SCHEMA)},
+        ),
+        ({"type": "json_schema", "json_schema": {"name": "a"}}, {"json_schema": '{"type": "object"}'}),
+        (_TAG, {"structural_tag": json.dumps(_TAG)}),
+    ],
+)
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_response_format_becomes_one_grammar_param(
+    raw: TestClient, fake: FakeTokenizerManager, path: str, response_format: dict, expected: dict
+) -> None:
+    body = {"messages": [{"role": "user", "content": "x"}]} if "chat" in path else {"prompt": "x"}
+    assert raw.post(path, json={**body, "response_format": response_format, "n": 2}).status_code == 200
+    for obj in fake.received:
+        grammar = {k: obj.sampling_params[k] for k in ("json_schema", "regex", "ebnf", "structural_tag")
+                   if k in obj.sampling_params}
+        assert grammar == expected
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, "name"),
+        ({"response_format": {"type": "json_schema"}}, "json_schema"),
+        ({"response_format": {"type": "xml"}}, "'json_object', 'json_schema', 'structural_tag'"),
+        ({"response_format": {"type": "json_object"}, "regex": "a+"}, "regex"),
+        ({"response_format": {"type": "json_object"}, "ebnf": 'root ::= "a"'}, "ebnf"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "nope"}}}},
+         "json_schema"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"not": {}}}}}, "'not'"),
+        ({"response_format": {"type": "structural_tag", "structures": []}}, "triggers"),
+    ],
+)
+def test_bad_response_formats_are_400s_naming_it(
+    raw: TestClient, fake: FakeTokenizerManager, extra: dict, words: str
+) -> None:
+    resp = raw.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], **extra})
+    assert resp.status_code == 400, resp.text
+    error = resp.json()
+    assert error["param"] == "response_format" and "response_format" in error["message"], error
+    assert words in error["message"]
+    assert fake.received == []
+
+
+def test_completion_json_schema_and_response_format_conflict(raw: TestClient) -> None:
+    body = {"prompt": "x", "json_schema": "{}", "response_format": {"type": "json_object"}}
+    error = raw.post("/v1/completions", json=body).json()
+    assert error["param"] == "response_format" and "json_schema" in error["message"]
 
 
 def test_cache_salt_and_extra_key_name_the_prefix_cache_namespace(raw: TestClient, fake: FakeTokenizerManager) -> None:

@@ -9,10 +9,20 @@ A JSON `null` means "use the default", as in the native API.
 
 from __future__ import annotations
 
+import json
 import time
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Annotated, Any, Callable, Literal, NamedTuple, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 # Each choice becomes its own engine request; a bound keeps one HTTP call from flooding the queue.
 MAX_N = 128
@@ -42,6 +52,120 @@ class _Strict(BaseModel):
 
 class _Nested(_Strict):
     model_config = ConfigDict(extra="forbid")
+
+
+# ----------------------------------------------------------------------------- response_format
+
+
+class Grammar(NamedTuple):
+    """The one grammar sampling param a response format sets: its name and its text."""
+
+    kind: Literal["json_schema", "structural_tag"]
+    text: str
+
+
+# SGLang's mapping of json_object: any JSON object.
+JSON_OBJECT_SCHEMA = '{"type": "object"}'
+# The engine's rule (SamplingParams): at most one of these per request.
+GRAMMAR_PARAMS = ("json_schema", "regex", "ebnf", "structural_tag")
+
+
+class TextFormat(_Nested):
+    type: Literal["text"]
+
+    def grammar(self) -> Optional[Grammar]:
+        return None
+
+
+class JsonObjectFormat(_Nested):
+    type: Literal["json_object"]
+
+    def grammar(self) -> Optional[Grammar]:
+        return Grammar("json_schema", JSON_OBJECT_SCHEMA)
+
+
+class _SchemaFields(_Nested):
+    """OpenAI's json_schema description (nested under `json_schema` in chat, flat in Responses)."""
+
+    name: str = Field(min_length=1)
+    description: Optional[str] = None
+    # `schema` would shadow a BaseModel attribute; the wire name is kept through the alias.
+    schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
+    # Accepted for OpenAI compatibility only: the grammar always enforces the whole schema, so
+    # strict=false gets the same (stricter than asked) output.
+    strict: Optional[bool] = None
+
+    def grammar(self) -> Optional[Grammar]:
+        # Without a schema nothing is asked beyond a JSON object: json_object's mapping.
+        if self.schema_ is None:
+            return Grammar("json_schema", JSON_OBJECT_SCHEMA)
+        return Grammar("json_schema", json.dumps(self.schema_))
+
+
+class JsonSchemaFormat(_Nested):
+    type: Literal["json_schema"]
+    json_schema: _SchemaFields
+
+    def grammar(self) -> Optional[Grammar]:
+        return self.json_schema.grammar()
+
+
+class StructuralTagStructure(_Nested):
+    begin: str
+    schema_: dict[str, Any] = Field(alias="schema")
+    end: str
+
+
+class StructuralTagFormat(_Nested):
+    """SGLang's form (structures + triggers), or xgrammar's own (`format`), passed on as JSON."""
+
+    type: Literal["structural_tag"]
+    structures: Optional[list[StructuralTagStructure]] = None
+    triggers: Optional[list[str]] = None
+    format: Optional[dict[str, Any]] = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> "StructuralTagFormat":
+        legacy = (self.structures is not None, self.triggers is not None)
+        if self.format is not None and any(legacy):
+            raise ValueError("give either structures and triggers (SGLang's form) or format (xgrammar's), not both")
+        if self.format is None and not all(legacy):
+            raise ValueError("a structural_tag needs structures and triggers (or xgrammar's format)")
+        return self
+
+    def grammar(self) -> Optional[Grammar]:
+        return Grammar("structural_tag", json.dumps(self.model_dump(by_alias=True, exclude_none=True)))
+
+
+def _format_union(members: dict[str, type[_Nested]]) -> Any:
+    """A union picked by `type` (the keys). Tags contain "[" so that error locations drop them,
+    as they drop pydantic's own union-member tags (serving_base._clean_loc)."""
+
+    def tag(value: Any) -> Optional[str]:
+        return f"format[{value.get('type')}]" if isinstance(value, dict) else None
+
+    tagged = tuple(Annotated[model, Tag(f"format[{kind}]")] for kind, model in members.items())
+    return Annotated[Union[tagged], Discriminator(tag)]
+
+
+def _check_format_type(value: Any, allowed: tuple[str, ...]) -> Any:
+    """One message listing the allowed types, instead of pydantic's about discriminator tags."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind not in allowed:
+        listed = ", ".join(repr(t) for t in allowed)
+        got = f"got type {kind!r}" if isinstance(value, dict) else f"got {type(value).__name__}"
+        raise ValueError(f"must be an object whose type is one of {listed}; {got}")
+    return value
+
+
+_RESPONSE_FORMATS: dict[str, type[_Nested]] = {
+    "text": TextFormat,
+    "json_object": JsonObjectFormat,
+    "json_schema": JsonSchemaFormat,
+    "structural_tag": StructuralTagFormat,
+}
+RESPONSE_FORMAT_TYPES = tuple(_RESPONSE_FORMATS)
+ResponseFormat = _format_union(_RESPONSE_FORMATS)
 
 
 # ----------------------------------------------------------------------------- requests
@@ -132,7 +256,8 @@ class _GenerationRequest(_Strict):
     spaces_between_special_tokens: bool = True
     custom_logit_processor: Optional[str] = None
     custom_params: Optional[dict[str, Any]] = None
-    # Grammar constraints go to the engine, which names them in its 400 until it supports them.
+    # Structured outputs: OpenAI's response_format, or SGLang's grammar fields (sent as they are).
+    response_format: Optional[ResponseFormat] = None
     regex: Optional[str] = None
     ebnf: Optional[str] = None
     # SGLang: the engine request id, which is also the response id (one choice) or its prefix.
@@ -146,6 +271,29 @@ class _GenerationRequest(_Strict):
         """SGLang's combination: the salt, then the extra key."""
         parts = [p for p in (self.cache_salt, self.extra_key) if p is not None]
         return "".join(parts) if parts else None
+
+    @field_validator("response_format", mode="before")
+    @classmethod
+    def _known_format(cls, value: Any) -> Any:
+        return _check_format_type(value, RESPONSE_FORMAT_TYPES)
+
+    @property
+    def format_grammar(self) -> Optional[Grammar]:
+        return self.response_format.grammar() if self.response_format is not None else None
+
+    @model_validator(mode="after")
+    def _one_grammar(self) -> "_GenerationRequest":
+        # Checked here, not left to the engine, so that the 400 names response_format, which the
+        # engine never sees.
+        grammar = self.format_grammar
+        others = [name for name in GRAMMAR_PARAMS if getattr(self, name, None) is not None]
+        if grammar is not None and others:
+            raise RequestError(
+                f"response_format (which sets {grammar.kind}) cannot be combined with {', '.join(others)}: "
+                f"only one of {', '.join(GRAMMAR_PARAMS)} can be set",
+                param="response_format",
+            )
+        return self
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> "_GenerationRequest":
@@ -316,10 +464,6 @@ CHAT_UNSUPPORTED: Unsupported = {
     ),
     "functions": (_is_falsy, "function calling is not implemented"),
     "function_call": (lambda v: v in (None, "none"), "function calling is not implemented"),
-    "response_format": (
-        lambda v: v is None or v == {"type": "text"},
-        "structured output is not implemented; only {'type': 'text'} is accepted",
-    ),
     "audio": (_is_absent, "audio output is not implemented"),
     "modalities": (lambda v: v in (None, ["text"]), "only the 'text' modality is implemented"),
     "prediction": (_is_absent, "predicted outputs are not implemented"),
@@ -339,10 +483,6 @@ COMPLETION_UNSUPPORTED: Unsupported = {
     **_COMMON_UNSUPPORTED,
     "suffix": (_is_falsy, "suffix (insertion) is not implemented"),
     "best_of": (lambda v: v in (None, 1), "best_of > 1 is not implemented; use n"),
-    "response_format": (
-        lambda v: v is None or v == {"type": "text"},
-        "structured output is not implemented; only {'type': 'text'} is accepted",
-    ),
 }
 
 
@@ -553,6 +693,34 @@ class ResponseInputMessage(_Nested):
         return {"role": self.role, "content": content}
 
 
+class ResponsesJsonSchemaFormat(_SchemaFields):
+    """The Responses API's json_schema format: the same fields, not nested under `json_schema`."""
+
+    type: Literal["json_schema"]
+
+
+_RESPONSES_FORMATS: dict[str, type[_Nested]] = {
+    "text": TextFormat,
+    "json_object": JsonObjectFormat,
+    "json_schema": ResponsesJsonSchemaFormat,
+}
+RESPONSES_FORMAT_TYPES = tuple(_RESPONSES_FORMATS)
+
+
+class ResponseTextConfig(_Nested):
+    format: Optional[_format_union(_RESPONSES_FORMATS)] = None
+
+    @field_validator("format", mode="before")
+    @classmethod
+    def _known_format(cls, value: Any) -> Any:
+        return _check_format_type(value, RESPONSES_FORMAT_TYPES)
+
+    def echo(self) -> dict[str, Any]:
+        """The `text` a response object reports: the format as given, text by default."""
+        fmt = self.format or TextFormat(type="text")
+        return {"format": {"type": fmt.type, **fmt.model_dump(by_alias=True, exclude_none=True)}}
+
+
 # SGLang's default temperature for /v1/responses (its chat default is 1.0).
 RESPONSES_DEFAULT_TEMPERATURE = 0.7
 RESPONSE_ID_PREFIX = "resp_"
@@ -577,6 +745,7 @@ class ResponsesRequest(_Strict):
     user: Optional[str] = None
     parallel_tool_calls: bool = True  # no tools can be given, so there is nothing to parallelise
     tool_choice: Literal["auto", "none"] = "auto"
+    text: ResponseTextConfig = Field(default_factory=ResponseTextConfig)
     # SGLang extras.
     request_id: Optional[str] = None
     frequency_penalty: float = 0.0
@@ -619,6 +788,10 @@ class ResponsesRequest(_Strict):
         return params
 
     @property
+    def format_grammar(self) -> Optional[Grammar]:
+        return self.text.format.grammar() if self.text.format is not None else None
+
+    @property
     def effective_temperature(self) -> float:
         return RESPONSES_DEFAULT_TEMPERATURE if self.temperature is None else self.temperature
 
@@ -627,17 +800,16 @@ class ResponsesRequest(_Strict):
         return 1.0 if self.top_p is None else self.top_p
 
 
-def _is_text_format(value: Any) -> bool:
-    # Only the default: plain text, nothing else (e.g. verbosity) set.
-    return value is None or (isinstance(value, dict) and set(value) <= {"format"}
-                             and value.get("format") in (None, {"type": "text"}))
+def _is_format_only(value: Any) -> bool:
+    # text.format is honoured (ResponseTextConfig); any other key (verbosity) is not.
+    return value is None or (isinstance(value, dict) and set(value) <= {"format"})
 
 
 RESPONSES_UNSUPPORTED: Unsupported = {
     "tools": (_is_falsy, "tools are not implemented"),
     "include": (_is_falsy, "extra output data (include) is not implemented"),
     "reasoning": (_is_absent, "reasoning controls are not implemented"),
-    "text": (_is_text_format, "structured output is not implemented; only {'format': {'type': 'text'}} is accepted"),
+    "text": (_is_format_only, "only text.format is implemented (verbosity control is not)"),
     "truncation": (lambda v: v in (None, "disabled"), "truncation is not implemented; only 'disabled' is accepted"),
     "max_tool_calls": (_is_absent, "tools are not implemented"),
     "top_logprobs": (lambda v: v in (None, 0), "logprobs are not returned by /v1/responses"),

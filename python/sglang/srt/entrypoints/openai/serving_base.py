@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 from sglang.srt.entrypoints.openai.protocol import (
     OPENAI_SAMPLING_DEFAULTS,
     ErrorResponse,
+    Grammar,
     PromptTokensDetails,
     RequestError,
     Unsupported,
@@ -155,6 +156,29 @@ def common_sampling_params(req: _GenerationRequest, defaults: Mapping[str, Any])
         value = getattr(req, name)
         params[name] = value if value is not None else defaults.get(name, openai_default)
     return {k: v for k, v in params.items() if v is not None}
+
+
+def grammar_params(grammar: Optional[Grammar], server_args: Any, tokenizer: Any, param: str) -> dict[str, str]:
+    """The sampling param a response format sets ({} for none), checked now.
+
+    The engine would refuse a bad grammar too, but its 400 names json_schema / structural_tag,
+    fields the client never sent; here the message and `param` name the client's field.
+    """
+    if grammar is None:
+        return {}
+    backend = getattr(server_args, "grammar_backend", "xgrammar")
+    if tokenizer is None:
+        raise RequestError(f"{param} needs the tokenizer, which --skip-tokenizer-init leaves unloaded", param=param)
+    if backend == "none":
+        raise RequestError(f"{param} needs a grammar backend; this server runs with --grammar-backend none", param=param)
+    # Imported here: the grammar libraries are loaded only once a request uses one.
+    from sglang.srt.constrained.base_grammar_backend import GrammarKey, validate_grammar
+
+    try:
+        validate_grammar(backend, GrammarKey(grammar.kind, grammar.text))
+    except ValueError as exc:
+        raise RequestError(f"{param}: {exc}", param=param) from None
+    return {grammar.kind: grammar.text}
 
 
 async def merge_streams(
@@ -358,6 +382,11 @@ class OpenAIServingBase(ABC, Generic[RequestT]):
             return self.request_model.model_validate(data)
         except ValidationError as exc:
             raise validation_error(exc) from None
+
+    def format_params(self, req: RequestT) -> dict[str, str]:
+        """The grammar sampling param of req.response_format, validated (RequestError if not)."""
+        tokenizer = getattr(self.tokenizer_manager, "tokenizer", None)
+        return grammar_params(req.format_grammar, self.server_args, tokenizer, "response_format")
 
     def model_name(self, req: RequestT) -> str:
         return req.model or self.server_args.served_model_name

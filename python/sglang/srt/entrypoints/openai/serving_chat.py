@@ -89,7 +89,7 @@ class OpenAIServingChat(OpenAIServingBase[ChatCompletionRequest]):
 
     def convert(self, req: ChatCompletionRequest) -> list[GenerateReqInput]:
         prompt = self.render(req)
-        params = common_sampling_params(req, self.generation_defaults)
+        params = common_sampling_params(req, self.generation_defaults) | self.format_params(req)
         # None = up to the rest of the context, which the engine resolves.
         params["max_new_tokens"] = (
             req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens

@@ -33,7 +33,7 @@ class OpenAIServingCompletion(OpenAIServingBase[CompletionRequest]):
 
     def convert(self, req: CompletionRequest) -> list[GenerateReqInput]:
         # Completions never take generation_config defaults (SGLang: chat only).
-        params = common_sampling_params(req, defaults={})
+        params = common_sampling_params(req, defaults={}) | self.format_params(req)
         params["max_new_tokens"] = req.max_tokens
         if req.json_schema is not None:
             params["json_schema"] = req.json_schema

@@ -45,6 +45,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     ChoiceTracker,
     collect_unless_disconnected,
     describe_failure,
+    grammar_params,
     merge_streams,
     prepend,
     validation_error,
@@ -153,7 +154,8 @@ class Turn:
             instructions=req.instructions, max_output_tokens=req.max_output_tokens,
             previous_response_id=req.previous_response_id, store=req.store, background=req.background,
             temperature=req.effective_temperature, top_p=req.effective_top_p, tool_choice=req.tool_choice,
-            parallel_tool_calls=req.parallel_tool_calls, user=req.user, metadata=req.metadata, **fields,
+            parallel_tool_calls=req.parallel_tool_calls, user=req.user, metadata=req.metadata,
+            text=req.text.echo(), **fields,
         )
 
     def message(self, text: str, status: str) -> ResponseOutputMessage:
@@ -296,9 +298,9 @@ class OpenAIServingResponses:
             raise RequestError(f"input: {validation_error(exc)}", param="input") from None
         except RequestError as exc:
             raise RequestError(str(exc), param="input") from None
-        return GenerateReqInput(
-            text=prompt, sampling_params=req.sampling_params(), rid=turn.response_id, stream=req.stream
-        )
+        tokenizer = getattr(self.tokenizer_manager, "tokenizer", None)
+        params = req.sampling_params() | grammar_params(req.format_grammar, self.server_args, tokenizer, "text")
+        return GenerateReqInput(text=prompt, sampling_params=params, rid=turn.response_id, stream=req.stream)
 
     def _stored(self, response_id: str) -> StoredResponse:
         stored = self.store.get(_checked_id(response_id))
