@@ -147,7 +147,8 @@ def serve_and_generate(args: argparse.Namespace, model: str, tp: int, flags: lis
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
     return {"command": " ".join(command[1:]), "ready_s": round(ready_s, 1), "generate_s": round(generate_s, 2),
-            "output_ids": [r["output_ids"] for r in results],
+            "output_ids": [r["output_ids"] for r in results], "texts": [r.get("text") for r in results],
+            "finish_reasons": [r["meta_info"]["finish_reason"] for r in results],
             "cached_tokens": [r["meta_info"].get("cached_tokens", 0) for r in results], "exit_code": proc.returncode}
 
 

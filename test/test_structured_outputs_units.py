@@ -281,6 +281,11 @@ def test_backend_compile_error_is_a_grammar_error(backend):
         ("ebnf", 'root ::= missing', "missing"),
         ("structural_tag", "{oops", "not valid JSON"),
         ("structural_tag", json.dumps({"structures": [{"begin": "<a>"}], "triggers": ["<a"]}), "structural_tag"),
+        (
+            "structural_tag",
+            json.dumps({"structures": [{"begin": "<f>", "schema": {"type": "object", "not": {}}, "end": "</f>"}], "triggers": ["<f>"]}),
+            "'not'",
+        ),
     ],
 )
 def test_validate_rejects_naming_the_field(name, kind, text, fragment):

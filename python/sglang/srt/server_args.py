@@ -41,6 +41,7 @@ class ServerArgs:
     disable_radix_cache: bool = False
     sampling_backend: Optional[str] = None
     grammar_backend: str = "xgrammar"
+    constrained_json_disable_any_whitespace: bool = False
     enable_custom_logit_processor: bool = False
     custom_logit_processor_allowlist: Optional[list[str]] = None
     enable_deterministic_inference: bool = False
@@ -228,6 +229,8 @@ class ServerArgs:
             help="Qualified class names (module.QualName) of the only processors requests may use.")
         add("--grammar-backend", default=d.grammar_backend, choices=list(GRAMMAR_BACKEND_CHOICES),
             help="Library that enforces json_schema / regex / ebnf / structural_tag (none: such requests get a 400).")
+        add("--constrained-json-disable-any-whitespace", action="store_true",
+            help="JSON from json_schema / response_format without free whitespace between tokens.")
         add("--enable-deterministic-inference", action="store_true",
             help="Batch-invariant computation and seeded sampling for every request.")
         add("--sampling-defaults", default=d.sampling_defaults, choices=list(SAMPLING_DEFAULTS_CHOICES),

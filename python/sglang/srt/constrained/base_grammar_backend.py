@@ -89,9 +89,12 @@ class BaseGrammarBackend(ABC):
 
     name: str
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int], any_whitespace: bool = True) -> None:
         self.vocab_size = vocab_size
         self.stop_token_ids = sorted(stop_token_ids)
+        # False (--constrained-json-disable-any-whitespace): JSON has no free whitespace between
+        # tokens, which keeps small models from filling max_new_tokens with blanks.
+        self.any_whitespace = any_whitespace
         self._executor = ThreadPoolExecutor(max_workers=COMPILE_THREADS, thread_name_prefix="grammar-compile")
         self._cache: dict[GrammarKey, Future] = {}
 
@@ -123,18 +126,20 @@ class BaseGrammarBackend(ABC):
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def create_grammar_backend(name: str, tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> Optional[BaseGrammarBackend]:
+def create_grammar_backend(
+    name: str, tokenizer: Any, vocab_size: int, stop_token_ids: list[int], any_whitespace: bool = True
+) -> Optional[BaseGrammarBackend]:
     """The backend of --grammar-backend; None for `none` or without a tokenizer (--skip-tokenizer-init)."""
     if name == "none" or tokenizer is None:
         return None
     if name == "xgrammar":
         from sglang.srt.constrained.xgrammar_backend import XGrammarBackend
 
-        return XGrammarBackend(tokenizer, vocab_size, stop_token_ids)
+        return XGrammarBackend(tokenizer, vocab_size, stop_token_ids, any_whitespace)
     if name == "llguidance":
         from sglang.srt.constrained.llguidance_backend import GuidanceBackend
 
-        return GuidanceBackend(tokenizer, vocab_size, stop_token_ids)
+        return GuidanceBackend(tokenizer, vocab_size, stop_token_ids, any_whitespace)
     raise ValueError(f"--grammar-backend must be one of {', '.join(GRAMMAR_BACKEND_CHOICES)}, got {name!r}.")
 
 

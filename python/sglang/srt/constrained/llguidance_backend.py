@@ -73,12 +73,12 @@ def _executor() -> llguidance.LLExecutor:
 class GuidanceBackend(BaseGrammarBackend):
     name = "llguidance"
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
-        super().__init__(tokenizer, vocab_size, stop_token_ids)
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int], any_whitespace: bool = True) -> None:
+        super().__init__(tokenizer, vocab_size, stop_token_ids, any_whitespace)
         self.ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=self.stop_token_ids)
 
     def compile(self, key: GrammarKey) -> llguidance.LLMatcher:
-        grammar = to_llguidance_grammar(key)
+        grammar = to_llguidance_grammar(key, self.any_whitespace)
         matcher = llguidance.LLMatcher(self.ll_tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise GrammarError(key, matcher.get_error())
@@ -88,13 +88,13 @@ class GuidanceBackend(BaseGrammarBackend):
         return GuidanceObject(compiled.deep_copy(), frozenset(self.stop_token_ids))
 
 
-def to_llguidance_grammar(key: GrammarKey) -> str:
+def to_llguidance_grammar(key: GrammarKey, any_whitespace: bool = True) -> str:
     """The llguidance grammar of a request field; raises GrammarError."""
     try:
         if key.kind == "json_schema":
             schema = parse_json_field(key)
             check_json_schema(key, schema)
-            return llguidance.LLMatcher.grammar_from_json_schema(key.text)
+            return llguidance.LLMatcher.grammar_from_json_schema(key.text, defaults={"whitespace_flexible": any_whitespace})
         if key.kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(key.text)
         if key.kind == "ebnf":
@@ -115,6 +115,7 @@ def _struct_tags(key: GrammarKey) -> list[llguidance.StructTag]:
     triggers = list(tag.get("triggers") or [])
     tags = []
     for s in tag["structures"]:
+        check_json_schema(key, s["schema"])
         trigger = _trigger_of(s["begin"], triggers)
         if trigger is None:
             raise GrammarError(key, f"the begin {s['begin']!r} starts with none of the triggers {triggers}")

@@ -55,8 +55,8 @@ def _batch_matcher() -> xgr.BatchGrammarMatcher:
 class XGrammarBackend(BaseGrammarBackend):
     name = "xgrammar"
 
-    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
-        super().__init__(tokenizer, vocab_size, stop_token_ids)
+    def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: list[int], any_whitespace: bool = True) -> None:
+        super().__init__(tokenizer, vocab_size, stop_token_ids, any_whitespace)
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=self.stop_token_ids)
         # Our executor already runs compiles off the scheduler thread; the compiler's own cache is ours.
         self.compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
@@ -64,7 +64,7 @@ class XGrammarBackend(BaseGrammarBackend):
     def compile(self, key: GrammarKey) -> xgr.CompiledGrammar:
         validate(key)
         if key.kind == "json_schema":
-            return self.compiler.compile_json_schema(key.text)
+            return self.compiler.compile_json_schema(key.text, any_whitespace=self.any_whitespace)
         if key.kind == "regex":
             return self.compiler.compile_regex(key.text)
         if key.kind == "ebnf":
@@ -104,6 +104,8 @@ def _structural_tag_args(key: GrammarKey) -> tuple:
     if "structures" not in tag:
         return (key.text,)
     try:
+        for s in tag["structures"]:
+            check_json_schema(key, s["schema"])
         items = [
             xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"])
             for s in tag["structures"]

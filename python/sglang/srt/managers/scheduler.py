@@ -115,7 +115,8 @@ class Scheduler:
         # --skip-tokenizer-init: none; stop strings are refused upstream and EOS comes from the model config.
         self.tokenizer = None if server_args.skip_tokenizer_init else get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
         backend = create_grammar_backend(
-            server_args.grammar_backend, self.tokenizer, self.vocab_size, sorted(eos_ids(self.eos_token_ids, self.tokenizer))
+            server_args.grammar_backend, self.tokenizer, self.vocab_size, sorted(eos_ids(self.eos_token_ids, self.tokenizer)),
+            any_whitespace=not server_args.constrained_json_disable_any_whitespace,
         )
         self.grammar_queue = GrammarQueue(backend, tp_cpu_group() if self.tp_size > 1 else None) if backend is not None else None
         self.step_count = 0
