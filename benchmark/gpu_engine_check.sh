@@ -9,14 +9,14 @@
 #             --disable-radix-cache through the server) and gpu_sampling_graph_check.py
 #   grammar - structured outputs: the bitmask kernel against its reference and the CUDA sampler suite,
 #             benchmark/gpu_grammar_check.py (grammar rows through the server: valid outputs, rows
-#             independent, overlap on = off, llguidance, pytorch sampler, tok/s), then
-#             benchmark/bench_grammar.py --device cuda (mask fill + apply per step at V=151936)
+#             independent, overlap on = off, llguidance, pytorch sampler, tok/s)
+#   grammar-bench - benchmark/bench_grammar.py --device cuda (mask fill + apply per step at V=151936)
 #   bench   - benchmark/bench_serving_gpu.py: ours vs HF generate (eager, static cache + compile)
 # Run through the device tool from the repo root with carry [".carry_engine"] (benchmark/make_engine_carry.sh):
 #   bash benchmark/gpu_engine_check.sh tests|cache      |      bash benchmark/gpu_engine_check.sh bench [bench args]
 # Everything printed also goes to $OUT/gpu_engine_<phase>.txt (committed under docs/gpu/).
 set -uo pipefail
-phase=${1:?usage: gpu_engine_check.sh tests|cache|grammar|bench [args]}
+phase=${1:?usage: gpu_engine_check.sh tests|cache|grammar|grammar-bench|bench [args]}
 shift
 OUT=${OUT:-/tmp/gpu_engine_out}
 mkdir -p "$OUT"
@@ -44,8 +44,10 @@ case "$phase" in
   grammar)
     timeout 200 python3 -m pytest -q -p no:cacheprovider test/test_structured_outputs_units.py \
       test/test_sampling_batch_info.py test/test_sampler_cuda.py test/test_sampling_graph.py
-    timeout 420 python3 benchmark/gpu_grammar_check.py --tokenizer .carry_engine/tokenizer --out-dir "$OUT/grammar"
-    timeout 150 python3 benchmark/bench_grammar.py --device cuda --vocab 151936 --out-dir "$OUT" "$@"
+    timeout 480 python3 benchmark/gpu_grammar_check.py --tokenizer .carry_engine/tokenizer --out-dir "$OUT/grammar"
+    ;;
+  grammar-bench)
+    timeout 540 python3 benchmark/bench_grammar.py --device cuda --vocab 151936 --out-dir "$OUT" "$@"
     ;;
   bench)
     timeout 560 python3 benchmark/bench_serving_gpu.py --out-dir "$OUT" --tokenizer .carry_engine/tokenizer "$@"
