@@ -600,6 +600,16 @@ def test_structural_tag_xgrammar(server_a):
     check_structural_tag(server_a)
 
 
+@pytest.mark.parametrize("field, grammar", [("regex", "[^\\s\\S]"), ("ebnf", 'root ::= root "a"')])
+def test_grammar_that_matches_nothing_fails_that_request_with_a_400(server_a, field, grammar):
+    """It parses, so it passes the up-front check; its first mask allows no token at all."""
+    result = post_ok(server_a, {"text": "Hello: ", "sampling_params": {"max_new_tokens": 8, field: grammar}})
+    reason = result["meta_info"]["finish_reason"]
+    assert (reason["type"], reason["status_code"]) == ("abort", 400), reason
+    assert reason["message"].startswith(f"{field} allows no token after 0 output tokens"), reason
+    assert post_ok(server_a, {"text": "Hello: ", "sampling_params": {"max_new_tokens": 4, "regex": "(yes|no)"}})["text"] in ("yes", "no")
+
+
 # ============================================================ server d: llguidance
 
 

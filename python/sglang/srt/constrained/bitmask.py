@@ -101,3 +101,9 @@ def _hold_back_stop_tokens(host: torch.Tensor, reqs: list[Any], rows: list[int])
         if not words[row].any():
             words[row] = saved
 
+
+def allows_nothing(grammar: Any, vocab_size: int) -> bool:
+    """Whether a grammar's next-token mask is empty (checked only after a row failed to sample)."""
+    row = torch.zeros(1, bitmask_width(vocab_size), dtype=torch.int32)
+    grammar.fill_vocab_mask(row, 0)
+    return not bool(row.any())

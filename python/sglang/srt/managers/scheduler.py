@@ -28,6 +28,7 @@ import torch.distributed as dist
 import zmq
 
 from sglang.srt.constrained.base_grammar_backend import create_grammar_backend, grammar_key
+from sglang.srt.constrained.bitmask import allows_nothing
 from sglang.srt.constrained.grammar_queue import GrammarQueue
 from sglang.srt.distributed.communication import broadcast_frames
 from sglang.srt.distributed.parallel_state import init_tp_groups, tp_cpu_group
@@ -578,6 +579,11 @@ class Scheduler:
 
     def _record_token(self, req: Req, token: int, error: Optional[str], logprobs: Optional[tuple]) -> None:
         if token == INVALID_TOKEN_ID:
+            if error is None and req.grammar is not None and allows_nothing(req.grammar, self.vocab_size):
+                # The client's grammar cannot go on from here (e.g. a regex that matches nothing): a 400, not a NaN.
+                kind = grammar_key(req.sampling_params).kind
+                req.abort(f"{kind} allows no token after {len(req.output_ids)} output tokens: the grammar cannot be completed.")
+                return
             req.abort(error or NAN_MESSAGE, status_code=500, err_type="InternalServerError" if error is None else "CustomLogitProcessorError")
             return
         if req.sampling_params.max_new_tokens == 0:
