@@ -61,6 +61,23 @@ def test_reference_semantics():
     assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [3, 31, 32]
 
 
+def test_cpu_kernel_matches_reference_on_strided_rows_and_short_masks():
+    from sgl_kernel_ext.sampling.bitmask import apply_token_bitmask_cpu, apply_token_bitmask_cpu_applies
+
+    gen = torch.Generator().manual_seed(7)
+    wide = torch.randn(6, 300, generator=gen)
+    logits = wide[:, :250]  # rows 300 apart: the kernel follows the row stride
+    mask = torch.randint(-(2**31), 2**31 - 1, (6, 7), dtype=torch.int32, generator=gen)  # covers 224 of 250 columns
+    mask[0], mask[1] = 0, -1
+    if not apply_token_bitmask_cpu_applies(logits, mask):
+        pytest.skip("no C compiler")
+    ref, untouched = logits.clone(), wide[:, 250:].clone()
+    apply_token_bitmask_reference(ref, mask)
+    apply_token_bitmask_cpu(logits, mask)
+    assert torch.equal(logits, ref) and torch.equal(wide[:, 250:], untouched)
+    assert torch.isinf(logits[0]).all() and torch.isinf(logits[1, 224:]).all() and torch.isfinite(logits[1, :224]).all()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
 def test_apply_matches_reference_cuda():
     gen = torch.Generator().manual_seed(1)
@@ -90,7 +107,7 @@ class FakeGrammar:
             allow(bitmask, row, t)
 
     @classmethod
-    def fill_vocab_masks(cls, grammars, bitmask, rows) -> None:
+    def fill_vocab_masks(cls, grammars, bitmask, rows, parallel) -> None:
         for grammar, row in zip(grammars, rows):
             grammar.fill_vocab_mask(bitmask, row)
 
@@ -240,14 +257,15 @@ def test_backend_matchers_are_independent(backend, tokenizer):
     assert fill_one(two) == start != fill_one(one)
 
 
-def test_backend_batched_fill_equals_single(backend, tokenizer):
+@pytest.mark.parametrize("parallel", [False, True])
+def test_backend_batched_fill_equals_single(backend, tokenizer, parallel):
     key = GrammarKey("regex", r"[a-z]{2,5}\d")
     compiled = backend.compile_async(key).result()
     grammars = [backend.new_matcher(compiled, [tokenizer.eos_token_id]) for _ in range(3)]
     for t in tokenizer.encode("ab", add_special_tokens=False):
         assert grammars[1].accept_token(t)
     batched = torch.zeros(4, bitmask_width(49152), dtype=torch.int32)
-    type(grammars[0]).fill_vocab_masks(grammars, batched, [0, 2, 3])
+    type(grammars[0]).fill_vocab_masks(grammars, batched, [0, 2, 3], parallel)
     for grammar, row in zip(grammars, [0, 2, 3]):
         single = torch.zeros(1, bitmask_width(49152), dtype=torch.int32)
         grammar.fill_vocab_mask(single, 0)

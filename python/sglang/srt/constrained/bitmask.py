@@ -3,9 +3,9 @@
 Layout (xgrammar's and llguidance's): [B, ceil(V / 32)] int32, bit `t % 32` of word `t // 32` set
 when token t is allowed; a row without a grammar is all ones. Tokens past 32 * W are masked.
 
-Applying it is the libraries' own kernel where one exists (xgrammar's Triton kernel on CUDA, its
-C++ kernel on the CPU), chosen once per device type; `apply_token_bitmask_reference` is the plain
-torch definition the tests compare them with.
+Applying it is xgrammar's Triton kernel on CUDA and our C kernel on the CPU (measured faster than
+xgrammar's C++ one), chosen once per device type; `apply_token_bitmask_reference`
+(sgl_kernel_ext/sampling/bitmask.py) is the plain torch definition the tests compare them with.
 """
 
 from __future__ import annotations
@@ -15,21 +15,17 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import torch
 
+from sgl_kernel_ext.sampling.bitmask import (
+    apply_token_bitmask_cpu,
+    apply_token_bitmask_cpu_applies,
+    apply_token_bitmask_reference,
+)
+
 ALL_ALLOWED = -1  # an int32 word with every bit set
 
 
 def bitmask_width(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
-
-
-def apply_token_bitmask_reference(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """In place: logits [B, V] float get -inf wherever bitmask [B, W] int32 has a 0 bit."""
-    batch, vocab = logits.shape
-    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)  # [32]
-    allowed = ((bitmask.unsqueeze(-1) >> shifts) & 1).bool().reshape(batch, -1)  # [B, 32 W]
-    if allowed.shape[1] < vocab:
-        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
-    logits.masked_fill_(~allowed[:, :vocab], float("-inf"))
 
 
 _APPLY: dict[str, Callable[[torch.Tensor, torch.Tensor], None]] = {}
@@ -44,15 +40,18 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
 
 
 def _choose_apply(device_type: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """CPU: our C kernel (on the 2-core development machine 5-8x faster than torch and than
+    xgrammar's C++ kernel at B = 16, V = 49152; docs/benchmarks.md). CUDA: xgrammar's Triton kernel."""
+    if device_type == "cpu":
+        return _apply_cpu
     try:
         import xgrammar
     except ImportError:
         return apply_token_bitmask_reference
-    backend = {"cuda": "triton", "cpu": "cpu"}.get(device_type)
-    if backend is None:
+    if device_type != "cuda":
         return apply_token_bitmask_reference
 
-    def apply(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    def apply_cuda(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
         if logits.dtype != torch.float32 or not logits.is_contiguous():
             apply_token_bitmask_reference(logits, bitmask)
             return
@@ -60,9 +59,16 @@ def _choose_apply(device_type: str) -> Callable[[torch.Tensor, torch.Tensor], No
         width = bitmask.shape[1] * 32
         if logits.shape[1] > width:
             logits[:, width:] = float("-inf")
-        xgrammar.apply_token_bitmask_inplace(logits, bitmask, vocab_size=min(width, logits.shape[1]), backend=backend)
+        xgrammar.apply_token_bitmask_inplace(logits, bitmask, vocab_size=min(width, logits.shape[1]), backend="triton")
 
-    return apply
+    return apply_cuda
+
+
+def _apply_cpu(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    if apply_token_bitmask_cpu_applies(logits, bitmask):
+        apply_token_bitmask_cpu(logits, bitmask)
+    else:
+        apply_token_bitmask_reference(logits, bitmask)
 
 
 def grammar_bitmask(reqs: Sequence[Any], vocab_size: int, device: torch.device) -> torch.Tensor:
@@ -84,7 +90,7 @@ def grammar_bitmask(reqs: Sequence[Any], vocab_size: int, device: torch.device) 
         grammars.append(grammar)
         rows.append(row)
     for kind, (grammars, rows) in by_type.items():
-        kind.fill_vocab_masks(grammars, host, rows)
+        kind.fill_vocab_masks(grammars, host, rows, parallel=device.type != "cpu")
         _hold_back_stop_tokens(host, [reqs[r] for r in rows], rows)
     return host.to(device, non_blocking=True) if device.type != "cpu" else host
 

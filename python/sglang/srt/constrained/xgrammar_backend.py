@@ -40,9 +40,9 @@ class XGrammarObject(BaseGrammarObject):
         self.matcher.fill_next_token_bitmask(bitmask, row)
 
     @classmethod
-    def fill_vocab_masks(cls, grammars: list["XGrammarObject"], bitmask: torch.Tensor, rows: list[int]) -> None:
-        if len(grammars) == 1:
-            grammars[0].fill_vocab_mask(bitmask, rows[0])
+    def fill_vocab_masks(cls, grammars: list["XGrammarObject"], bitmask: torch.Tensor, rows: list[int], parallel: bool) -> None:
+        if not parallel or len(grammars) == 1:
+            super().fill_vocab_masks(grammars, bitmask, rows, parallel)
             return
         _batch_matcher().batch_fill_next_token_bitmask([g.matcher for g in grammars], bitmask, rows)
 
