@@ -3,8 +3,8 @@
 Layout (xgrammar's and llguidance's): [B, ceil(V / 32)] int32, bit `t % 32` of word `t // 32` set
 when token t is allowed; a row without a grammar is all ones. Tokens past 32 * W are masked.
 
-Applying it is xgrammar's Triton kernel on CUDA and our C kernel on the CPU (measured faster than
-xgrammar's C++ one), chosen once per device type; `apply_token_bitmask_reference`
+Applying it is our Triton kernel on CUDA and our C kernel on the CPU (both measured faster than
+xgrammar's kernels), chosen once per device type; `apply_token_bitmask_reference`
 (sgl_kernel_ext/sampling/bitmask.py) is the plain torch definition the tests compare them with.
 """
 
@@ -40,28 +40,23 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
 
 
 def _choose_apply(device_type: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
-    """CPU: our C kernel (on the 2-core development machine 5-8x faster than torch and than
-    xgrammar's C++ kernel at B = 16, V = 49152; docs/benchmarks.md). CUDA: xgrammar's Triton kernel."""
+    """Ours on both: the C kernel on the CPU (about 7x faster than xgrammar's C++ kernel and than
+    torch at B = 16, V = 49152 on the 2-core machine) and the Triton kernel on CUDA (faster than
+    xgrammar's Triton kernel per step, docs/benchmarks.md); the reference elsewhere."""
     if device_type == "cpu":
         return _apply_cpu
-    try:
-        import xgrammar
-    except ImportError:
-        return apply_token_bitmask_reference
-    if device_type != "cuda":
-        return apply_token_bitmask_reference
+    if device_type == "cuda":
+        return _apply_cuda
+    return apply_token_bitmask_reference
 
-    def apply_cuda(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-        if logits.dtype != torch.float32 or not logits.is_contiguous():
-            apply_token_bitmask_reference(logits, bitmask)
-            return
-        # Past 32 W the reference masks; xgrammar would leave those columns alone.
-        width = bitmask.shape[1] * 32
-        if logits.shape[1] > width:
-            logits[:, width:] = float("-inf")
-        xgrammar.apply_token_bitmask_inplace(logits, bitmask, vocab_size=min(width, logits.shape[1]), backend="triton")
 
-    return apply_cuda
+def _apply_cuda(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    from sgl_kernel_ext.sampling.bitmask_triton import apply_token_bitmask_triton, apply_token_bitmask_triton_applies
+
+    if apply_token_bitmask_triton_applies(logits, bitmask):
+        apply_token_bitmask_triton(logits, bitmask)
+    else:
+        apply_token_bitmask_reference(logits, bitmask)
 
 
 def _apply_cpu(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
