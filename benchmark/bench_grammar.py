@@ -73,9 +73,7 @@ import random
 import shlex
 import statistics
 import sys
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -562,20 +560,9 @@ def serving_payload(i: int, constrained: bool) -> dict:
 
 def serving_round(url: str, constrained: bool, bar: Optional[tqdm]) -> tuple[list, float]:
     """SERVING_N streamed requests released together; (timings, wall s)."""
-    from bench_serving import stream_one
+    from bench_serving import run_streams
 
-    start = threading.Barrier(SERVING_N + 1)
-    with ThreadPoolExecutor(SERVING_N) as pool:
-        futures = [pool.submit(stream_one, url, serving_payload(i, constrained), start) for i in range(SERVING_N)]
-        start.wait()
-        t0 = time.perf_counter()
-        timings = []
-        for future in futures:
-            timings.append(future.result())
-            if bar is not None:
-                bar.update(1)
-        wall = time.perf_counter() - t0
-    return timings, wall
+    return run_streams(url, [serving_payload(i, constrained) for i in range(SERVING_N)], bar)
 
 
 def sample_output(url: str) -> str:

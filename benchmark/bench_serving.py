@@ -130,9 +130,15 @@ def stream_one(url: str, payload: dict[str, Any], start: threading.Barrier) -> R
 
 def run_ours_once(url: str, n: int, max_new_tokens: int, bar: Optional[tqdm]) -> tuple[list[RequestTiming], float]:
     """N requests at once; (per-request timings, wall seconds from release to last done)."""
+    return run_streams(url, [request_payload(i, max_new_tokens) for i in range(n)], bar)
+
+
+def run_streams(url: str, payloads: list[dict], bar: Optional[tqdm]) -> tuple[list[RequestTiming], float]:
+    """Streamed requests released together; (per-request timings, wall seconds from release to last done)."""
+    n = len(payloads)
     start = threading.Barrier(n + 1)
     with ThreadPoolExecutor(n) as pool:
-        futures = [pool.submit(stream_one, url, request_payload(i, max_new_tokens), start) for i in range(n)]
+        futures = [pool.submit(stream_one, url, payload, start) for payload in payloads]
         start.wait()
         t0 = time.perf_counter()
         timings = []

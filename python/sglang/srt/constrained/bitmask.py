@@ -10,7 +10,7 @@ xgrammar's kernels), chosen once per device type; `apply_token_bitmask_reference
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch

@@ -57,10 +57,7 @@ class GuidanceObject(BaseGrammarObject):
         llguidance.torch.fill_next_token_bitmask(self.matcher, bitmask, row)
 
     @classmethod
-    def fill_vocab_masks(cls, grammars: list["GuidanceObject"], bitmask: torch.Tensor, rows: list[int], parallel: bool) -> None:
-        if not parallel or len(grammars) == 1:
-            super().fill_vocab_masks(grammars, bitmask, rows, parallel)
-            return
+    def fill_vocab_masks_threaded(cls, grammars: list["GuidanceObject"], bitmask: torch.Tensor, rows: list[int]) -> None:
         pairs = [(g.matcher, row) for g, row in zip(grammars, rows)]
         llguidance.torch.fill_next_token_bitmask_par(_executor(), pairs, bitmask)
 
