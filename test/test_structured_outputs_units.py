@@ -200,6 +200,41 @@ def test_mask_after_penalties_and_bias_equals_sglang_order():
     assert ours[0, 3] == float("-inf") and ours[1, 3] == float("-inf")
 
 
+@pytest.mark.parametrize("sampling_backend", ["pytorch", "ascend"])
+def test_every_row_samples_inside_its_mask(sampling_backend):
+    """The mask is applied before the sampling backend sees the logits: greedy rows take the argmax
+    of the allowed tokens, sampled rows (seeded and not, with top-k / top-p / min-p) never leave them."""
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+    from sglang.srt.layers.sampler import Sampler
+
+    vocab = 300
+    allowed = [[5, 17, 299], [0, 64, 65, 250], list(range(100, 140)), [7], [31, 32, 33]]
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1.0, sampling_seed=3),
+        SamplingParams(temperature=1.3, top_k=20, top_p=0.9),
+        SamplingParams(temperature=0.8, min_p=0.2, sampling_seed=9),
+        SamplingParams(temperature=0.0, logit_bias={"40": 100.0}),  # the bias cannot leave the mask
+    ]
+    mask = torch.zeros(len(allowed), bitmask_width(vocab), dtype=torch.int32)
+    for row, tokens in enumerate(allowed):
+        for token in tokens:
+            allow(mask, row, token)
+    sampler = Sampler(sampling_backend, device="cpu")
+    gen = torch.Generator().manual_seed(0)
+    for step in range(30):
+        info = make_info(params, vocab)
+        logits = torch.randn(len(params), vocab, generator=gen) * 4
+        raw = logits.clone()
+        info.vocab_mask = mask
+        info.apply_logits_bias(logits)
+        ids = sampler(LogitsProcessorOutput(next_token_logits=logits), info, positions=torch.full((len(params),), step)).tolist()
+        for row, token in enumerate(ids):
+            assert token in allowed[row], (step, row, token)
+        assert ids[0] == max(allowed[0], key=lambda t: (raw[0, t], -t))
+        assert ids[3] == 7 and ids[4] == max(allowed[4], key=lambda t: (raw[4, t], -t))
+
+
 # ----------------------------------------------------------------------------- backends
 
 
