@@ -42,7 +42,11 @@ def generate_ok(server: ServerProcess, text: Any, **fields: Any) -> Any:
 
 def stream_chunks(server: ServerProcess, payload: dict, timeout: float = 300) -> list[dict]:
     """POST /generate with stream=True; every `data:` chunk decoded, stopping at [DONE]."""
-    chunks = []
+    return list(iter_stream(server, payload, timeout))
+
+
+def iter_stream(server: ServerProcess, payload: dict, timeout: float = 300) -> Iterator[dict]:
+    """The decoded `data:` chunks of a streamed /generate, as they arrive, up to [DONE]."""
     with requests.post(server.url + "/generate", json={**payload, "stream": True}, stream=True, timeout=timeout) as response:
         assert response.status_code == 200, response.text
         for line in response.iter_lines():
@@ -50,9 +54,8 @@ def stream_chunks(server: ServerProcess, payload: dict, timeout: float = 300) ->
                 continue
             data = line[len(b"data: ") :]
             if data == b"[DONE]":
-                break
-            chunks.append(json.loads(data))
-    return chunks
+                return
+            yield json.loads(data)
 
 
 def greedy(max_new_tokens: int = 16, **params: Any) -> dict[str, Any]:

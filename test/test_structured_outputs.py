@@ -22,13 +22,13 @@ import json
 import math
 import re
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import jsonschema
 import pytest
 import requests
 
-from engine_utils import generate, generate_ok, greedy, running_server
+from engine_utils import generate, greedy, iter_stream, running_server
 
 TIMEOUT = 600  # seconds per request: the machine is shared and slow
 BIASED_TOKEN = 16591  # "blue": a bias of 100 on it makes the unconstrained model repeat it
@@ -293,17 +293,8 @@ def stream_ids(server, payload: dict, started: threading.Event) -> list[int]:
     """Stream one request to the end; `started` is set at its first chunk (or when it fails)."""
     try:
         last = None
-        body = {**payload, "stream": True}
-        with requests.post(server.url + "/generate", json=body, stream=True, timeout=TIMEOUT) as response:
-            assert response.status_code == 200, response.text
-            for line in response.iter_lines():
-                if not line.startswith(b"data: "):
-                    continue
-                data = line[len(b"data: ") :]
-                if data == b"[DONE]":
-                    break
-                last = json.loads(data)
-                started.set()
+        for last in iter_stream(server, payload, TIMEOUT):
+            started.set()
         assert last is not None, "the stream sent no chunk"
         return last["output_ids"]
     finally:
