@@ -45,7 +45,10 @@ def test_defaults_and_field_order():
     names = list(p.to_dict())
     assert names[:3] == ["max_new_tokens", "stop", "stop_token_ids"]
     assert names.index("custom_params") == names.index("sampling_seed") + 1
-    assert names[-1] == "watermark"
+    # SGLang's fields end at watermark; the built-in batch processors' parameters follow.
+    assert names[names.index("watermark") + 1 :] == [
+        "allowed_token_ids", "bad_words", "no_repeat_ngram_size", "thinking_token_budget"
+    ]
 
 
 def test_constructor_is_keyword_only():

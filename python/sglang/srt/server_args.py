@@ -32,8 +32,17 @@ class ServerArgs:
     device: Optional[str] = None
     tp_size: int = 1
     dist_timeout: int = 300
+    dp_size: int = 1
+    load_balance_method: str = "round_robin"  # SGLang's default
+    load_watch_interval: float = 0.1
+    base_gpu_id: int = 0
+    gpu_id_step: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: Optional[str] = None
     context_length: Optional[int] = None
     max_running_requests: Optional[int] = None
+    max_queued_requests: Optional[int] = None
     max_total_tokens: Optional[int] = None
     mem_fraction_static: Optional[float] = None
     chunked_prefill_size: Optional[int] = None
@@ -44,6 +53,8 @@ class ServerArgs:
     constrained_json_disable_any_whitespace: bool = False
     enable_custom_logit_processor: bool = False
     custom_logit_processor_allowlist: Optional[list[str]] = None
+    logits_processors: Optional[list[str]] = None
+    thinking_markers: tuple[str, str] = ("<think>", "</think>")
     enable_deterministic_inference: bool = False
     disable_overlap_schedule: bool = False
     attention_backend: Optional[str] = None
@@ -61,6 +72,11 @@ class ServerArgs:
     stream_output: bool = False
     random_seed: int = 0
     api_key: Optional[str] = None
+    max_request_body_bytes: int = 32 * 2**20
+    graceful_shutdown_timeout: float = 10.0
+    step_failure_limit: int = 5
+    step_failure_window: int = 100
+    enable_metrics: bool = False
     log_level: str = "info"
     log_requests: bool = False
     log_requests_level: int = 2  # SGLang's default
@@ -103,9 +119,12 @@ class ServerArgs:
         self.validate()
         if self.tp_size > 1:
             self._check_tp_size()
+        if self.device == "cuda":
+            self._check_gpu_ids()
         return self
 
     def validate(self) -> None:
+        self._validate_parallelism()
         if self.schedule_policy not in SCHEDULE_POLICY_SUPPORTED:
             known = "SGLang's" if self.schedule_policy in SCHEDULE_POLICY_CHOICES else "an unknown"
             raise ValueError(
@@ -114,7 +133,8 @@ class ServerArgs:
             )
         if self.sampling_defaults not in SAMPLING_DEFAULTS_CHOICES:
             raise ValueError(f"--sampling-defaults must be one of {SAMPLING_DEFAULTS_CHOICES}, got {self.sampling_defaults!r}.")
-        for name in ("max_running_requests", "chunked_prefill_size", "tp_size", "dist_timeout", "cuda_graph_max_bs",
+        for name in ("max_running_requests", "max_queued_requests", "max_request_body_bytes", "step_failure_limit",
+                     "step_failure_window", "chunked_prefill_size", "tp_size", "dist_timeout", "cuda_graph_max_bs",
                      "piecewise_cuda_graph_max_tokens", "decode_log_interval", "stream_interval"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -141,9 +161,53 @@ class ServerArgs:
             )
         if self.mem_fraction_static is not None and not 0.0 < self.mem_fraction_static <= 1.0:
             raise ValueError(f"--mem-fraction-static must be in (0, 1], got {self.mem_fraction_static}.")
+        if self.graceful_shutdown_timeout < 0:
+            raise ValueError(f"--graceful-shutdown-timeout must be >= 0, got {self.graceful_shutdown_timeout}.")
         if self.max_top_logprobs_num < 0:
             raise ValueError(f"--max-top-logprobs-num must be >= 0, got {self.max_top_logprobs_num}.")
         self.preferred_sampling_params_dict()
+
+    def _validate_parallelism(self) -> None:
+        from sglang.srt.distributed.placement import parse_dist_init_addr
+        from sglang.srt.managers.data_parallel_controller import LOAD_BALANCE_METHODS
+
+        for name in ("dp_size", "nnodes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}.")
+        if self.load_balance_method not in LOAD_BALANCE_METHODS:
+            raise ValueError(
+                f"--load-balance-method must be one of {', '.join(LOAD_BALANCE_METHODS)}, got {self.load_balance_method!r}."
+            )
+        if self.load_watch_interval <= 0:
+            raise ValueError(f"--load-watch-interval must be > 0, got {self.load_watch_interval}.")
+        if self.base_gpu_id < 0 or self.gpu_id_step < 0:
+            raise ValueError(f"--base-gpu-id and --gpu-id-step must be >= 0, got {self.base_gpu_id} and {self.gpu_id_step}.")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"--node-rank must be in [0, {self.nnodes - 1}] (--nnodes {self.nnodes}), got {self.node_rank}.")
+        if self.tp_size % self.nnodes:
+            raise ValueError(
+                f"--tp-size {self.tp_size} must be a multiple of --nnodes {self.nnodes}: each node runs tp-size/nnodes ranks of every replica."
+            )
+        if self.nnodes > 1 and self.dist_init_addr is None:
+            raise ValueError("--nnodes > 1 needs --dist-init-addr HOST:PORT (node 0's address, reachable from every node).")
+        if self.dist_init_addr is not None:
+            parse_dist_init_addr(self.dist_init_addr)
+
+    def _check_gpu_ids(self) -> None:
+        """Every rank of this node must land on a visible GPU."""
+        import torch
+
+        from sglang.srt.distributed.placement import gpu_id, node_tp_ranks
+
+        ranks = node_tp_ranks(self.tp_size, self.nnodes, self.node_rank)
+        top = max(gpu_id(d, r, self.tp_size, self.nnodes, self.base_gpu_id, self.gpu_id_step)
+                  for d in range(self.dp_size) for r in ranks)
+        if top >= torch.cuda.device_count():
+            raise ValueError(
+                f"--dp-size {self.dp_size} x --tp-size {self.tp_size} (per node {len(ranks)}) with --base-gpu-id "
+                f"{self.base_gpu_id} --gpu-id-step {self.gpu_id_step} needs GPU {top}; {torch.cuda.device_count()} are "
+                "visible (--gpu-id-step 0 puts every rank on one GPU)."
+            )
 
     def _check_tp_size(self) -> None:
         """Refuse a TP size the model or the machine cannot take before any rank is spawned."""
@@ -151,11 +215,6 @@ class ServerArgs:
         from sglang.srt.distributed.tp_sizes import check_tp_size
 
         check_tp_size(ModelConfig.from_path(self.model_path, self.context_length), self.tp_size)
-        if self.device == "cuda":
-            import torch
-
-            if self.tp_size > torch.cuda.device_count():
-                raise ValueError(f"--tp-size {self.tp_size} needs one GPU per rank; {torch.cuda.device_count()} are visible.")
 
     def preferred_sampling_params_dict(self) -> dict[str, Any]:
         if not self.preferred_sampling_params:
@@ -197,6 +256,21 @@ class ServerArgs:
         add("--device", default=d.device, choices=["cpu", "cuda"], help="Default: cuda when available, else cpu.")
         add("--tp-size", type=int, default=d.tp_size,
             help="Tensor-parallel size: one scheduler process per rank (gloo on CPU, NCCL on one GPU per rank).")
+        add("--dp-size", type=int, default=d.dp_size,
+            help="Data-parallel replicas: each a TP group of --tp-size ranks with its own KV cache, behind one HTTP "
+            "server and tokenizer (on CPU they split the cores; on CUDA see --base-gpu-id, --gpu-id-step).")
+        add("--load-balance-method", default=d.load_balance_method, choices=["round_robin", "shortest_queue", "minimum_tokens"],
+            help="How the data-parallel controller picks a replica: in turn, fewest requests, or fewest tokens.")
+        add("--load-watch-interval", type=float, default=d.load_watch_interval,
+            help="Seconds between a busy replica's load reports to the controller.")
+        add("--base-gpu-id", type=int, default=d.base_gpu_id, help="The first GPU this node uses.")
+        add("--gpu-id-step", type=int, default=d.gpu_id_step,
+            help="GPU index step between consecutive ranks (replica i's ranks follow replica i-1's); 0 puts all on one GPU.")
+        add("--nnodes", type=int, default=d.nnodes, help="Machines the TP group (of every replica) spans.")
+        add("--node-rank", type=int, default=d.node_rank,
+            help="This machine's index: node 0 serves HTTP; the others run scheduler ranks only.")
+        add("--dist-init-addr", default=d.dist_init_addr,
+            help="HOST:PORT of node 0 where the TP ranks meet (replica i at PORT+i); needed with --nnodes > 1.")
         add("--dist-timeout", type=int, default=d.dist_timeout,
             help="Seconds a TP collective may wait for the other ranks before the rank fails (start-up included).")
 
@@ -204,6 +278,8 @@ class ServerArgs:
         add = group.add_argument
         add("--max-running-requests", type=int, default=d.max_running_requests,
             help="Most requests decoding at once. Default: 64 on CPU; on CUDA sized from the KV pool.")
+        add("--max-queued-requests", type=int, default=d.max_queued_requests,
+            help="Most requests waiting for admission; more are refused with HTTP 503 (default: no limit).")
         add("--max-total-tokens", type=int, default=d.max_total_tokens,
             help="KV-cache capacity in tokens; default sized from the context length and max running requests.")
         add("--mem-fraction-static", type=float, default=d.mem_fraction_static,
@@ -225,6 +301,11 @@ class ServerArgs:
             "Default on CUDA: triton when importable (fastest in docs/benchmarks.md), else flashinfer, else pytorch.")
         add("--enable-custom-logit-processor", action="store_true",
             help="Accept custom_logit_processor in requests (off by default: dill payloads run code).")
+        add("--logits-processors", nargs="+", default=d.logits_processors, metavar="MODULE:QUALNAME",
+            help="Batch-level logits processors to load (vLLM's flag and form), besides the built-ins and the "
+            "sglang.logits_processors entry points; requests pass them arguments in custom_params.")
+        add("--thinking-markers", nargs=2, default=d.thinking_markers, metavar=("START", "END"),
+            help="The think-section markers thinking_token_budget counts between and forces the end of.")
         add("--custom-logit-processor-allowlist", nargs="+", default=d.custom_logit_processor_allowlist,
             help="Qualified class names (module.QualName) of the only processors requests may use.")
         add("--grammar-backend", default=d.grammar_backend, choices=list(GRAMMAR_BACKEND_CHOICES),
@@ -261,7 +342,23 @@ class ServerArgs:
         add = group.add_argument
         add("--host", default=d.host, help="HTTP host to bind.")
         add("--port", type=int, default=d.port, help="HTTP port.")
-        add("--api-key", default=d.api_key, help="When set, every route requires 'Authorization: Bearer <key>'.")
+        add("--api-key", default=d.api_key,
+            help="When set, every route (/health and /metrics included) requires 'Authorization: Bearer <key>'.")
+        add("--max-request-body-bytes", type=int, default=d.max_request_body_bytes,
+            help="Largest HTTP request body; a larger one is refused with 413 before it is read.")
+        add("--graceful-shutdown-timeout", type=float, default=d.graceful_shutdown_timeout,
+            help="On SIGTERM/SIGINT: new requests get 503, running ones may finish for this many seconds, the rest "
+            "are aborted, and the server exits 0. A second signal exits at once.")
+
+        group = parser.add_argument_group("Reliability and metrics")
+        add = group.add_argument
+        add("--enable-metrics", action="store_true",
+            help="Serve Prometheus metrics at /metrics (SGLang's names: sglang:num_running_reqs, sglang:token_usage, ...).")
+        add("--step-failure-limit", type=int, default=d.step_failure_limit,
+            help="A scheduler step that raises fails only its requests; this many failed steps within "
+            "--step-failure-window steps end the server.")
+        add("--step-failure-window", type=int, default=d.step_failure_window,
+            help="The number of most recent scheduler steps in which --step-failure-limit failures end the server.")
         add("--stream-interval", type=int, default=d.stream_interval,
             help="Streaming requests get their first token at once, then a chunk every this many tokens (and the last).")
         add("--stream-output", action="store_true",
@@ -295,6 +392,8 @@ class PortArgs:
     tokenizer_manager_ipc: str
     # torch.distributed rendezvous of the TP ranks (rank 0 hosts the store on this port).
     dist_init_method: str
+    # The HTTP process reads the replicas' load reports here (replica_load.py).
+    load_ipc: str
 
     @classmethod
     def init_new(cls) -> "PortArgs":
@@ -306,6 +405,7 @@ class PortArgs:
             detokenizer_ipc=f"ipc://{base}/detokenizer",
             tokenizer_manager_ipc=f"ipc://{base}/tokenizer_manager",
             dist_init_method=f"tcp://127.0.0.1:{_free_local_port()}",
+            load_ipc=f"ipc://{base}/load",
         )
 
 

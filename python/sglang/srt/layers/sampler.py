@@ -145,17 +145,19 @@ class Sampler(nn.Module):
         top_logprobs_nums: Optional[list[int]] = None,
         token_ids_logprobs: Optional[list[Optional[list[int]]]] = None,
         positions: Optional[torch.Tensor] = None,
+        row_errors: Optional[dict[int, str]] = None,
     ) -> torch.Tensor:
         """Next token ids [B] int64; -1 on rows flagged in `logits_output.invalid_rows`.
 
         `positions` ([B] int64, the position of each row's last input token) keys the noise of
-        seeded rows and is required when any row has a sampling_seed.
+        seeded rows and is required when any row has a sampling_seed. `row_errors` are rows that
+        already failed before the sampler (a batch-level logits processor): they get -1 too.
         """
         info = sampling_info
         if info.seeded_rows is not None and positions is None:
             raise ValueError("positions are required to sample rows that have a sampling_seed.")
         # next_token_logits: [B, V] float32, processed in place by custom processors.
-        row_errors = self._apply_custom_logit_processors(logits_output.next_token_logits, info)
+        row_errors = {**self._apply_custom_logit_processors(logits_output.next_token_logits, info), **(row_errors or {})}
         logprobs = _LogprobRequest(top_logprobs_nums, token_ids_logprobs) if return_logprob else None
         next_ids, invalid = self._step(_StepCall(logits_output, info, row_errors, positions, logprobs))
         logits_output.invalid_rows = invalid

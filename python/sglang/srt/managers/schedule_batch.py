@@ -82,6 +82,7 @@ class Req:
         self.grammar: Any = None  # its BaseGrammarObject once compiled (json_schema, regex, ebnf, structural_tag)
         self.sent_output_len = 0  # output ids already sent to the detokenizer
         self.finish_sent = False
+        self.kv_failed = False  # a failed step wrote (part of) its K/V: released without caching
         self.pending_logprobs = _PendingLogprobs()
 
     @property
@@ -179,6 +180,7 @@ class ScheduleBatch:
     device: torch.device | str = "cpu"
     enable_custom_logit_processor: bool = False
     custom_logit_processor_allowlist: Optional[frozenset[str]] = None
+    loaded_logits_processors: Optional[Any] = None  # the server's batch-level processor classes
     sampling_info: Any = field(default=None, repr=False)
 
     def batch_size(self) -> int:
@@ -197,16 +199,22 @@ class Step:
     positions: torch.Tensor  # [S] position of each sampled row's last input token
     input_logprob_spans: list[tuple[int, int, int, int]] = field(default_factory=list)  # (row, start, a, b)
     index: int = 0  # the scheduler's step counter (same on every TP rank): keys the unseeded noise
-    # Overlap schedule, grammar rows: the previous step's `processed`; the worker waits for it
-    # after the forward and before filling the vocab mask (its tokens must be in the grammars).
+    # Overlap schedule, grammar rows or batch-level processors: the previous step's `processed`;
+    # the worker waits for it after the forward and before filling the vocab mask or running the
+    # processors (its tokens must be in the grammars and in the output lists the processors read).
     grammar_wait: Optional[threading.Event] = None
     processed: threading.Event = field(default_factory=threading.Event)  # set once the host read the result
+    kv_slots: Optional[torch.Tensor] = None  # [N] int64 host: the KV slots this step writes
+    submitted_at: float = 0.0  # time.perf_counter() when it went to the worker
 
     def reads_host_history(self) -> bool:
         return self.sampled_batch is not None and self.sampled_batch.sampling_info.has_custom_logit_processor
 
     def has_grammar_rows(self) -> bool:
         return self.sampled_batch is not None and self.sampled_batch.sampling_info.grammars is not None
+
+    def has_batch_logits_processors(self) -> bool:
+        return self.sampled_batch is not None and self.sampled_batch.sampling_info.logits_processors is not None
 
 
 @dataclass

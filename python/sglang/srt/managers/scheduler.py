@@ -20,7 +20,7 @@ import signal
 import time
 import traceback
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, NamedTuple, Optional
 
 import torch
@@ -31,22 +31,32 @@ from sglang.srt.constrained.base_grammar_backend import create_grammar_backend, 
 from sglang.srt.constrained.bitmask import allows_nothing
 from sglang.srt.constrained.grammar_queue import GrammarQueue
 from sglang.srt.distributed.communication import broadcast_frames
-from sglang.srt.distributed.parallel_state import init_tp_groups, tp_cpu_group
+from sglang.srt.distributed.parallel_state import init_tp_groups, tp_cpu_group, tp_group_lost
+from sglang.srt.distributed.placement import gpu_id, replica_cores, scheduler_name
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchTokenOut,
     FlushCacheReq,
+    QUEUE_FULL,
+    STEP_ERROR,
+    GetLoadReq,
+    ReplicaLoad,
     SchedulerInput,
+    SchedulerLoad,
     SchedulerReady,
     TokenizedGenerateReqInput,
     TokenOut,
     decoder,
     encode,
 )
+from sglang.srt.managers.replica_load import ReplicaLoadReporter
 from sglang.srt.managers.schedule_batch import INVALID_TOKEN_ID, LogprobRequest, eos_ids, Req, ScheduleBatch, Step, StepResult
+from sglang.srt.managers.step_failures import StepError, StepFailureLimit, StepFaultHook
 from sglang.srt.mem_cache.radix_cache import RadixCache
+from sglang.srt.metrics.histogram import Histogram
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.sampling.logits_processor import LoadedLogitsProcessors
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import PortArgs, ServerArgs
@@ -70,10 +80,11 @@ class PromptChunk(NamedTuple):
 
 
 class Scheduler:
-    def __init__(self, server_args: ServerArgs, port_args: PortArgs, tp_rank: int = 0) -> None:
+    def __init__(self, server_args: ServerArgs, port_args: PortArgs, tp_rank: int = 0, dp_rank: int = 0) -> None:
         self.server_args = server_args
         self.tp_rank, self.tp_size = tp_rank, server_args.tp_size
-        device = rank_device(server_args.device, tp_rank)
+        self.dp_rank = dp_rank
+        device = rank_device(server_args, dp_rank, tp_rank)
         if self.tp_size > 1:
             init_tp_groups(tp_rank, self.tp_size, device, port_args.dist_init_method, server_args.dist_timeout)
         # The forward worker is the only thread of this process that runs torch's OpenMP pool;
@@ -119,6 +130,8 @@ class Scheduler:
             server_args.grammar_backend, self.tokenizer, self.vocab_size, sorted(eos_ids(self.eos_token_ids, self.tokenizer)),
             any_whitespace=not server_args.constrained_json_disable_any_whitespace,
         )
+        # Every rank loads the same classes and sees the same batches, so processor state is identical.
+        self.logits_processors = LoadedLogitsProcessors.from_server_args(server_args, self.device)
         self.grammar_queue = GrammarQueue(backend, tp_cpu_group() if self.tp_size > 1 else None) if backend is not None else None
         self.step_count = 0
         self.stream_interval = server_args.stream_interval
@@ -141,6 +154,9 @@ class Scheduler:
             align=server_args.chunked_prefill_size if self.deterministic else 1,
         )
         self.flush_requested = False
+        self.fault_hook = StepFaultHook.from_env(tp_rank)
+        self.step_failures = StepFailureLimit(server_args.step_failure_limit, server_args.step_failure_window)
+        self.step_time = Histogram()
 
         self.decode_input = decoder(SchedulerInput)
         self.parent_pid = os.getppid()
@@ -151,6 +167,8 @@ class Scheduler:
             self.recv_socket.bind(port_args.scheduler_input_ipc)
             self.send_socket = self.context.socket(zmq.PUSH)
             self.send_socket.connect(port_args.detokenizer_ipc)
+            self.load_reporter = ReplicaLoadReporter(self.context, port_args.load_ipc, server_args.load_watch_interval)
+        self.num_reqs_received = 0
         if self.tp_size > 1:
             # Rank 0 reports ready only once every rank holds its shard.
             dist.barrier(group=tp_cpu_group())
@@ -176,17 +194,28 @@ class Scheduler:
                 # in-flight token first.
                 self.process_step_result(*self.in_flight)
                 self.in_flight = None
-            if self.overlap and self.in_flight is not None and step is not None and step.has_grammar_rows():
+            if self.overlap and self.in_flight is not None and step is not None and (step.has_grammar_rows() or step.has_batch_logits_processors()):
                 # SGLang's delayed sampling: the forward starts now; the vocab mask waits until the
                 # in-flight step's tokens are in the grammars (process_step_result, just below).
                 step.grammar_wait = self.in_flight[0].processed
-            future = self.worker.submit(self.model_runner.run, step) if step is not None else None
+            future = self._submit(step) if step is not None else None
             if self.overlap:
                 previous, self.in_flight = self.in_flight, (step, future) if step is not None else None
                 if previous is not None:
                     self.process_step_result(*previous)
             elif step is not None:
                 self.process_step_result(step, future)
+
+    def _submit(self, step: Step) -> Future:
+        step.submitted_at = time.perf_counter()
+        return self.worker.submit(self._run_step, step)
+
+    def _run_step(self, step: Step) -> StepResult:
+        """On the worker: the step's device work, then the test hook (after the TP collectives
+        of the forward, so a fault on one rank leaves the others' forward whole)."""
+        result = self.model_runner.run(step)
+        self.fault_hook.check(step.index)
+        return result
 
     def _idle(self) -> bool:
         return self._nothing_to_run() and not self.grammar_queue
@@ -197,6 +226,8 @@ class Scheduler:
     def recv_requests(self, block: bool) -> None:
         """Handle what arrived since the last step: rank 0 reads the socket and broadcasts the
         raw messages, so every rank adds and aborts the same requests at the same step."""
+        if self.tp_rank == 0:
+            self.load_reporter.report(self._replica_load(), now=block)  # before waiting idle: the final state
         frames = self._poll_frames(block) if self.tp_rank == 0 else []
         if self.tp_size > 1:
             frames = broadcast_frames(frames, tp_cpu_group())
@@ -215,11 +246,24 @@ class Scheduler:
             timeout_ms = 0
         return frames
 
+    def _replica_load(self) -> ReplicaLoad:
+        waiting_tokens = sum(len(r.origin_input_ids) for r in self.waiting)
+        return ReplicaLoad(
+            dp_rank=self.dp_rank,
+            num_reqs=self._running_count() + self._queued_count(),
+            num_waiting_reqs=self._queued_count(),
+            num_tokens=self.max_total_tokens - self.tree_cache.available_size() + waiting_tokens,
+            num_reqs_received=self.num_reqs_received,
+        )
+
     def _handle(self, message: Any) -> None:
         if isinstance(message, TokenizedGenerateReqInput):
+            self.num_reqs_received += 1
             self._add_request(message)
         elif isinstance(message, FlushCacheReq):
             self.flush_requested = True
+        elif isinstance(message, GetLoadReq):
+            self._send_load(message.req_id)
         elif isinstance(message, AbortReq):
             req = self.reqs_by_rid.get(message.rid)
             if req is not None and not req.finished():
@@ -250,24 +294,36 @@ class Scheduler:
             stream=message.stream,
         )
         req.extra_key = message.extra_key
-        self.reqs_by_rid[req.rid] = req
         try:
             params.normalize(self.tokenizer)
             params.verify(self.vocab_size)
             self._check_fits(req)
         except ValueError as err:
-            req.abort(str(err))
-            self._send([req])
+            self._reject(req, str(err))
             return
         key = grammar_key(params)
-        if key is None:
-            self.waiting.append(req)
-        elif self.grammar_queue is None:
+        limit = self.server_args.max_queued_requests
+        if key is not None and self.grammar_queue is None:
             # The tokenizer manager refuses these up front; this covers direct senders.
-            req.abort(f"{key.kind} needs a grammar backend; this server runs with --grammar-backend none or --skip-tokenizer-init.")
-            self._send([req])
+            self._reject(req, f"{key.kind} needs a grammar backend; this server runs with --grammar-backend none or --skip-tokenizer-init.")
+        elif limit is not None and self._queued_count() >= limit:
+            self._reject(
+                req, f"The request queue is full: {limit} requests are waiting (--max-queued-requests {limit}); retry later.",
+                status_code=503, err_type=QUEUE_FULL,
+            )
+        elif key is None:
+            self.reqs_by_rid[req.rid] = req
+            self.waiting.append(req)
         else:
+            self.reqs_by_rid[req.rid] = req
             self.grammar_queue.add(req, key)
+
+    def _reject(self, req: Req, message: str, status_code: int = 400, err_type: str = "BadRequestError") -> None:
+        req.abort(message, status_code=status_code, err_type=err_type)
+        self._send([req])
+
+    def _queued_count(self) -> int:
+        return len(self.waiting) + (len(self.grammar_queue) if self.grammar_queue is not None else 0)
 
     def _admit_compiled_grammars(self) -> None:
         """Queue the requests whose grammar compiled on every rank; fail those whose grammar did not."""
@@ -341,8 +397,9 @@ class Scheduler:
         )
 
     def _wait_in_flight(self) -> None:
+        """Until the in-flight step's device work is over; a failure of it is read with its result."""
         if self.in_flight is not None:
-            self.in_flight[1].result()
+            wait([self.in_flight[1]])
 
     def _update_running_batch(self) -> None:
         """Merge newly prefilled requests and drop finished ones (after the in-flight step, which
@@ -381,6 +438,7 @@ class Scheduler:
             device=self.device,
             enable_custom_logit_processor=self.server_args.enable_custom_logit_processor,
             custom_logit_processor_allowlist=self.server_args.allowlist(),
+            loaded_logits_processors=self.logits_processors,
         )
 
     def _release(self, req: Req) -> None:
@@ -388,9 +446,13 @@ class Scheduler:
         self.reqs_by_rid.pop(req.rid, None)
 
     def _free_kv(self, req: Req) -> None:
-        if req.req_pool_idx is not None:
+        if req.req_pool_idx is None:
+            return
+        if req.kv_failed:
+            self.tree_cache.discard(req)
+        else:
             self.tree_cache.release(req)
-            req.req_pool_idx = None
+        req.req_pool_idx = None
 
     def _active_reqs(self) -> list[Req]:
         """Admitted requests not yet released: running, prefilled and waiting to merge (among them
@@ -504,7 +566,7 @@ class Scheduler:
             sampled_batch = self._schedule_batch(sampled)
             sampled_batch.sampling_info = SamplingBatchInfo.from_schedule_batch(sampled_batch, self.vocab_size)
         sample_positions = host_to_device([len(r.origin_input_ids) - 1 for r in sampled], self.device)
-        return Step(ForwardMode.EXTEND, reqs, forward_batch, sample_rows, sampled_batch, sample_positions, spans)
+        return Step(ForwardMode.EXTEND, reqs, forward_batch, sample_rows, sampled_batch, sample_positions, spans, kv_slots=out_cache_loc)
 
     def _decode_step(self) -> Step:
         reqs = list(self.running.reqs)
@@ -513,7 +575,10 @@ class Scheduler:
         # Input ids are read from future_tokens on the worker.
         forward_batch = self._forward_batch(ForwardMode.DECODE, reqs, None, prefix_lens, [1] * len(reqs), out_cache_loc)
         # A decode row samples at the position of its one input token.
-        return Step(ForwardMode.DECODE, reqs, forward_batch, list(range(len(reqs))), self.running, forward_batch.positions)
+        return Step(
+            ForwardMode.DECODE, reqs, forward_batch, list(range(len(reqs))), self.running, forward_batch.positions,
+            kv_slots=out_cache_loc,
+        )
 
     def _allocate_slots(self, reqs: list[Req], lens: list[int]) -> torch.Tensor:
         """[sum lens] int64 KV slots on the host, recorded in req_to_token after each request's kv_len."""
@@ -535,13 +600,77 @@ class Scheduler:
     # ------------------------------------------------------------------ results
 
     def process_step_result(self, step: Step, future: Future) -> None:
+        """Read a step's result; a step that raised (on any TP rank) fails its requests alone."""
         try:
-            self._process_step_result(step, future)
+            error = self._step_error(future)
+            if error is None:
+                try:
+                    self._process_step_result(step, future.result())
+                except Exception as err:  # noqa: BLE001 - the same on every rank: host code on the same inputs
+                    error = err
         finally:
             step.processed.set()  # the next step's grammar rows may fill their masks now
+        self.step_time.observe(time.perf_counter() - step.submitted_at)
+        if error is not None:
+            self._fail_step(step, error)
 
-    def _process_step_result(self, step: Step, future: Future) -> None:
-        result: StepResult = future.result()
+    def _step_error(self, future: Future) -> Optional[BaseException]:
+        """The step's exception, if its device work raised here or on another TP rank."""
+        error = future.exception()
+        if self.tp_size > 1:
+            failed = torch.tensor([error is not None], dtype=torch.int32)
+            dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=tp_cpu_group())
+            if failed.item() and error is None:
+                error = StepError("the step failed on another TP rank")
+        return error
+
+    def _fail_step(self, step: Step, error: BaseException) -> None:
+        """Abort every request whose KV row holds a slot the step was to write (its own rows, and
+        those that matched its prompt chunks in the prefix cache since), cache none of them, log
+        the traceback once, and count the failure (too many end the server)."""
+        message = f"Step {step.index} failed ({type(error).__name__}: {error}); its requests were aborted."
+        logger.error("%s", message, exc_info=error if error.__traceback__ is not None else None)
+        wait([self.in_flight[1]] if self.in_flight is not None else [])  # it may still write into rows of these
+        self.tree_cache.poison(step.kv_slots)
+        pool = self.model_runner.req_to_token_pool
+        victims = {id(r): r for r in step.reqs}
+        for req in self._active_reqs():
+            if req.req_pool_idx is not None and bool(torch.isin(pool.slots_of(req.req_pool_idx, req.kv_len), step.kv_slots).any()):
+                victims[id(req)] = req
+        for req in victims.values():
+            req.kv_failed = True
+            if not req.finished():
+                req.abort(message, status_code=500, err_type=STEP_ERROR)
+        if step.mode == ForwardMode.EXTEND and step.sampled_batch is not None:
+            self.to_merge.append(step.sampled_batch)  # merged and released with the finished ones
+        self._send(list(victims.values()))
+        self.step_failures.record(step.index, message)
+
+    def _send_load(self, req_id: int) -> None:
+        cache, pool = self.tree_cache, self.model_runner.req_to_token_pool
+        free, evictable = self.model_runner.token_to_kv_pool_allocator.available_size(), cache.evictable_size()
+        used = self.max_total_tokens - free - evictable
+        load = SchedulerLoad(
+            req_id=req_id,
+            num_running_reqs=self._running_count(),
+            num_queue_reqs=self._queued_count(),
+            req_slots_free=pool.available_size(),
+            req_slots_total=pool.size,
+            max_total_num_tokens=self.max_total_tokens,
+            num_free_tokens=free,
+            num_evictable_tokens=evictable,
+            num_used_tokens=used,
+            token_usage=used / self.max_total_tokens,
+            num_steps=self.step_count,
+            num_failed_steps=self.step_failures.total,
+            step_time_buckets=self.step_time.buckets,
+            step_time_counts=self.step_time.cumulative(),
+            step_time_sum=self.step_time.sum,
+        )
+        if self.tp_rank == 0:
+            self.send_socket.send(encode(BatchTokenOut(outs=[], load=load)))
+
+    def _process_step_result(self, step: Step, result: StepResult) -> None:
         if result.ready is not None:
             # The one read of the device per step: this step's tokens (the next step is already queued).
             result.ready.synchronize()
@@ -641,9 +770,22 @@ class Scheduler:
         )
 
 
-def rank_device(device: str, tp_rank: int) -> torch.device:
-    """TP rank r runs on GPU r (of those visible); on CPU all ranks share the host."""
-    return torch.device(f"cuda:{tp_rank}") if device == "cuda" else torch.device(device)
+def rank_device(server_args: ServerArgs, dp_rank: int, tp_rank: int) -> torch.device:
+    """The GPU placement.gpu_id gives this rank; on CPU all ranks share the host."""
+    if server_args.device != "cuda":
+        return torch.device(server_args.device)
+    args = server_args
+    return torch.device(f"cuda:{gpu_id(dp_rank, tp_rank, args.tp_size, args.nnodes, args.base_gpu_id, args.gpu_id_step)}")
+
+
+def _pin_replica_cores(server_args: ServerArgs, dp_rank: int) -> None:
+    """On CPU with several replicas, each takes its share of the cores (its torch threads too)."""
+    if server_args.device != "cpu" or server_args.dp_size == 1:
+        return
+    cores = replica_cores(dp_rank, server_args.dp_size)
+    os.sched_setaffinity(0, cores)
+    torch.set_num_threads(len(cores))
+    logger.info("CPU cores %s", cores)
 
 
 def _init_worker(device: torch.device, threads: int) -> None:
@@ -659,21 +801,34 @@ def _init_worker(device: torch.device, threads: int) -> None:
         torch.cuda.set_device(device)
 
 
-def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, tp_rank: int, ready_writer: Any) -> None:
+def run_scheduler_process(
+    server_args: ServerArgs, port_args: PortArgs, tp_rank: int, ready_writer: Any, dp_rank: int = 0
+) -> None:
     """Process entry: load the model, report readiness (rank 0) or the start-up error, then serve."""
-    logging.basicConfig(level=server_args.log_level.upper(), format=f"[scheduler {tp_rank}] %(levelname)s %(message)s")
+    name = scheduler_name(dp_rank, tp_rank, server_args.dp_size)
+    prefix = f"dp{dp_rank} tp{tp_rank}" if server_args.dp_size > 1 else str(tp_rank)
+    logging.basicConfig(level=server_args.log_level.upper(), format=f"[scheduler {prefix}] %(levelname)s %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher owns Ctrl-C and sends SIGTERM
     logger.info("TP rank %d of %d: pid %d", tp_rank, server_args.tp_size, os.getpid())
+    _pin_replica_cores(server_args, dp_rank)
     try:
-        scheduler = Scheduler(server_args, port_args, tp_rank)
+        scheduler = Scheduler(server_args, port_args, tp_rank, dp_rank)
     except Exception as err:  # noqa: BLE001 - reported to the launcher verbatim
-        ready_writer.send(f"scheduler rank {tp_rank} failed to start: {err!r}\n{traceback.format_exc()}")
+        ready_writer.send(f"{name} failed to start: {err!r}\n{traceback.format_exc()}")
         raise SystemExit(1) from err
     if tp_rank == 0:
         ready_writer.send(encode(scheduler.ready_message()))
     try:
         scheduler.event_loop()
     except Exception as err:
-        # The launcher's watchdog reports this reason when it sees the process exit.
-        ready_writer.send(f"scheduler rank {tp_rank} failed: {type(err).__name__}: {err}")
+        if not tp_group_lost(err):
+            # The launcher's watchdog reports this reason when it sees the process exit.
+            ready_writer.send(f"{name} failed: {type(err).__name__}: {err}")
+            raise
+        if server_args.node_rank > 0:
+            # Node 0 stopped (or another node failed, which node 0 reports): this node stops with it.
+            logger.info("The TP group closed (%s); this node stops.", err)
+            logging.shutdown()
+            os._exit(0)  # the forward thread may still wait in a collective of the closed group
+        ready_writer.send(f"{name} lost its TP group (a rank on another node stopped, or the network failed): {err}")
         raise

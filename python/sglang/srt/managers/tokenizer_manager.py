@@ -12,7 +12,9 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import itertools
 import secrets
+import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -22,12 +24,15 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from sglang.srt.managers.detokenizer_manager import TextDecoder, cut_at_last, trims_stop_text
+from sglang.srt.managers.detokenizer_manager import DETOKENIZATION_ERROR, TextDecoder, cut_at_last, trims_stop_text
 from sglang.srt.managers.io_struct import (
+    QUEUE_FULL,
     AbortReq,
     BatchStrOut,
     FlushCacheReq,
     GenerateReqInput,
+    GetLoadReq,
+    SchedulerLoad,
     SchedulerReady,
     StrOut,
     TokenizedGenerateReqInput,
@@ -35,17 +40,26 @@ from sglang.srt.managers.io_struct import (
     encode,
 )
 from sglang.srt.managers.request_logger import RequestLogger
+from sglang.srt.sampling.logits_processor.loader import LoadedLogitsProcessors
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import PortArgs, ServerArgs
 
 logger = logging.getLogger(__name__)
 
 HEALTH_CHECK_TIMEOUT_S = 20.0
+LOAD_TIMEOUT_S = 20.0
 ABORTED_BY_CLIENT = {
     "type": "abort",
     "message": "The request was aborted.",
     "status_code": 499,
     "err_type": "ClientClosedRequest",
+}
+
+ABORTED_BY_SHUTDOWN = {
+    "type": "abort",
+    "message": "The server is shutting down: the request did not finish within --graceful-shutdown-timeout.",
+    "status_code": 503,
+    "err_type": "ServerShutdown",
 }
 
 _MASK64 = (1 << 64) - 1
@@ -62,6 +76,10 @@ def derive_child_seed(seed: int, index: int) -> int:
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
     z ^= z >> 31
     return z - (1 << 64) if z >= 1 << 63 else z
+
+
+class ServiceUnavailableError(RuntimeError):
+    """The scheduler refused the request for load (--max-queued-requests): HTTP 503."""
 
 
 def _is_int(x: Any) -> bool:
@@ -100,6 +118,8 @@ class _ReqState:
     logprobs: dict[str, list[Any]] = field(default_factory=dict)
     dirty: bool = False
     streamed_ids: int = 0  # output ids already sent in chunks (--stream-output)
+    created_at: float = field(default_factory=time.perf_counter)
+    last_token_at: Optional[float] = None  # when output ids last arrived (--enable-metrics)
 
 
 @dataclass
@@ -123,6 +143,8 @@ class TokenizerManager:
         self._text_decoder = TextDecoder(tokenizer) if tokenizer is not None else None
         self.request_logger = RequestLogger(server_args.log_requests, server_args.log_requests_level)
         self.preferred_sampling_params = server_args.preferred_sampling_params_dict()
+        # The batch-level processor classes, for their validate_params (the scheduler runs them).
+        self.logits_processors = LoadedLogitsProcessors.from_server_args(server_args, "cpu")
         # Sends never block: PUSH to a connected endpoint queues and the HWM is unlimited, so
         # abort can be sent from a generator's finally (even during garbage collection).
         self._sync_ctx = zmq.Context()
@@ -138,6 +160,14 @@ class TokenizerManager:
         self._children_of: dict[str, list[str]] = {}
         self._recv_task: Optional[asyncio.Task[None]] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._load_ids = itertools.count()
+        self._load_waiters: dict[int, asyncio.Future] = {}
+        self.metrics = None
+        if server_args.enable_metrics:
+            from sglang.srt.metrics.collector import TokenizerMetricsCollector
+
+            self.metrics = TokenizerMetricsCollector(server_args.served_model_name)
+        self.accepting = True  # False once a graceful shutdown began
 
     # ------------------------------------------------------------------ public API
 
@@ -199,6 +229,7 @@ class TokenizerManager:
                 await group.event.wait()
                 group.event.clear()
                 for state in self._take_dirty(group):
+                    _raise_if_refused(state)
                     if prepared.stream or state.finished_reason is not None:
                         out = self._snapshot(state, indexed)
                         if logged is not None and state.finished_reason is not None:
@@ -218,10 +249,25 @@ class TokenizerManager:
             if state is not None:
                 self._abort_child(state, notify=True)
 
-    def abort_all(self) -> None:
+    def abort_all(self, reason: dict[str, Any] = ABORTED_BY_CLIENT) -> None:
         """SGLang's abort_all: every running or waiting request finishes with abort."""
         for state in list(self._states.values()):
-            self._abort_child(state, notify=True)
+            self._abort_child(state, notify=True, reason=reason)
+
+    def num_requests(self) -> int:
+        """Children sent to the scheduler and not yet finished."""
+        return len(self._states)
+
+    async def get_load(self, timeout: float = LOAD_TIMEOUT_S) -> SchedulerLoad:
+        """The scheduler's live state (TimeoutError when it does not answer in time)."""
+        self._ensure_receiving()
+        req_id = next(self._load_ids)
+        waiter = self._load_waiters[req_id] = asyncio.get_running_loop().create_future()
+        try:
+            self._send_sock.send(encode(GetLoadReq(req_id=req_id)))
+            return await asyncio.wait_for(waiter, timeout)
+        finally:
+            self._load_waiters.pop(req_id, None)
 
     async def health(self, timeout: float = HEALTH_CHECK_TIMEOUT_S) -> bool:
         """True when a one-token generation makes the round trip within `timeout` seconds."""
@@ -301,6 +347,9 @@ class TokenizerManager:
         params = SamplingParams.from_dict({**self.preferred_sampling_params, **raw})
         params.normalize(self.tokenizer)
         params.verify(self.ready.vocab_size)
+        if params.thinking_token_budget is not None and self.tokenizer is None:
+            raise ValueError("thinking_token_budget needs the tokenizer to find the think markers, which --skip-tokenizer-init leaves unloaded.")
+        self.logits_processors.validate(params)
         return params
 
     def _check_context(self, input_len: int, max_new_tokens: Optional[int]) -> None:
@@ -395,10 +444,11 @@ class TokenizerManager:
         self._children_of[prepared.rid] = [s.rid for s in group.children]
         return group
 
-    def _abort_child(self, state: _ReqState, notify: bool) -> None:
+    def _abort_child(self, state: _ReqState, notify: bool, reason: dict[str, Any] = ABORTED_BY_CLIENT) -> None:
         self._send_sock.send(encode(AbortReq(rid=state.rid)))
         self._states.pop(state.rid, None)
-        state.finished_reason = dict(ABORTED_BY_CLIENT)
+        state.finished_reason = dict(reason)
+        self._record_finish(state)
         state.dirty = notify
         if notify:
             state.group.event.set()
@@ -430,6 +480,10 @@ class TokenizerManager:
             except msgspec.DecodeError:
                 logger.exception("Dropping an undecodable message from the detokenizer")
                 continue
+            if batch.load is not None:
+                waiter = self._load_waiters.get(batch.load.req_id)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(batch.load)
             for out in batch.outs:
                 try:
                     self._apply(out)
@@ -443,6 +497,8 @@ class TokenizerManager:
             return
         state.text += out.new_text
         state.output_ids.extend(token.new_output_ids)
+        if token.new_output_ids:
+            self._record_tokens(state, len(token.new_output_ids))
         state.prompt_tokens = token.prompt_tokens
         state.completion_tokens = token.completion_tokens
         state.cached_tokens = token.cached_tokens
@@ -451,10 +507,27 @@ class TokenizerManager:
         if token.finished_reason is not None:
             state.finished_reason = token.finished_reason
             del self._states[token.rid]
+            self._record_finish(state)
+            if token.finished_reason.get("err_type") == DETOKENIZATION_ERROR:
+                self._send_sock.send(encode(AbortReq(rid=token.rid)))  # the scheduler still runs it
             if state.stream and trims_stop_text(token):
                 state.text = self._redecoded(state, token.matched_text)
         state.dirty = True
         state.group.event.set()
+
+    def _record_tokens(self, state: _ReqState, count: int) -> None:
+        now = time.perf_counter()
+        if self.metrics is not None:
+            if state.last_token_at is None:
+                self.metrics.first_token(now - state.created_at)
+            else:
+                self.metrics.later_tokens(now - state.last_token_at, count)
+        state.last_token_at = now
+
+    def _record_finish(self, state: _ReqState) -> None:
+        if self.metrics is not None:
+            elapsed = time.perf_counter() - state.created_at
+            self.metrics.finished(state.prompt_tokens, state.completion_tokens, elapsed, state.finished_reason)
 
     def _redecoded(self, state: _ReqState, matched_text: str) -> str:
         """The whole output cut at the last stop match: exact even when the start of the stop
@@ -523,6 +596,12 @@ class TokenizerManager:
         if indexed:
             out["index"] = state.index
         return out
+
+
+def _raise_if_refused(state: _ReqState) -> None:
+    reason = state.finished_reason
+    if reason is not None and reason.get("err_type") == QUEUE_FULL:
+        raise ServiceUnavailableError(reason["message"])
 
 
 def _visible_text(state: _ReqState) -> str:

@@ -28,6 +28,7 @@ from sglang.srt.model_executor.piecewise_cuda_graph_runner import PiecewiseCudaG
 from sglang.srt.model_executor.sampling_graph import needs_eager_sampling, sampling_graph_supported
 from sglang.srt.model_executor.step_output import copy_to_host, input_logprobs, output_logprobs
 from sglang.srt.model_loader import load_model
+from sglang.srt.sampling.logits_processor.pipeline import check_requested as logits_processor_check_requested
 from sglang.srt.sampling.step_noise import step_noise_seed
 from sglang.srt.utils import host_to_device
 
@@ -115,6 +116,7 @@ class ModelRunner:
             tp_group=tp_device_group() if self.tp_size > 1 else None,
         )
         self.check_token_agreement = self.tp_size > 1 and token_agreement_check_requested()
+        self.check_logits_processors = logits_processor_check_requested()
         # Last sampled id of every request slot: a decode step reads its inputs on the device. The
         # extra row is the pool's padding row, which a sampling graph's padding rows write.
         self.future_tokens = torch.zeros(self.req_to_token_pool.size + 1, dtype=torch.int64, device=self.device)  # [R + 1] int64
@@ -243,14 +245,18 @@ class ModelRunner:
     def _sample(self, step: "Step", logits: torch.Tensor, pool_indices: torch.Tensor, prompt_logprobs: dict) -> "StepResult":
         info = step.sampled_batch.sampling_info
         sampled_reqs = [step.reqs[r] for r in step.sample_rows]
+        if step.grammar_wait is not None:
+            step.grammar_wait.wait()  # the previous step's tokens reach the grammars and output lists (overlap)
         if info.grammars is not None:
-            if step.grammar_wait is not None:
-                step.grammar_wait.wait()  # the previous step's tokens reach the grammars (overlap)
             info.vocab_mask = grammar_bitmask(sampled_reqs, self.vocab_size, self.device)
         try:
             info.apply_logits_bias(logits)
         finally:
             info.vocab_mask = None
+        row_errors = {}
+        if info.logits_processors is not None:
+            truth = sampled_reqs if self.check_logits_processors else None
+            row_errors = info.logits_processors.run(logits, info.rows, info.is_all_greedy, truth)
         wants = [r.logprob for r in sampled_reqs]
         return_logprob = any(w is not None for w in wants)
         out = LogitsProcessorOutput(next_token_logits=logits)
@@ -262,6 +268,7 @@ class ModelRunner:
             top_logprobs_nums=[w.top_logprobs_num if w else 0 for w in wants],
             token_ids_logprobs=[w.token_ids_logprob if w else None for w in wants],
             positions=step.positions,
+            row_errors=row_errors,
         )
         if self.check_token_agreement:
             check_token_agreement(next_ids, step.index, [r.rid for r in sampled_reqs], tp_device_group())

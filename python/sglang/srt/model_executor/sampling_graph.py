@@ -13,7 +13,8 @@ runner's `future_tokens`. Its inputs live at fixed addresses:
 Padding rows sample garbage from stale parameters and are never read; the penalty kernels skip them.
 
 A step samples eagerly instead when it needs host work or outputs the graph does not produce
-(`needs_eager_sampling`): custom logit processors, logprobs, a grammar's vocab mask, a custom
+(`needs_eager_sampling`): custom logit processors, batch-level logits processors (they run on
+the host's view of the batch between the penalties and the draw), logprobs, a grammar's vocab mask, a custom
 penalizer, the TP token all-reduce or agreement check.
 """
 
@@ -40,6 +41,7 @@ def needs_eager_sampling(step: "Step", sampler: Sampler, check_token_agreement: 
     info = step.sampled_batch.sampling_info
     return (
         info.has_custom_logit_processor
+        or info.logits_processors is not None
         or info.grammars is not None
         or any(req.logprob is not None for req in step.reqs)
         or check_token_agreement

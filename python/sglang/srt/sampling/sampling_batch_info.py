@@ -10,7 +10,7 @@ orchestrator filters and merges on the device.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -29,6 +29,9 @@ class RowSpec:
     processor_str: Optional[str] = None
     custom_params: Optional[dict] = None
     grammar: Optional[Any] = None  # the request's BaseGrammarObject
+    # What batch-level logits processors are told about the row (BatchUpdate.added).
+    prompt_ids: Sequence[int] = ()
+    output_ids: Sequence[int] = field(default_factory=list)  # the request's live output list
 
 
 @dataclass
@@ -51,6 +54,8 @@ class SamplingBatchInfo:
     # The grammar rows' packed bitmask ([B, ceil(V / 32)] int32, bit set = allowed), set by the
     # model runner for one step (constrained/bitmask.py).
     vocab_mask: Optional[torch.Tensor] = None
+    # The server's batch-level processor classes (logits_processor.LoadedLogitsProcessors).
+    loaded_logits_processors: Optional[Any] = None
 
     # Rebuilt from `rows` by _rebuild().
     temperatures: torch.Tensor = field(init=False)  # [B, 1] float32
@@ -70,6 +75,9 @@ class SamplingBatchInfo:
     grammars: Optional[list[Any]] = field(init=False)
     # The CPU sampler's grouping of these rows, built on first use (see sampler._CpuPlan).
     cpu_sample_plan: Optional[Any] = field(init=False, default=None)
+    # The processors acting on some row of this batch (logits_processor.LogitsProcessorPipeline),
+    # None when none does: that batch's step runs no processor code at all.
+    logits_processors: Optional[Any] = field(init=False, default=None)
 
     @classmethod
     def from_schedule_batch(cls, batch: Any, vocab_size: int) -> "SamplingBatchInfo":
@@ -81,6 +89,8 @@ class SamplingBatchInfo:
                 processor_str=req.custom_logit_processor if enable_processors else None,
                 custom_params=req.custom_params,
                 grammar=getattr(req, "grammar", None),
+                prompt_ids=req.origin_input_ids,
+                output_ids=req.output_ids,
             )
             for req in batch.reqs
         ]
@@ -89,6 +99,7 @@ class SamplingBatchInfo:
             vocab_size=vocab_size,
             device=torch.device(batch.device),
             custom_logit_processor_allowlist=getattr(batch, "custom_logit_processor_allowlist", None),
+            loaded_logits_processors=getattr(batch, "loaded_logits_processors", None),
         )
         orchestrator = BatchedPenalizerOrchestrator(vocab_size, batch)
         info.penalizer_orchestrator = orchestrator if orchestrator.is_required else None
@@ -116,6 +127,8 @@ class SamplingBatchInfo:
         self._build_processors()
         grammars = [row.grammar for row in self.rows]
         self.grammars = grammars if any(g is not None for g in grammars) else None
+        loaded = self.loaded_logits_processors
+        self.logits_processors = loaded.pipeline_for(self.rows, self.logits_processors) if loaded is not None else None
 
     def _refresh_flags(self, params: list[SamplingParams]) -> None:
         vocab = self.vocab_size

@@ -30,6 +30,7 @@ MAX_STOP_REGEX_COUNT = 32
 MAX_STOP_REGEX_LEN = 256
 MAX_LEN = 2**30
 LOGIT_BIAS_MAX = 100.0
+MAX_BAD_WORD_SEQUENCES = 128  # vLLM's VLLM_MAX_NUM_BAD_WORDS
 
 _SEED_MIN = -(2**63)
 _SEED_MAX = 2**63 - 1
@@ -87,12 +88,18 @@ class SamplingParams:
     sampling_seed: Optional[int] = None
     custom_params: Optional[dict[str, Any]] = None
     watermark: Optional[Any] = None
+    # Built-in batch-level logits processors (sglang.srt.sampling.logits_processor).
+    allowed_token_ids: Optional[list[int]] = None
+    bad_words: Optional[Union[str, list[str]]] = None
+    no_repeat_ngram_size: int = 0
+    thinking_token_budget: Optional[int] = None
     # Internal state, filled by __post_init__ / normalize.
     stop_strs: Optional[list[str]] = None
     stop_regex_strs: Optional[list[str]] = None
     stop_str_max_len: int = 0
     stop_regex_max_len: int = 0
     is_normalized: bool = False
+    bad_words_token_ids: Optional[list[list[int]]] = None  # each word with and without a leading space
     # OpenAI-style alias of sampling_seed; not stored as a field of its own.
     seed: InitVar[Optional[int]] = None
 
@@ -113,6 +120,8 @@ class SamplingParams:
             self.top_k = 1
         if self.top_k == -1:
             self.top_k = TOP_K_ALL
+        if _is_int(self.thinking_token_budget) and self.thinking_token_budget == -1:
+            self.thinking_token_budget = None  # vLLM's "no limit"
 
     def _merge_seed_alias(self, seed: Optional[int]) -> None:
         if seed is None:
@@ -158,6 +167,7 @@ class SamplingParams:
         self.stop_regex_strs = stop_regex_strs
         self.stop = None
         self.stop_regex = None
+        self.bad_words_token_ids = _tokenize_bad_words(self.bad_words, tokenizer)
         self.is_normalized = True
 
     def _check_tokenizer_free(self, stop_strs: list[str], stop_regex_strs: list[str]) -> None:
@@ -270,6 +280,28 @@ class SamplingParams:
             )
         if self.watermark is not None:
             raise ValueError("watermark must be null (watermarking is not supported by this server yet).")
+        self._verify_batch_processor_params(vocab_size)
+
+    def _verify_batch_processor_params(self, vocab_size: int) -> None:
+        allowed = self.allowed_token_ids
+        if allowed is not None:
+            if not isinstance(allowed, list) or not allowed:
+                raise ValueError("allowed_token_ids must be a non-empty list of token ids (or null).")
+            for token_id in allowed:
+                if not (_is_int(token_id) and 0 <= token_id < vocab_size):
+                    raise ValueError(
+                        f"allowed_token_ids contains out-of-vocab token id {token_id}; valid range is [0, {vocab_size})."
+                    )
+        for seq in self.bad_words_token_ids or ():
+            for token_id in seq:
+                if not 0 <= token_id < vocab_size:
+                    raise ValueError(f"bad_words tokenize to token id {token_id}, outside the model's vocabulary [0, {vocab_size}).")
+        size = self.no_repeat_ngram_size
+        if not (_is_int(size) and size >= 0):
+            raise ValueError(f"no_repeat_ngram_size must be a non-negative integer (0 = off), got {size}.")
+        budget = self.thinking_token_budget
+        if budget is not None and not (_is_int(budget) and budget >= 0):
+            raise ValueError(f"thinking_token_budget must be a non-negative integer, or -1 for no limit, got {budget}.")
 
     # ------------------------------------------------------------------ wire format
 
@@ -320,10 +352,11 @@ _NONE_DEFAULTS: dict[str, Any] = {
     "spaces_between_special_tokens": True,
     "no_stop_trim": False,
     "top_k": -1,
+    "no_repeat_ngram_size": 0,
 }
 
 _INTERNAL_FIELDS = frozenset(
-    {"stop_strs", "stop_regex_strs", "stop_str_max_len", "stop_regex_max_len", "is_normalized"}
+    {"stop_strs", "stop_regex_strs", "stop_str_max_len", "stop_regex_max_len", "is_normalized", "bad_words_token_ids"}
 )
 _PUBLIC_FIELDS = frozenset(f.name for f in fields(SamplingParams)) - _INTERNAL_FIELDS
 
@@ -352,6 +385,32 @@ def _as_str_list(value: Any, name: str) -> list[str]:
     if isinstance(value, (list, tuple)) and all(isinstance(s, str) for s in value):
         return list(value)
     raise ValueError(f"{name} must be a string or a list of strings, got {value!r}.")
+
+
+def _tokenize_bad_words(words: Any, tokenizer: Any) -> Optional[list[list[int]]]:
+    """Each word's token ids as written and after a leading space (the two differ in BPE
+    vocabularies, and a word inside a sentence usually follows a space), without duplicates."""
+    if words is None:
+        return None
+    words = _as_str_list(words, "bad_words")
+    if any(not w.strip() for w in words):
+        raise ValueError("bad_words must not contain empty strings.")
+    if tokenizer is None:
+        raise ValueError("bad_words is unavailable when skip_tokenizer_init=True (the words must be tokenized).")
+    sequences: list[list[int]] = []
+    for word in words:
+        for text in (word.lstrip(), " " + word.lstrip()):
+            ids = list(tokenizer.encode(text, add_special_tokens=False))
+            if not ids:
+                raise ValueError(f"bad_words: {word!r} tokenizes to no token.")
+            if ids not in sequences:
+                sequences.append(ids)
+    if len(sequences) > MAX_BAD_WORD_SEQUENCES:
+        raise ValueError(
+            f"bad_words tokenize to {len(sequences)} token sequences (each word with and without a leading space); "
+            f"at most {MAX_BAD_WORD_SEQUENCES} are allowed."
+        )
+    return sequences
 
 
 def _stop_regex_max_len(patterns: list[str]) -> int:
@@ -533,6 +592,10 @@ _FIELD_CHECKS = {
     "custom_params": _check_object,
     "beam_width": _check_int,
     "watermark": _check_object,
+    "allowed_token_ids": _check_int_list,
+    "bad_words": _check_str_or_str_list,
+    "no_repeat_ngram_size": _check_int,
+    "thinking_token_budget": _check_int,
     "choice": _reject_choice,
     "seed": _check_int,
 }

@@ -256,6 +256,13 @@ class _GenerationRequest(_Strict):
     spaces_between_special_tokens: bool = True
     custom_logit_processor: Optional[str] = None
     custom_params: Optional[dict[str, Any]] = None
+    # Built-in batch-level logits processors (vLLM's names), and vLLM's extra-arguments field,
+    # merged into custom_params for --logits-processors plugins.
+    allowed_token_ids: Optional[list[int]] = None
+    bad_words: Optional[list[str]] = None
+    no_repeat_ngram_size: Optional[int] = None
+    thinking_token_budget: Optional[int] = None
+    vllm_xargs: Optional[dict[str, Any]] = None
     # Structured outputs: OpenAI's response_format, or SGLang's grammar fields (sent as they are).
     response_format: Optional[ResponseFormat] = None
     regex: Optional[str] = None

@@ -32,7 +32,7 @@ from sglang.srt.entrypoints.openai.protocol import (
     _GenerationRequest,
 )
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.tokenizer_manager import derive_child_seed
+from sglang.srt.managers.tokenizer_manager import ServiceUnavailableError, derive_child_seed
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,8 @@ def describe_failure(exc: Exception) -> ErrorResponse:
     """400 for what the engine rejected as invalid input, 500 (logged) for anything else."""
     if isinstance(exc, ValueError):
         return error_body(str(exc), param=getattr(exc, "param", None))
+    if isinstance(exc, ServiceUnavailableError):
+        return error_body(str(exc), "ServiceUnavailable", 503)
     logger.error("OpenAI request failed", exc_info=exc)
     return error_body("internal server error", "InternalServerError", 500)
 
@@ -148,7 +150,7 @@ def common_sampling_params(req: _GenerationRequest, defaults: Mapping[str, Any])
         "skip_special_tokens": req.skip_special_tokens,
         "spaces_between_special_tokens": req.spaces_between_special_tokens,
         "logit_bias": req.logit_bias,
-        "custom_params": req.custom_params,
+        **processor_params(req),
         "regex": req.regex,
         "ebnf": req.ebnf,
     }
@@ -156,6 +158,23 @@ def common_sampling_params(req: _GenerationRequest, defaults: Mapping[str, Any])
         value = getattr(req, name)
         params[name] = value if value is not None else defaults.get(name, openai_default)
     return {k: v for k, v in params.items() if v is not None}
+
+
+# Built-in processor parameters a vLLM client may send inside vllm_xargs (MinerU sends
+# no_repeat_ngram_size there): taken as the first-class parameter, not left for a plugin.
+BUILT_IN_PROCESSOR_PARAMS = ("allowed_token_ids", "bad_words", "no_repeat_ngram_size", "thinking_token_budget")
+
+
+def processor_params(req: _GenerationRequest) -> dict[str, Any]:
+    """custom_params (vllm_xargs merged under it) and the built-in processors' parameters."""
+    xargs = dict(req.vllm_xargs or {})
+    params = {name: xargs.pop(name, None) for name in BUILT_IN_PROCESSOR_PARAMS}
+    for name in BUILT_IN_PROCESSOR_PARAMS:
+        if getattr(req, name) is not None:
+            params[name] = getattr(req, name)
+    custom = {**xargs, **(req.custom_params or {})}
+    params["custom_params"] = custom or None
+    return params
 
 
 def grammar_params(grammar: Optional[Grammar], server_args: Any, tokenizer: Any, param: str) -> dict[str, str]:

@@ -1,0 +1,41 @@
+"""bad_words: a word's last token is -inf whenever the output ends with the rest of the word.
+
+Each word is tokenized with and without a leading space (SamplingParams.normalize), at most
+MAX_BAD_WORD_SEQUENCES sequences per request; a one-token word is banned at every step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from sglang.srt.sampling.logits_processor.row_state import RowState, RowStateProcessor, fill_at
+
+
+class _Words(RowState):
+    def __init__(self, prompt_ids: Sequence[int], output_ids: Sequence[int], sequences: list[list[int]]) -> None:
+        super().__init__(prompt_ids, output_ids)
+        self.always = sorted({seq[0] for seq in sequences if len(seq) == 1})
+        self.longer = [(tuple(seq[:-1]), seq[-1]) for seq in sequences if len(seq) > 1]
+
+
+class BadWordsLogitsProcessor(RowStateProcessor):
+    param = "bad_words_token_ids"
+
+    def new_state(self, params: Any, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> _Words:
+        return _Words(prompt_ids, output_ids, params.bad_words_token_ids)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        rows, tokens = [], []
+        for row, state in self.states.items():
+            banned = set(state.always)
+            output = state.output_ids
+            for prefix, last in state.longer:
+                n = len(prefix)
+                if len(output) >= n and tuple(output[len(output) - n :]) == prefix:
+                    banned.add(last)
+            rows += [row] * len(banned)
+            tokens += banned
+        fill_at(logits, rows, tokens, float("-inf"))
+        return logits
