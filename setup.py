@@ -29,9 +29,11 @@ setup(
         # Grammar backends (--grammar-backend xgrammar | llguidance).
         "xgrammar",
         "llguidance",
+        # /metrics (--enable-metrics).
+        "prometheus-client",
     ],
     extras_require={
-        "test": ["pytest", "hypothesis", "scipy", "openai", "accelerate", "triton==3.9.0", "jsonschema"],
+        "test": ["pytest", "hypothesis", "scipy", "openai", "accelerate", "triton==3.9.0", "jsonschema", "schemathesis"],
         "bench": ["tqdm", "matplotlib"],
         "gpu": ["flashinfer-python", "triton"],
     },

@@ -37,10 +37,19 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from sglang.srt.entrypoints.openapi_bodies import document_request_bodies
 from sglang.srt.entrypoints.tokenization import detokenize, tokenize
 from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady, decoder
-from sglang.srt.managers.tokenizer_manager import PreparedRequest, TokenizerManager
-from sglang.srt.server_args import PortArgs, ServerArgs
+from sglang.srt.managers.tokenizer_manager import (
+    ABORTED_BY_SHUTDOWN,
+    PreparedRequest,
+    ServiceUnavailableError,
+    TokenizerManager,
+)
+from sglang.srt.distributed.placement import node_tp_ranks, replica_dist_init_method, scheduler_name
+from sglang.srt.managers.data_parallel_controller import replica_port_args
+from sglang.srt.managers.replica_load import ReplicaLoadTable
+from sglang.srt.server_args import PortArgs, ServerArgs, _free_local_port
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer, load_chat_template
 
 logger = logging.getLogger(__name__)
@@ -49,10 +58,12 @@ logger = logging.getLogger(__name__)
 SCHEDULER_ENTRY_ENV = "SGLANG_TEST_SCHEDULER_ENTRY"
 DEFAULT_SCHEDULER_ENTRY = "sglang.srt.managers.scheduler:run_scheduler_process"
 DETOKENIZER_ENTRY = "sglang.srt.managers.detokenizer_manager:run_detokenizer_process"
+DP_CONTROLLER_ENTRY = "sglang.srt.managers.data_parallel_controller:run_data_parallel_controller_process"
 READY_TIMEOUT_ENV = "SGLANG_SCHEDULER_READY_TIMEOUT"
 DEFAULT_READY_TIMEOUT_S = 900.0
 SHUTDOWN_GRACE_S = 5.0
 DISCONNECT_POLL_S = 1.0
+DRAIN_POLL_S = 0.05
 _PR_SET_PDEATHSIG = 1
 
 
@@ -79,8 +90,9 @@ def _sse(obj: Any) -> bytes:
 _SSE_DONE = b"data: [DONE]\n\n"
 
 
-def _sse_error(message: str) -> bytes:
-    error = {"message": message, "type": "invalid_request_error", "code": 400, "retryable": False}
+def _sse_error(message: str, code: int = 400) -> bytes:
+    kind = "invalid_request_error" if code == 400 else "service_unavailable"
+    error = {"message": message, "type": kind, "code": code, "retryable": code == 503}
     return _sse({"error": error})
 
 
@@ -107,6 +119,60 @@ class ApiKeyMiddleware:
     def _authorized(self, scope: dict) -> bool:
         given = dict(scope.get("headers") or []).get(b"authorization", b"")
         return hmac.compare_digest(given, self._expected)
+
+
+class BodySizeLimitMiddleware:
+    """--max-request-body-bytes: a larger body is refused with 413, by its Content-Length before
+    anything is read, else as soon as the bytes received pass the limit."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length", b"0")
+        if not length.isdigit() or int(length) > self.max_bytes:
+            await self._refuse(scope, receive, send)
+            return
+        received = 0
+
+        async def counted() -> dict:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:
+                raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _BodyTooLarge:  # chunked bodies carry no Content-Length; nothing was sent yet
+            await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope: dict, receive: Callable, send: Callable) -> None:
+        message = f"The request body is larger than the server's limit of {self.max_bytes} bytes (--max-request-body-bytes)."
+        await error_response(message, 413)(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class ShutdownGateMiddleware:
+    """During a graceful shutdown new work is refused with 503; aborts still go through."""
+
+    def __init__(self, app: Any, tm: TokenizerManager) -> None:
+        self.app = app
+        self.tm = tm
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and not self.tm.accepting and scope.get("path") != "/abort_request" and scope.get("method") == "POST":
+            await error_response("The server is shutting down and accepts no new requests.", 503)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 class TokenizerRequiredMiddleware:
@@ -260,6 +326,8 @@ async def _stream(
                 yield _sse(out)
     except ValueError as err:
         yield _sse_error(str(err))
+    except ServiceUnavailableError as err:  # the 200 status line has gone out already
+        yield _sse_error(str(err), 503)
     yield _SSE_DONE
 
 
@@ -316,6 +384,8 @@ async def handle_generate(request: Request, tm: TokenizerManager) -> Response:
         outs = await _collect_unless_disconnected(request, tm, prepared)
     except ValueError as err:
         return error_response(str(err))
+    except ServiceUnavailableError as err:
+        return error_response(str(err), 503)
     if outs is None:
         return Response(status_code=499)
     return json_response(outs if many else outs[0])
@@ -366,11 +436,17 @@ def _abort(body: Any, tm: TokenizerManager) -> dict:
     return {}
 
 
-def create_app(tm: TokenizerManager, server_args: ServerArgs, ready: SchedulerReady) -> FastAPI:
-    """The FastAPI app with the native routes and, when present, the OpenAI routes."""
+def create_app(
+    tm: TokenizerManager, server_args: ServerArgs, ready: SchedulerReady, loads: Optional[ReplicaLoadTable] = None
+) -> FastAPI:
+    """The FastAPI app with the native routes and, when present, the OpenAI routes; `loads` (the
+    replicas' load reports) feeds /get_load."""
     app = FastAPI(title="sglang", docs_url=None, redoc_url=None)
-    if server_args.skip_tokenizer_init:  # added first, so the API-key check still comes before it
+    # The last added runs first: the API key, then the body limit, before anything else.
+    if server_args.skip_tokenizer_init:
         app.add_middleware(TokenizerRequiredMiddleware)
+    app.add_middleware(ShutdownGateMiddleware, tm=tm)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=server_args.max_request_body_bytes)
     if server_args.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=server_args.api_key)
 
@@ -385,7 +461,7 @@ def create_app(tm: TokenizerManager, server_args: ServerArgs, ready: SchedulerRe
     @app.get("/health")
     @app.get("/health_generate")
     async def health() -> Response:
-        return Response(status_code=200 if await tm.health() else 503)
+        return Response(status_code=200 if tm.accepting and await tm.health() else 503)
 
     @app.post("/tokenize")
     @app.post("/v1/tokenize")
@@ -428,8 +504,28 @@ def create_app(tm: TokenizerManager, server_args: ServerArgs, ready: SchedulerRe
         # Top-level fields that SGLang's clients and router read.
         info.update(version=_version(), max_total_num_tokens=ready.max_total_num_tokens,
                     max_running_requests=ready.max_running_requests)
+        # The live gauges (SchedulerLoad's fields; /metrics exports the same).
+        info["load"] = msgspec.structs.asdict(await tm.get_load())
+        if loads is not None:
+            info["replica_loads"] = loads.snapshot()  # one entry per --dp-size replica
         return json_response(info)
 
+    if loads is not None:
+
+        @app.get("/get_load")
+        async def get_load() -> Response:
+            """SGLang's answer, read by sglang-router's power_of_two policy: one entry per replica."""
+            return json_response(loads.snapshot())
+
+    if server_args.enable_metrics:
+
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            from prometheus_client import CONTENT_TYPE_LATEST
+
+            return Response(tm.metrics.render(await tm.get_load()), media_type=CONTENT_TYPE_LATEST)
+
+    document_request_bodies(app, {"/generate": GenerateReqInput})
     _register_openai_routes(app, tm, server_args)
     return app
 
@@ -463,20 +559,38 @@ class ChildProcesses:
         self.port_args = port_args
         self.failure: Optional[str] = None
         self._procs: list[tuple[str, multiprocessing.process.BaseProcess]] = []
-        self._readers: dict[multiprocessing.connection.Connection, int] = {}
+        self._readers: dict[multiprocessing.connection.Connection, tuple[int, int]] = {}  # -> (dp rank, TP rank)
         self._pipes: dict[str, multiprocessing.connection.Connection] = {}  # child name -> its pipe
         self._stopping = threading.Event()
 
     def start(self) -> None:
+        """This node's scheduler ranks of every replica; on node 0 also the detokenizer and, with
+        several replicas, the data-parallel controller."""
         ctx = multiprocessing.get_context("spawn")
+        args = self.server_args
+        if args.dp_size > 1 and args.node_rank == 0:
+            self._spawn(ctx, "data-parallel controller", DP_CONTROLLER_ENTRY, (args, self.port_args))
+        for dp_rank in range(args.dp_size):
+            ports = replica_port_args(self.port_args, dp_rank, args.dp_size, self._dist_init_method(dp_rank))
+            for rank in node_tp_ranks(args.tp_size, args.nnodes, args.node_rank):
+                self._spawn_scheduler(ctx, ports, dp_rank, rank)
+        if args.node_rank == 0:
+            self._spawn(ctx, "detokenizer", DETOKENIZER_ENTRY, (args, self.port_args))
+
+    def _dist_init_method(self, dp_rank: int) -> str:
+        """Where replica dp_rank's TP group meets: --dist-init-addr's port + dp_rank, else a free local port."""
+        if self.server_args.dist_init_addr is not None:
+            return replica_dist_init_method(self.server_args.dist_init_addr, dp_rank)
+        return self.port_args.dist_init_method if dp_rank == 0 else f"tcp://127.0.0.1:{_free_local_port()}"
+
+    def _spawn_scheduler(self, ctx: Any, ports: PortArgs, dp_rank: int, rank: int) -> None:
+        name = scheduler_name(dp_rank, rank, self.server_args.dp_size)
         entry = os.environ.get(SCHEDULER_ENTRY_ENV, DEFAULT_SCHEDULER_ENTRY)
-        for rank in range(self.server_args.tp_size):
-            reader, writer = ctx.Pipe(duplex=False)
-            self._spawn(ctx, f"scheduler rank {rank}", entry, (self.server_args, self.port_args, rank, writer))
-            writer.close()  # only the child's copy stays open, so its death reads as EOF
-            self._readers[reader] = rank
-            self._pipes[f"scheduler rank {rank}"] = reader
-        self._spawn(ctx, "detokenizer", DETOKENIZER_ENTRY, (self.server_args, self.port_args))
+        reader, writer = ctx.Pipe(duplex=False)
+        self._spawn(ctx, name, entry, (self.server_args, ports, rank, writer, dp_rank))
+        writer.close()  # only the child's copy stays open, so its death reads as EOF
+        self._readers[reader] = (dp_rank, rank)
+        self._pipes[name] = reader
 
     def _spawn(self, ctx: Any, name: str, entry: str, args: tuple) -> None:
         proc = ctx.Process(target=_child_main, args=(entry, args, os.getpid()), name=name)
@@ -484,15 +598,20 @@ class ChildProcesses:
         self._procs.append((name, proc))
 
     def wait_ready(self, timeout: float) -> SchedulerReady:
-        """Scheduler rank 0's SchedulerReady; LaunchError on a start-up error, death or timeout."""
+        """The SchedulerReady of replica 0's rank 0, once every replica's rank 0 sent its own;
+        LaunchError on a start-up error, death or timeout."""
         deadline = time.monotonic() + timeout
+        ready: dict[int, SchedulerReady] = {}
         while (remaining := deadline - time.monotonic()) > 0:
             sentinels = [proc.sentinel for _, proc in self._procs]
             signalled = multiprocessing.connection.wait([*self._readers, *sentinels], timeout=remaining)
             for conn in [c for c in signalled if c in self._readers]:
-                ready = self._read_ready(conn)
-                if ready is not None:
-                    return ready
+                dp_rank = self._readers[conn][0]
+                message = self._read_ready(conn)
+                if message is not None:
+                    ready[dp_rank] = message
+            if len(ready) == self.server_args.dp_size:
+                return ready[0]
             if (dead := self._exited(signalled)) is not None:
                 raise LaunchError(f"{dead} before the scheduler was ready")
         raise LaunchError(
@@ -500,7 +619,7 @@ class ChildProcesses:
         )
 
     def _read_ready(self, conn: multiprocessing.connection.Connection) -> Optional[SchedulerReady]:
-        rank = self._readers[conn]
+        _, rank = self._readers[conn]
         try:
             message = conn.recv()
         except EOFError:  # the child exited; its sentinel reports how
@@ -547,6 +666,14 @@ class ChildProcesses:
         self.failure = self._exited(signalled)
         logger.error("%s; shutting the server down.", self.failure)
         on_failure(self.failure)
+
+    def wait_first_exit(self) -> None:
+        """Block until a child exits (nodes other than 0); a non-zero exit is the failure."""
+        signalled = multiprocessing.connection.wait([proc.sentinel for _, proc in self._procs])
+        reason = self._exited(signalled)
+        if any(proc.exitcode for _, proc in self._procs if proc.sentinel in signalled):
+            self.failure = reason
+        logger.info("%s; stopping this node.", reason)
 
     def shutdown(self) -> None:
         self._stopping.set()
@@ -596,6 +723,10 @@ def launch_server(server_args: ServerArgs) -> None:
         signal.signal(sig, _exit_on_signal)
     port_args = PortArgs.init_new()
     children = ChildProcesses(server_args, port_args)
+    if server_args.node_rank > 0:
+        _run_scheduler_node(children)
+        return
+    loads = ReplicaLoadTable(port_args.load_ipc, server_args.dp_size)
     tm: Optional[TokenizerManager] = None
     try:
         children.start()
@@ -604,15 +735,66 @@ def launch_server(server_args: ServerArgs) -> None:
         logger.info("Scheduler ready: %s", ready)
         tokenizer = load_chat_template(tokenizer.result(), server_args.chat_template) if tokenizer is not None else None
         tm = TokenizerManager(server_args, port_args, ready, tokenizer)
-        _serve(create_app(tm, server_args, ready), tm, server_args, children)
+        _serve(create_app(tm, server_args, ready, loads), tm, server_args, children)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):  # a second Ctrl-C must not cut the cleanup short
             signal.signal(sig, signal.SIG_IGN)
         children.shutdown()
+        loads.close()
         if tm is not None:
             tm.close()
     if children.failure is not None:
         raise LaunchError(children.failure)
+
+
+def _run_scheduler_node(children: ChildProcesses) -> None:
+    """--node-rank > 0: this node's scheduler ranks only, until one exits. They all do when node 0
+    stops (their TP group closes under them, which they treat as a clean stop); raises LaunchError
+    when a rank failed."""
+    args = children.server_args
+    try:
+        children.start()
+        logger.info("Node %d of %d: scheduler ranks %s of %d replica(s) started; node 0 at %s serves HTTP.",
+                    args.node_rank, args.nnodes, list(node_tp_ranks(args.tp_size, args.nnodes, args.node_rank)),
+                    args.dp_size, args.dist_init_addr)
+        children.wait_first_exit()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        children.shutdown()
+    if children.failure is not None:
+        raise LaunchError(children.failure)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server with a graceful shutdown: the first SIGTERM/SIGINT stops admission (503),
+    lets running requests finish for up to --graceful-shutdown-timeout seconds, aborts the rest
+    (their clients get the abort), then stops serving; launch_server then exits 0. A second
+    signal stops at once."""
+
+    def __init__(self, config: uvicorn.Config, tm: TokenizerManager, timeout: float) -> None:
+        super().__init__(config)
+        self.tm = tm
+        self.timeout = timeout
+        self._drain: Optional[asyncio.Task] = None
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self._drain is not None or not self.started:
+            super().handle_exit(sig, frame)
+            return
+        self._captured_signals.append(sig)  # re-raised when serving ends: launch_server's exit
+        self.tm.accepting = False
+        logger.info("Signal %d: refusing new requests; %d running may finish within %.0f s.", sig, self.tm.num_requests(), self.timeout)
+        self._drain = asyncio.get_event_loop().create_task(self._drain_then_exit())
+
+    async def _drain_then_exit(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        while self.tm.num_requests() and time.monotonic() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        if self.tm.num_requests():
+            logger.warning("Aborting %d requests still running after %.0f s.", self.tm.num_requests(), self.timeout)
+            self.tm.abort_all(ABORTED_BY_SHUTDOWN)
+        self.should_exit = True
 
 
 def _serve(app: FastAPI, tm: TokenizerManager, server_args: ServerArgs, children: ChildProcesses) -> None:
@@ -623,7 +805,7 @@ def _serve(app: FastAPI, tm: TokenizerManager, server_args: ServerArgs, children
         log_level=server_args.log_level,
         timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
     )
-    server = uvicorn.Server(config)
+    server = DrainingServer(config, tm, server_args.graceful_shutdown_timeout)
 
     def stop(reason: str) -> None:
         tm.fail_all(reason)  # their results would never come

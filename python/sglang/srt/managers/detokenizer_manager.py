@@ -22,6 +22,7 @@ from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 logger = logging.getLogger(__name__)
 
 _REPLACEMENT_CHAR = "\ufffd"
+DETOKENIZATION_ERROR = "DetokenizationError"
 
 
 @dataclass
@@ -81,15 +82,21 @@ class DetokenizerManager:
         self._states: dict[str, _DecodeState] = {}
 
     def handle(self, batch: BatchTokenOut) -> BatchStrOut:
-        return BatchStrOut(outs=[StrOut(token=out, new_text=self._safe_new_text(out)) for out in batch.outs])
+        outs = [StrOut(token=out, new_text=self._safe_new_text(out)) for out in batch.outs]
+        return BatchStrOut(outs=outs, load=batch.load)
 
     def _safe_new_text(self, out: TokenOut) -> str:
         if self.decoder is None:
             return ""
         try:
             return self._new_text(out)
-        except Exception:  # one request's bad ids must not take the process down
+        except Exception as err:  # one request's bad ids must not take the process down
             logger.exception("Detokenization failed for request %s", out.rid)
+            # The request fails alone; the tokenizer manager tells the scheduler to stop it.
+            out.finished_reason = {
+                "type": "abort", "message": f"Detokenization failed: {type(err).__name__}: {err}",
+                "status_code": 500, "err_type": DETOKENIZATION_ERROR,
+            }
             return ""
         finally:
             if out.finished_reason is not None:

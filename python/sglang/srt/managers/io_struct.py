@@ -1,7 +1,7 @@
 """Messages between the processes, as msgspec structs encoded with msgpack (never pickle).
 
-TokenizerManager --(TokenizedGenerateReqInput | AbortReq | FlushCacheReq)--> Scheduler (rank 0)
-Scheduler --BatchTokenOut--> DetokenizerManager --BatchStrOut--> TokenizerManager
+TokenizerManager --(TokenizedGenerateReqInput | AbortReq | FlushCacheReq | GetLoadReq)--> Scheduler (rank 0)
+Scheduler --BatchTokenOut (+ SchedulerLoad)--> DetokenizerManager --BatchStrOut--> TokenizerManager
 """
 
 from __future__ import annotations
@@ -49,6 +49,12 @@ class TokenizedGenerateReqInput(msgspec.Struct, tag=True):
     extra_key: Optional[str] = None
 
 
+# err_type of an abort finish_reason for --max-queued-requests refusals (HTTP 503) and for the
+# requests of a failed scheduler step (500).
+QUEUE_FULL = "QueueFull"
+STEP_ERROR = "StepError"
+
+
 class AbortReq(msgspec.Struct, tag=True):
     rid: str
 
@@ -57,7 +63,37 @@ class FlushCacheReq(msgspec.Struct, tag=True):
     """Empty the prefix cache (sent only while no request runs)."""
 
 
-SchedulerInput = Union[TokenizedGenerateReqInput, AbortReq, FlushCacheReq]
+class GetLoadReq(msgspec.Struct, tag=True):
+    """Ask scheduler rank 0 for a SchedulerLoad; it comes back through the detokenizer."""
+
+    req_id: int
+
+
+SchedulerInput = Union[TokenizedGenerateReqInput, AbortReq, FlushCacheReq, GetLoadReq]
+
+
+class SchedulerLoad(msgspec.Struct):
+    """The scheduler's live state (/get_server_info, /metrics). Idle means num_running_reqs ==
+    num_queue_reqs == 0, req_slots_free == req_slots_total and num_used_tokens == 0, i.e.
+    num_free_tokens + num_evictable_tokens == max_total_num_tokens: every KV slot is free or
+    holds a cached prefix that no request uses."""
+
+    req_id: int
+    num_running_reqs: int  # admitted and not yet released (running, prefilling, finishing)
+    num_queue_reqs: int  # waiting for admission, grammar compiles included
+    req_slots_free: int
+    req_slots_total: int
+    max_total_num_tokens: int
+    num_free_tokens: int
+    num_evictable_tokens: int  # cached prefixes no request holds
+    num_used_tokens: int  # held by requests: max_total - free - evictable
+    token_usage: float  # num_used_tokens / max_total_num_tokens (SGLang's token usage)
+    num_steps: int
+    num_failed_steps: int
+    # Step time (scheduler submit -> result read) histogram: cumulative counts per upper bound.
+    step_time_buckets: list[float]
+    step_time_counts: list[int]
+    step_time_sum: float
 
 
 class TokenOut(msgspec.Struct):
@@ -88,6 +124,7 @@ class TokenOut(msgspec.Struct):
 
 class BatchTokenOut(msgspec.Struct):
     outs: list[TokenOut]
+    load: Optional[SchedulerLoad] = None  # the answer to a GetLoadReq
 
 
 class StrOut(msgspec.Struct):
@@ -103,6 +140,7 @@ class StrOut(msgspec.Struct):
 
 class BatchStrOut(msgspec.Struct):
     outs: list[StrOut]
+    load: Optional[SchedulerLoad] = None  # passed through from BatchTokenOut
 
 
 class SchedulerReady(msgspec.Struct):
@@ -114,6 +152,18 @@ class SchedulerReady(msgspec.Struct):
     max_running_requests: int
     eos_token_ids: list[int]
     model_path: str
+
+
+class ReplicaLoad(msgspec.Struct):
+    """Scheduler rank 0 of replica dp_rank -> the data-parallel controller (or, with one replica,
+    the HTTP process): SGLang's /get_load fields, and the count the controller's in-transit
+    estimate needs."""
+
+    dp_rank: int
+    num_reqs: int  # running and waiting
+    num_waiting_reqs: int
+    num_tokens: int  # KV tokens held by requests, plus the prompt tokens of waiting ones
+    num_reqs_received: int  # generate requests received since start
 
 
 _encoder = msgspec.msgpack.Encoder()

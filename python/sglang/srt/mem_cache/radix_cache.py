@@ -14,6 +14,11 @@ least recently used first when the allocator runs short.
 Recency is a logical clock, not wall time: TP ranks run the same scheduling decisions on the
 same inputs, so each builds the same tree and evicts the same nodes.
 
+A step that fails (managers/step_failures.py) leaves garbage in the slots it was to write:
+poison() marks every node holding one of them, and its descendants (computed on top of it);
+matching stops before a poisoned node, and discard() releases a failed request without caching
+its row. Poisoned nodes are evicted like any other once no request holds them.
+
 `align` > 1 (the deterministic mode) keeps only whole chunks of `align` tokens computed by
 prefill: such a chunk has the same bits in every run, so a cached run's tokens equal an
 uncached run's.
@@ -37,7 +42,7 @@ EVICT_BATCH_DIVISOR = 64  # an eviction frees at least 1/64 of the pool
 
 
 class TreeNode:
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access", "node_id")
+    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access", "node_id", "poisoned")
 
     def __init__(self, key: list[int], value: torch.Tensor, parent: Optional["TreeNode"], node_id: int) -> None:
         self.children: dict[int, TreeNode] = {}
@@ -47,6 +52,7 @@ class TreeNode:
         self.lock_ref = 0
         self.last_access = 0
         self.node_id = node_id
+        self.poisoned = False  # its K/V (or a prefix's) were to be written by a failed step
 
 
 class RadixCache:
@@ -103,7 +109,7 @@ class RadixCache:
         tick = next(self._clock)
         while i < len(key):
             child = node.children.get(key[i])
-            if child is None:
+            if child is None or child.poisoned:
                 break
             child.last_access = tick
             n = _common_len(child.key, key, i)
@@ -122,7 +128,7 @@ class RadixCache:
             return 0
         while i < len(key):
             child = node.children.get(key[i])
-            if child is None:
+            if child is None or child.poisoned:
                 break
             n = _common_len(child.key, key, i)
             i += n
@@ -157,7 +163,7 @@ class RadixCache:
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Cut `child`'s edge after n tokens; returns the new upper node."""
         upper = TreeNode(child.key[:n], child.value[:n], child.parent, next(self._ids))
-        upper.lock_ref, upper.last_access = child.lock_ref, child.last_access
+        upper.lock_ref, upper.last_access, upper.poisoned = child.lock_ref, child.last_access, child.poisoned
         child.parent.children[child.key[0]] = upper
         child.key, child.value, child.parent = child.key[n:], child.value[n:], upper
         upper.children[child.key[0]] = child
@@ -264,14 +270,28 @@ class RadixCache:
     def release(self, req: Req) -> None:
         """The request is done: its computed sequence stays cached (prompt and outputs, except in
         the aligned mode, whose decode K/V differ from prefill's), its own slots are dropped."""
-        row = req.req_pool_idx
         if not self.align > 1:
             self._insert_row(req, min(req.kv_len, len(req.fill_ids)))
+        self.discard(req)
+
+    def discard(self, req: Req) -> None:
+        """Drop the request's locks and slots without caching anything more of its row."""
+        row = req.req_pool_idx
         if req.last_node is not None:
             self.dec_lock_ref(req.last_node)
             req.last_node = None
         self._unref(self.req_to_token_pool.slots_of(row, req.kv_len))
         self.req_to_token_pool.free(row)
+
+    def poison(self, slots: torch.Tensor) -> None:
+        """Mark the nodes holding any of `slots` ([N] int64, host), with their subtrees."""
+        stack = [child for root in self.roots.values() for child in root.children.values()]
+        while stack:
+            node = stack.pop()
+            if node.poisoned or bool(torch.isin(node.value, slots).any()):
+                _mark_subtree(node)
+            else:
+                stack.extend(node.children.values())
 
     def _insert_row(self, req: Req, length: int) -> None:
         if self.disable or length <= 0 or length <= self._locked_len(req):
@@ -292,6 +312,14 @@ class RadixCache:
 
     def _aligned(self, n: int) -> int:
         return n - n % self.align
+
+
+def _mark_subtree(node: TreeNode) -> None:
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        node.poisoned = True
+        stack.extend(node.children.values())
 
 
 def _common_len(edge: list[int], key: list[int], start: int) -> int:

@@ -8,7 +8,15 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import Response
 
-from sglang.srt.entrypoints.openai.protocol import ModelCard, ModelList
+from sglang.srt.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    ResponsesRequest,
+    ScoringRequest,
+)
+from sglang.srt.entrypoints.openapi_bodies import document_request_bodies
 from sglang.srt.entrypoints.openai.serving_base import error_response, json_response
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
@@ -27,6 +35,10 @@ def register_openai_routes(app: FastAPI, tokenizer_manager: Any, server_args: An
     score = OpenAIServingScore(tokenizer_manager, server_args)
     app.add_api_route("/v1/score", score.handle, methods=["POST"])
     _register_responses_routes(app, OpenAIServingResponses(tokenizer_manager, server_args, chat))
+    document_request_bodies(app, {
+        "/v1/completions": CompletionRequest, "/v1/chat/completions": ChatCompletionRequest,
+        "/v1/score": ScoringRequest, "/v1/responses": ResponsesRequest,
+    })
 
     def card() -> ModelCard:
         # The scheduler reports the context length once the model is loaded.

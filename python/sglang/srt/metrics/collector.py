@@ -1,0 +1,109 @@
+"""Prometheus metrics (--enable-metrics, /metrics) under SGLang's names.
+
+Request metrics are recorded in the tokenizer manager as results arrive, as in SGLang; the
+scheduler's gauges and step-time histogram come from a SchedulerLoad fetched for each scrape.
+Ours where SGLang has no name: sglang:num_aborted_requests_total carries a `reason` label (the
+abort's err_type), and sglang:step_time_seconds / sglang:num_failed_steps_total describe steps.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from sglang.srt.managers.io_struct import SchedulerLoad
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
+ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2.5, 5)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
+
+# SchedulerLoad field -> (metric name, help)
+LOAD_GAUGES = {
+    "num_running_reqs": ("sglang:num_running_reqs", "The number of running requests."),
+    "num_queue_reqs": ("sglang:num_queue_reqs", "The number of requests in the waiting queue."),
+    "token_usage": ("sglang:token_usage", "The token usage: KV tokens held by requests / KV capacity."),
+    "num_used_tokens": ("sglang:num_used_tokens", "KV tokens held by requests."),
+    "num_evictable_tokens": ("sglang:num_evictable_tokens", "KV tokens of cached prefixes no request holds."),
+    "max_total_num_tokens": ("sglang:max_total_num_tokens", "KV cache capacity in tokens."),
+    "req_slots_free": ("sglang:num_free_req_slots", "Request slots free for admission."),
+}
+
+
+class SchedulerLoadCollector:
+    """Exports the SchedulerLoad last set (a custom collector: the values live in the scheduler)."""
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.labels = labels
+        self.load: Optional[SchedulerLoad] = None
+
+    def collect(self) -> Iterator[Metric]:
+        load = self.load
+        if load is None:
+            return
+        names, values = list(self.labels), list(self.labels.values())
+        for field, (name, doc) in LOAD_GAUGES.items():
+            gauge = GaugeMetricFamily(name, doc, labels=names)
+            gauge.add_metric(values, float(getattr(load, field)))
+            yield gauge
+        failed = CounterMetricFamily("sglang:num_failed_steps", "Scheduler steps that raised (their requests aborted).", labels=names)
+        failed.add_metric(values, load.num_failed_steps)
+        yield failed
+        steps = HistogramMetricFamily("sglang:step_time_seconds", "Scheduler step time, submit to result.", labels=names)
+        bounds = [str(b) for b in load.step_time_buckets] + ["+Inf"]
+        steps.add_metric(values, list(zip(bounds, load.step_time_counts)), load.step_time_sum)
+        yield steps
+
+
+class TokenizerMetricsCollector:
+    """The request metrics and the registry /metrics renders."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = {"model_name": model_name}
+        self.label_values = labels
+        names = list(labels)
+        self.prompt_tokens = Counter("sglang:prompt_tokens", "Number of prefill tokens processed.", names, registry=self.registry)
+        self.generation_tokens = Counter(
+            "sglang:generation_tokens", "Number of generation tokens processed.", names, registry=self.registry
+        )
+        self.requests = Counter("sglang:num_requests", "Number of requests processed.", names, registry=self.registry)
+        self.aborted = Counter(
+            "sglang:num_aborted_requests", "Number of requests aborted, by reason (the abort's err_type).",
+            names + ["reason"], registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", names,
+            buckets=TTFT_BUCKETS, registry=self.registry,
+        )
+        self.itl = Histogram(
+            "sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", names,
+            buckets=ITL_BUCKETS, registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds", names,
+            buckets=E2E_BUCKETS, registry=self.registry,
+        )
+        self.scheduler = SchedulerLoadCollector(labels)
+        self.registry.register(self.scheduler)
+
+    def first_token(self, seconds: float) -> None:
+        self.ttft.labels(**self.label_values).observe(seconds)
+
+    def later_tokens(self, seconds: float, count: int) -> None:
+        """`count` tokens arrived `seconds` after the previous ones: SGLang observes the mean gap."""
+        self.itl.labels(**self.label_values).observe(seconds / count)
+
+    def finished(self, prompt_tokens: int, completion_tokens: int, e2e_seconds: float, reason: dict) -> None:
+        labels = self.label_values
+        self.requests.labels(**labels).inc()
+        self.prompt_tokens.labels(**labels).inc(prompt_tokens)
+        self.generation_tokens.labels(**labels).inc(completion_tokens)
+        self.e2e.labels(**labels).observe(e2e_seconds)
+        if reason.get("type") == "abort":
+            self.aborted.labels(**labels, reason=str(reason.get("err_type", "unknown"))).inc()
+
+    def render(self, load: SchedulerLoad) -> bytes:
+        self.scheduler.load = load
+        return generate_latest(self.registry)
