@@ -80,7 +80,7 @@ def kernel_variant(request, monkeypatch):
 
 
 @pytest.mark.parametrize("make", [q4_1_weight, q8_0_weight])
-@pytest.mark.parametrize("rows", [1, 5, 6, 16, 33])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 16, 33])  # 1-4: the in-register GEMV path
 @pytest.mark.parametrize("n,k", [(16, 32), (48, 288), (32, 576)])  # 288: a partial 256-wide chunk
 def test_kernel_matches_reference(kernel_variant, make, rows, n, k) -> None:
     blocks = decompose_block_quant(make(n, k, seed=rows))
@@ -100,6 +100,19 @@ def test_rows_do_not_depend_on_the_batch() -> None:
     for r in (0, 5, 22):
         assert torch.equal(block_quant_linear(x[r : r + 1], blocks)[0], full[r])
     assert torch.equal(block_quant_linear(x.flip(0), blocks).flip(0), full)
+
+
+@pytest.mark.parametrize("make", [q4_1_weight, q8_0_weight])
+def test_gemv_rows_equal_the_buffered_path_bit_for_bit(kernel_variant, make) -> None:
+    """Up to 4 rows take the GEMV path, 5 and more the buffered one: the same sums in the same
+    order, so a row's bits never depend on which path its batch size picked."""
+    blocks = decompose_block_quant(make(48, 320))
+    x = torch.randn(7, 320, generator=torch.Generator().manual_seed(3))
+    bias = torch.randn(48, generator=torch.Generator().manual_seed(4))
+    for b in (None, bias):
+        buffered = block_quant_linear(x, blocks, b)  # 7 rows
+        for rows in (1, 2, 3, 4):
+            assert torch.equal(block_quant_linear(x[:rows], blocks, b), buffered[:rows])
 
 
 def test_bad_inputs_are_refused() -> None:

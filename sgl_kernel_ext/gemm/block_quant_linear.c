@@ -14,6 +14,7 @@
  * block of 32 k: d[16] f32, m[16] f32, then the codes k-major, 16 columns per k (4-bit: two k
  * per byte row, k even in the low nibble; 8-bit: one signed byte each).
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,10 +93,111 @@ static void tile_rows(const float *xt, int64_t rows_padded, const float *w, int6
 #endif
 }
 
+/* ---- decode-sized batches (GEMV_MAX_ROWS rows at most) ----
+ * Bound by reading the weights once: each block is dequantised in registers and multiplied into
+ * every row at once, x is read where it lies, nothing is allocated. Every output is still one
+ * fma chain over k in order from 0, exactly as tile_rows sums it, so a row's result is the same
+ * bits as on the buffered path and independent of the batch. */
+#define GEMV_MAX_ROWS 4
+
+#ifdef HAVE_AVX2
+/* acc[r][0:16] += x[r][k] * w[0:16] for ROWS_ rows, w = the two vectors of one k. */
+#define GEMV_FMA(ROWS_, xk, w0, w1, acc)                                   \
+    for (int r = 0; r < (ROWS_); r++) {                                    \
+        const __m256 xr = _mm256_broadcast_ss((xk) + r * in);             \
+        acc[r][0] = _mm256_fmadd_ps(xr, w0, acc[r][0]);                    \
+        acc[r][1] = _mm256_fmadd_ps(xr, w1, acc[r][1]);                    \
+    }
+
+/* The 16 outputs of one tile for `rows_` rows; inlined per row count so acc stays in registers. */
+static inline __attribute__((always_inline)) void gemv_tile(const uint8_t *tile, int bits, const float *x, int64_t in,
+                                                            const int rows_, __m256 acc[GEMV_MAX_ROWS][2]) {
+    const int64_t stride = block_bytes(bits);
+    const __m256i low = _mm256_set1_epi32(0x0F);
+    for (int r = 0; r < rows_; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < in / BLOCK_K; b++) {
+        const uint8_t *block = tile + b * stride, *codes = block + 2 * TILE_N * 4;
+        const float *d = (const float *)block, *m = d + TILE_N, *xb = x + b * BLOCK_K;
+        const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
+        const __m256 m0 = _mm256_loadu_ps(m), m1 = _mm256_loadu_ps(m + 8);
+        if (bits == 4) {
+            for (int j = 0; j < BLOCK_K / 2; j++) {
+                const __m256i c0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + 16 * j)));
+                const __m256i c1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + 16 * j + 8)));
+                const __m256 e0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(_mm256_and_si256(c0, low)), m0);
+                const __m256 e1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(_mm256_and_si256(c1, low)), m1);
+                const __m256 o0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(_mm256_srli_epi32(c0, 4)), m0);
+                const __m256 o1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(_mm256_srli_epi32(c1, 4)), m1);
+                GEMV_FMA(rows_, xb + 2 * j, e0, e1, acc)
+                GEMV_FMA(rows_, xb + 2 * j + 1, o0, o1, acc)
+            }
+        } else {
+            for (int k = 0; k < BLOCK_K; k++) {
+                const __m256i c0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(codes + 16 * k)));
+                const __m256i c1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(codes + 16 * k + 8)));
+                const __m256 w0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(c0), m0);
+                const __m256 w1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(c1), m1);
+                GEMV_FMA(rows_, xb + k, w0, w1, acc)
+            }
+        }
+    }
+}
+
+static void gemv_tile_rows(const uint8_t *tile, int bits, const float *x, int64_t rows, int64_t in, const float *bias,
+                           float *out, int64_t out_features) {
+    __m256 acc[GEMV_MAX_ROWS][2];
+    switch (rows) {
+    case 1: gemv_tile(tile, bits, x, in, 1, acc); break;
+    case 2: gemv_tile(tile, bits, x, in, 2, acc); break;
+    case 3: gemv_tile(tile, bits, x, in, 3, acc); break;
+    default: gemv_tile(tile, bits, x, in, 4, acc); break;
+    }
+    /* + 0 without a bias, as the buffered path does (it turns -0 into +0). */
+    const __m256 b0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps(), b1 = bias ? _mm256_loadu_ps(bias + 8) : b0;
+    for (int64_t r = 0; r < rows; r++) {
+        _mm256_storeu_ps(out + r * out_features, _mm256_add_ps(acc[r][0], b0));
+        _mm256_storeu_ps(out + r * out_features + 8, _mm256_add_ps(acc[r][1], b1));
+    }
+}
+#else
+static void gemv_tile_rows(const uint8_t *tile, int bits, const float *x, int64_t rows, int64_t in, const float *bias,
+                           float *out, int64_t out_features) {
+    const int64_t stride = block_bytes(bits);
+    float acc[GEMV_MAX_ROWS][TILE_N] = {{0.0f}};
+    for (int64_t b = 0; b < in / BLOCK_K; b++) {
+        const uint8_t *block = tile + b * stride, *codes = block + 2 * TILE_N * 4;
+        const float *d = (const float *)block, *m = d + TILE_N;
+        for (int k = 0; k < BLOCK_K; k++)
+            for (int c = 0; c < TILE_N; c++) {
+                const int code = bits == 4 ? (codes[(k / 2) * TILE_N + c] >> (4 * (k % 2))) & 0x0F
+                                           : (int8_t)codes[k * TILE_N + c];
+                const float w = fmaf(d[c], (float)code, m[c]);
+                for (int64_t r = 0; r < rows; r++) acc[r][c] = fmaf(x[r * in + b * BLOCK_K + k], w, acc[r][c]);
+            }
+    }
+    for (int64_t r = 0; r < rows; r++)
+        for (int c = 0; c < TILE_N; c++) out[r * out_features + c] = acc[r][c] + (bias ? bias[c] : 0.0f);
+}
+#endif
+
+static void gemv(const float *x, int64_t rows, int64_t in, const uint8_t *packed, int bits, int64_t out_features,
+                 const float *bias, float *out, int num_threads) {
+    const int64_t tiles = out_features / TILE_N, tile_bytes = in / BLOCK_K * block_bytes(bits);
+    /* The two cores split the output tiles; one barrier, the region's end. */
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (int64_t t = 0; t < tiles; t++)
+        gemv_tile_rows(packed + t * tile_bytes, bits, x, rows, in, bias ? bias + t * TILE_N : NULL, out + t * TILE_N,
+                       out_features);
+}
+
 /* x: [rows, in] contiguous; out: [rows, out] contiguous; bias: [out] or NULL. in a multiple of
  * 32, out of 16. Returns 0, or 1 if a buffer could not be allocated. */
 int block_quant_linear_f32(const float *x, int64_t rows, int64_t in, const uint8_t *packed, int bits, int64_t out_features,
                            const float *bias, float *out, int num_threads) {
+    if (rows <= GEMV_MAX_ROWS) {
+        gemv(x, rows, in, packed, bits, out_features, bias, out, num_threads);
+        return 0;
+    }
     const int64_t rows_padded = (rows + ROWS - 1) / ROWS * ROWS, tiles = out_features / TILE_N;
     const int64_t tile_bytes = in / BLOCK_K * block_bytes(bits);
     /* x transposed to [in][rows_padded], zero rows padding the last register tile; on this
