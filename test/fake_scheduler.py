@@ -233,7 +233,7 @@ def _log(record: dict[str, Any]) -> None:
             f.write(json.dumps(record) + "\n")
 
 
-def run_fake_scheduler(server_args: ServerArgs, port_args: PortArgs, tp_rank: int, ready_writer: Any) -> None:
+def run_fake_scheduler(server_args: ServerArgs, port_args: PortArgs, tp_rank: int, ready_writer: Any, dp_rank: int = 0) -> None:
     _log({"kind": "start", "rank": tp_rank, "pid": os.getpid()})
     if tp_rank != 0:
         threading.Event().wait()  # other ranks only exist, as processes to manage

@@ -22,9 +22,20 @@ _CPU_GROUP: Optional[dist.ProcessGroup] = None
 
 
 def init_tp_groups(tp_rank: int, tp_size: int, device: torch.device, init_method: str, timeout_s: float) -> None:
-    """Join the TP job: every collective of both groups gives up after `timeout_s` seconds."""
+    """Join the TP job: every collective of both groups gives up after `timeout_s` seconds, and so
+    does joining, with an error naming the rendezvous address."""
+    try:
+        _join(tp_rank, tp_size, device, init_method, timedelta(seconds=timeout_s))
+    except (RuntimeError, TimeoutError) as err:  # torch.distributed's DistError is a RuntimeError
+        raise RuntimeError(
+            f"TP rank {tp_rank} could not join its TP group of {tp_size} ranks at {init_method.removeprefix('tcp://')} "
+            f"within --dist-timeout {timeout_s:.0f} s: {err}"
+        ) from err
+    logger.info("TP rank %d of %d joined (%s).", tp_rank, tp_size, dist.get_backend())
+
+
+def _join(tp_rank: int, tp_size: int, device: torch.device, init_method: str, timeout: timedelta) -> None:
     global _CPU_GROUP
-    timeout = timedelta(seconds=timeout_s)
     if device.type == "cuda":
         torch.cuda.set_device(device)
         dist.init_process_group(
@@ -33,7 +44,18 @@ def init_tp_groups(tp_rank: int, tp_size: int, device: torch.device, init_method
     else:
         dist.init_process_group("gloo", init_method=init_method, world_size=tp_size, rank=tp_rank, timeout=timeout)
     _CPU_GROUP = dist.new_group(backend="gloo", timeout=timeout)
-    logger.info("TP rank %d of %d joined (%s).", tp_rank, tp_size, dist.get_backend())
+
+
+def tp_group_lost(err: BaseException) -> bool:
+    """Whether `err` says another rank of the group went away (its process ended, or the network
+    failed): gloo reports a closed or reset connection, torch.distributed a DistError."""
+    if isinstance(err, dist.DistError):
+        return True
+    message = str(err)
+    return isinstance(err, RuntimeError) and any(s in message for s in _PEER_GONE)
+
+
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
 
 def tp_cpu_group() -> dist.ProcessGroup:

@@ -23,6 +23,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, NamedTuple, Optional
 
+import msgspec
 import torch
 import torch.distributed as dist
 import zmq
@@ -232,7 +233,12 @@ class Scheduler:
         if self.tp_size > 1:
             frames = broadcast_frames(frames, tp_cpu_group())
         for frame in frames:
-            self._handle(self.decode_input.decode(frame))
+            try:
+                message = self.decode_input.decode(frame)
+            except msgspec.DecodeError:  # msgpack of our structs only: anything else is dropped, never run
+                logger.error("Dropping an undecodable %d-byte message on the scheduler socket", len(frame))
+                continue
+            self._handle(message)
         if not block and self.grammar_queue and self._nothing_to_run():
             self.grammar_queue.wait(GRAMMAR_WAIT_S)  # rather than spin while only compiles are pending
         if block and os.getppid() != self.parent_pid:

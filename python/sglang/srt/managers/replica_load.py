@@ -1,0 +1,87 @@
+"""Each data-parallel replica's load: reported by its scheduler, balanced on by the controller,
+served by /get_load and /get_server_info.
+
+Scheduler rank 0 of every replica pushes a ReplicaLoad (msgpack over ZMQ) when its load has
+changed: at most every --load-watch-interval seconds while it works, and at once before it
+waits idle, so an idle server's last report is exact. With several replicas the reports go to
+the data-parallel controller, which forwards them to the HTTP process; with one they go there
+directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Optional
+
+import msgspec
+import zmq
+
+from sglang.srt.managers.io_struct import ReplicaLoad, decoder, encode
+
+logger = logging.getLogger(__name__)
+
+_POLL_MS = 200  # how often the table's reader thread looks at its stop flag
+_SEND_HWM = 16
+
+
+class ReplicaLoadReporter:
+    """The scheduler's side: sends a report when the load changed and one is due."""
+
+    def __init__(self, context: zmq.Context, address: str, interval_s: float) -> None:
+        self._socket = context.socket(zmq.PUSH)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.SNDHWM, _SEND_HWM)
+        self._socket.connect(address)
+        self._interval_s = interval_s
+        self._last: Optional[ReplicaLoad] = None
+        self._sent_at = 0.0
+
+    def report(self, load: ReplicaLoad, now: bool) -> None:
+        """Send `load` if it differs from the last one sent and the interval has passed (or `now`)."""
+        if load == self._last:
+            return
+        at = time.monotonic()
+        if not now and at - self._sent_at < self._interval_s:
+            return
+        try:
+            self._socket.send(encode(load), zmq.NOBLOCK)
+        except zmq.Again:  # nobody reads (sglang.Engine): a report is a snapshot, the next one replaces it
+            return
+        self._last, self._sent_at = load, at
+
+
+class ReplicaLoadTable:
+    """The HTTP process's side: the latest report of each replica, kept by a reader thread."""
+
+    def __init__(self, address: str, dp_size: int) -> None:
+        self._loads: list[ReplicaLoad] = [ReplicaLoad(i, 0, 0, 0, 0) for i in range(dp_size)]
+        self._context = zmq.Context()
+        self._socket = self._context.socket(zmq.PULL)
+        self._socket.bind(address)
+        self._decoder = decoder(ReplicaLoad)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, name="replica-loads", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            if not self._socket.poll(_POLL_MS):
+                continue
+            try:
+                load = self._decoder.decode(self._socket.recv())
+            except msgspec.DecodeError:
+                logger.exception("Dropping an undecodable load report")
+                continue
+            if 0 <= load.dp_rank < len(self._loads):
+                self._loads[load.dp_rank] = load
+
+    def snapshot(self) -> list[dict]:
+        """SGLang's /get_load answer: one {dp_rank, num_reqs, num_waiting_reqs, num_tokens, ...} per replica."""
+        return [msgspec.structs.asdict(load) for load in self._loads]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._context.destroy(linger=0)
