@@ -47,11 +47,16 @@ import torch
 from tqdm import tqdm
 
 from bench_sampler import machine_description  # this folder is on sys.path when run as a script
+from llama_server import LlamaServerProcess, completion_payload, missing_binary, server_argv, stream_completion
 from sglang.srt.utils.embedded_model import embedded_model_path
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 NEW_TOKENS = 64
 TARGET_N, TARGET_RATIO = 16, 2.0
+# The llama.cpp anchor's systems (both through /v1/completions) and targets: ours / llama.cpp
+# output tokens/s per concurrency.
+OPENAI_SYSTEM, LLAMA_SYSTEM = "ours-openai", "llama.cpp"
+LLAMA_TARGETS = {1: 1.0, 16: 1.5}
 DETERMINISTIC_FLAGS = ("--enable-deterministic-inference",)
 
 # Short English prompts, 10-40 tokens each with SmolLM2's tokenizer (checked at HF load time).
@@ -128,17 +133,29 @@ def stream_one(url: str, payload: dict[str, Any], start: threading.Barrier) -> R
     return timing
 
 
-def run_ours_once(url: str, n: int, max_new_tokens: int, bar: Optional[tqdm]) -> tuple[list[RequestTiming], float]:
+def completions_request(i: int, max_new_tokens: int = NEW_TOKENS) -> dict[str, Any]:
+    return completion_payload(PROMPTS[i % len(PROMPTS)], max_new_tokens)
+
+
+# API -> (payload of request i, the client of one streamed request): /generate with the mixed
+# sampling list, or OpenAI /v1/completions, which llama-server speaks too.
+CLIENTS = {"generate": (request_payload, stream_one), "completions": (completions_request, stream_completion)}
+
+
+def run_ours_once(
+    url: str, n: int, max_new_tokens: int, bar: Optional[tqdm], api: str = "generate"
+) -> tuple[list[RequestTiming], float]:
     """N requests at once; (per-request timings, wall seconds from release to last done)."""
-    return run_streams(url, [request_payload(i, max_new_tokens) for i in range(n)], bar)
+    payload, send = CLIENTS[api]
+    return run_streams(url, [payload(i, max_new_tokens) for i in range(n)], bar, send)
 
 
-def run_streams(url: str, payloads: list[dict], bar: Optional[tqdm]) -> tuple[list[RequestTiming], float]:
+def run_streams(url: str, payloads: list[dict], bar: Optional[tqdm], send=stream_one) -> tuple[list[RequestTiming], float]:
     """Streamed requests released together; (per-request timings, wall seconds from release to last done)."""
     n = len(payloads)
     start = threading.Barrier(n + 1)
     with ThreadPoolExecutor(n) as pool:
-        futures = [pool.submit(stream_one, url, payload, start) for payload in payloads]
+        futures = [pool.submit(send, url, payload, start) for payload in payloads]
         start.wait()
         t0 = time.perf_counter()
         timings = []
@@ -150,14 +167,14 @@ def run_streams(url: str, payloads: list[dict], bar: Optional[tqdm]) -> tuple[li
     return timings, wall
 
 
-def bench_ours(url: str, concurrencies: list[int], rounds: int, system: str = "ours") -> list[dict]:
+def bench_ours(url: str, concurrencies: list[int], rounds: int, system: str = "ours", api: str = "generate") -> list[dict]:
     records = []
     for n in concurrencies:
-        run_ours_once(url, n, NEW_TOKENS, None)  # warm-up: the first run at a size pays one-off costs
+        run_ours_once(url, n, NEW_TOKENS, None, api)  # warm-up: the first run at a size pays one-off costs
         timings, wall = [], 0.0
         with OutsideLoad() as outside, tqdm(total=n * rounds, desc=f"{system} N={n}", unit="req") as bar:
             for _ in range(rounds):
-                round_timings, round_wall = run_ours_once(url, n, NEW_TOKENS, bar)
+                round_timings, round_wall = run_ours_once(url, n, NEW_TOKENS, bar, api)
                 timings += round_timings
                 wall += round_wall
         short = [t.tokens for t in timings if t.tokens != NEW_TOKENS]
@@ -251,7 +268,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def bench_launched(concurrencies: list[int], rounds: int, flags: tuple[str, ...] = (), system: str = "ours") -> list[dict]:
+def bench_launched(
+    concurrencies: list[int], rounds: int, flags: tuple[str, ...] = (), system: str = "ours", api: str = "generate"
+) -> list[dict]:
     """Start the embedded-model server with default flags (plus `flags`), run ours, stop it."""
     from sglang.srt.entrypoints.http_server import ServerProcess
 
@@ -260,9 +279,32 @@ def bench_launched(concurrencies: list[int], rounds: int, flags: tuple[str, ...]
     server = ServerProcess(["--port", str(port), "--log-level", "warning", *flags], port, startup_timeout=600)
     try:
         server.wait_healthy()
-        return bench_ours(server.url, concurrencies, rounds, system)
+        return bench_ours(server.url, concurrencies, rounds, system, api)
     finally:
         server.stop()
+
+
+def bench_llama_server(binary: str, concurrencies: list[int], rounds: int) -> list[dict]:
+    """llama-server on the same GGUF, same slots, same /v1/completions workload."""
+    server = LlamaServerProcess(binary, embedded_model_path(), free_port(), max(concurrencies), torch.get_num_threads())
+    print(f"starting {' '.join(server.command)} ...", flush=True)
+    try:
+        server.wait_healthy()
+        return bench_ours(server.url, concurrencies, rounds, LLAMA_SYSTEM, "completions")
+    finally:
+        server.stop()
+
+
+def bench_anchor_pairs(binary: str, concurrencies: list[int], rounds: int, pairs: int) -> list[dict]:
+    """Ours and llama-server one after the other, `pairs` times, the order alternating; each
+    record says its pair."""
+    records = []
+    for pair in range(pairs):
+        ours = lambda: bench_launched(concurrencies, rounds, tuple(server_argv(concurrencies)), OPENAI_SYSTEM, "completions")
+        theirs = lambda: bench_llama_server(binary, concurrencies, rounds)
+        for run in (ours, theirs) if pair % 2 == 0 else (theirs, ours):
+            records += [{**r, "pair": pair} for r in run()]
+    return records
 
 
 # ------------------------------------------------------------------------------ outside load
@@ -384,6 +426,7 @@ def ratios(records: list[dict]) -> dict[int, float]:
 
 
 def markdown_table(records: list[dict]) -> str:
+    records = [r for r in records if r["system"] not in (OPENAI_SYSTEM, LLAMA_SYSTEM)]
     ratio = ratios(records)
     by_system = {(r["system"], r["concurrency"]): r["output_tok_s"] for r in records}
     lines = [
@@ -400,6 +443,57 @@ def markdown_table(records: list[dict]) -> str:
             f"| {fmt(r['ttft_ms_p90'], 0)} | {fmt(r['itl_ms_median'])} | {fmt(r['itl_ms_p90'])} | {r['total_tokens']} | {r['wall_s']:.1f} | {r['outside_load_cores']:.2f} |"
         )
     return "\n".join(lines)
+
+
+def anchor_pairs(records: list[dict]) -> list[tuple[dict, dict]]:
+    """(llama.cpp record, ours record) per concurrency and pair, in that order."""
+    ours = {(r["concurrency"], r["pair"]): r for r in records if r["system"] == OPENAI_SYSTEM}
+    theirs = sorted((r for r in records if r["system"] == LLAMA_SYSTEM), key=lambda r: (r["concurrency"], r["pair"]))
+    return [(r, ours[(r["concurrency"], r["pair"])]) for r in theirs if (r["concurrency"], r["pair"]) in ours]
+
+
+def anchor_table(records: list[dict]) -> str:
+    lines = [
+        "| N | pair | llama.cpp tok/s | ours tok/s | ours / llama.cpp | target | TTFT median ms (llama.cpp / ours) "
+        "| ITL median ms (llama.cpp / ours) | outside load, cores (llama.cpp / ours) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for theirs, ours in anchor_pairs(records):
+        n, ratio = ours["concurrency"], ours["output_tok_s"] / theirs["output_tok_s"]
+        target = LLAMA_TARGETS.get(n)
+        verdict = "" if target is None else f">= {target:g}x: {'met' if ratio >= target else 'NOT met'}"
+        lines.append(
+            f"| {n} | {ours['pair']} | {fmt(theirs['output_tok_s'])} | {fmt(ours['output_tok_s'])} | {ratio:.2f}x | {verdict} "
+            f"| {fmt(theirs['ttft_ms_median'], 0)} / {fmt(ours['ttft_ms_median'], 0)} "
+            f"| {fmt(theirs['itl_ms_median'])} / {fmt(ours['itl_ms_median'])} "
+            f"| {theirs['outside_load_cores']:.2f} / {ours['outside_load_cores']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def anchor_plot(records: list[dict], path: Path, title: str) -> None:
+    """Output tokens/s and TTFT per concurrency, llama.cpp beside ours, one bar per pair."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pairs = anchor_pairs(records)
+    ns = sorted({ours["concurrency"] for _, ours in pairs})
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    for ax, key, ylabel in zip(axes, ("output_tok_s", "ttft_ms_median"), ("output tokens/s", "TTFT median ms")):
+        for k, (label, pick) in enumerate(((LLAMA_SYSTEM, 0), ("ours", 1))):
+            for i, n in enumerate(ns):
+                values = [pair[pick][key] for pair in pairs if pair[pick]["concurrency"] == n]
+                xs = [i + (k - 0.5) * 0.4 + (j - (len(values) - 1) / 2) * 0.4 / len(values) for j in range(len(values))]
+                ax.bar(xs, values, 0.4 / len(values), color=f"C{k}", label=label if i == 0 else None)
+        ax.set(xticks=range(len(ns)), xticklabels=[f"N={n}" for n in ns], ylabel=ylabel)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def target_verdict(records: list[dict]) -> str:
@@ -467,6 +561,12 @@ def parse_args() -> argparse.Namespace:
         "--deterministic", action="store_true",
         help="also launch the server with --enable-deterministic-inference (system ours-deterministic)",
     )
+    parser.add_argument(
+        "--llama-server", metavar="PATH",
+        help="also run llama.cpp's llama-server on the same GGUF and ours through /v1/completions, one after the "
+        "other (skipped with a message when PATH is not an executable)",
+    )
+    parser.add_argument("--pairs", type=int, default=2, help="ours / llama-server runs, order alternating (default 2)")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     return parser.parse_args()
 
@@ -482,7 +582,14 @@ def main() -> None:
         records += bench_launched(args.concurrency, args.rounds)
         if args.deterministic:
             records += bench_launched(args.concurrency, args.rounds, DETERMINISTIC_FLAGS, "ours-deterministic")
+    anchor = args.llama_server and missing_binary(args.llama_server) is None
+    if args.llama_server and not anchor:
+        print(f"skipping the llama.cpp anchor: {missing_binary(args.llama_server)}", flush=True)
+    if anchor:
+        records += bench_anchor_pairs(args.llama_server, args.concurrency, args.rounds, args.pairs)
     head = header(started, args)
+    if anchor:
+        head["llama_server"] = {"binary": args.llama_server, "version": LlamaServerProcess.version(args.llama_server)}
     head["elapsed_s"] = (datetime.datetime.now(datetime.timezone.utc) - started).total_seconds()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "serving_cpu.json").write_text(json.dumps({"header": head, "records": records}, indent=1) + "\n")
@@ -490,6 +597,9 @@ def main() -> None:
     print(f"\n{head['date']} | {head['machine']} | torch {head['torch']} | transformers {head['transformers']}")
     print(markdown_table(records))
     print(target_verdict(records))
+    if anchor:
+        anchor_plot(records, args.out_dir / "serving_llama_cpp.png", f"/v1/completions, {NEW_TOKENS} tokens/request, {head['machine']}")
+        print(anchor_table(records))
 
 
 if __name__ == "__main__":
