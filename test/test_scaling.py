@@ -1,23 +1,29 @@
-"""--dp-size: replicas behind one HTTP server and a data-parallel controller (CPU, gloo for TP).
+"""--dp-size (replicas behind one HTTP server and a data-parallel controller) and --nnodes (a TP
+group over two processes standing for two machines), on the CPU with gloo.
 
 Through the real server on a tiny random Qwen3 with SmolLM2's vocabulary: greedy and seeded
 (penalised) requests give one replica's tokens with --dp-size 2 and --dp-size 2 --tp-size 2;
 shortest_queue and minimum_tokens send work to both replicas (counted by /get_server_info);
-a killed replica fails the in-flight requests naming it, and the server exits. The balancer,
-the placement rules and the flag checks are tested without processes."""
+a killed replica fails the in-flight requests naming it, and the server exits. Two nodes give
+TP=1's tokens; node 1 stops when node 0 does; a killed node 1 fails node 0's in-flight request
+and ends it; a node that cannot join names the address. The balancer, the placement rules and
+the flag checks are tested without processes."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import signal
 import time
+from collections.abc import Iterator
 
 import pytest
 import requests
 
-from engine_utils import iter_stream, running_server
+from engine_utils import free_port, iter_stream, running_server
 from scaling_utils import PROMPTS, model_flags, save_tiny_full_vocab, scheduler_pid, wait_exit
+from sglang.srt.entrypoints.http_server import ServerProcess
 from sglang.srt.distributed.placement import gpu_id, node_tp_ranks, parse_dist_init_addr, replica_cores
 from sglang.srt.managers.data_parallel_controller import LoadBalancer
 from sglang.srt.managers.io_struct import ReplicaLoad
@@ -158,3 +164,55 @@ def test_dp2_tp2_minimum_tokens_matches_one_replica(tiny_path, gguf_path, one_re
              "--load-balance-method", "minimum_tokens"]
     with running_server(*flags) as server:
         _check_same_tokens_on_both_replicas(server, one_replica_tokens)
+
+
+# --- two nodes on one machine (gloo) --------------------------------------------------------------
+
+
+def _node(flags: list[str], node_rank: int, dist_port: int, *extra: str) -> ServerProcess:
+    port = free_port()
+    argv = ["--port", str(port), *flags, "--tp-size", "2", "--nnodes", "2", "--node-rank", str(node_rank),
+            "--dist-init-addr", f"127.0.0.1:{dist_port}", *extra]
+    return ServerProcess(argv, port, startup_timeout=600)
+
+
+@contextlib.contextmanager
+def two_nodes(flags: list[str]) -> Iterator[tuple[ServerProcess, ServerProcess]]:
+    """Node 1 (scheduler rank 1 only) and node 0 (rank 0, HTTP), meeting at a free local port."""
+    dist_port = free_port()
+    node1 = _node(flags, 1, dist_port)
+    node0 = _node(flags, 0, dist_port)
+    try:
+        node0.wait_healthy()
+        yield node0, node1
+    finally:
+        node0.stop()
+        node1.stop()
+
+
+def test_two_nodes_match_tp1_and_node1_stops_with_node0(tiny_path, gguf_path, one_replica_tokens) -> None:
+    with two_nodes(model_flags(tiny_path, gguf_path)) as (node0, node1):
+        tokens = _run_concurrently(node0, _comparable_requests(PROMPTS))
+        assert tokens == one_replica_tokens
+        node0.proc.send_signal(signal.SIGTERM)
+        assert wait_exit(node1) == 0
+    assert "The TP group closed" in node1.output and "this node stops" in node1.output, node1.output
+
+
+def test_killing_node1_fails_the_in_flight_request_and_ends_node0(tiny_path, gguf_path) -> None:
+    with two_nodes(model_flags(tiny_path, gguf_path)) as (node0, node1):
+        payload = {"text": PROMPTS[0], "sampling_params": {"max_new_tokens": 800, "ignore_eos": True}}
+        stream = iter_stream(node0, payload, timeout=120)
+        assert next(stream)["meta_info"]["finish_reason"] is None
+        node1.proc.kill()  # its scheduler rank dies with it (PR_SET_PDEATHSIG)
+        reason = list(stream)[-1]["meta_info"]["finish_reason"]
+        assert reason["type"] == "abort" and "scheduler rank 0 lost its TP group" in reason["message"], reason
+        assert wait_exit(node0) != 0
+    assert "scheduler rank 0 lost its TP group (a rank on another node stopped" in node0.output, node0.output
+
+
+def test_a_node_that_cannot_join_names_the_address(tiny_path, gguf_path) -> None:
+    dist_port = free_port()  # nobody listens there
+    node1 = _node(model_flags(tiny_path, gguf_path), 1, dist_port, "--dist-timeout", "2")
+    assert wait_exit(node1, 120) != 0
+    assert f"could not join its TP group of 2 ranks at 127.0.0.1:{dist_port} within --dist-timeout 2 s" in node1.output
