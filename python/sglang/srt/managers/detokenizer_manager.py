@@ -13,6 +13,7 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
+import msgspec
 import zmq
 
 from sglang.srt.managers.io_struct import BatchStrOut, BatchTokenOut, StrOut, TokenOut, decoder, encode
@@ -157,7 +158,12 @@ def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs) -> Non
         manager = DetokenizerManager(tokenizer)
         batch_decoder = decoder(BatchTokenOut)
         while True:
-            batch = batch_decoder.decode(recv_sock.recv())
+            frame = recv_sock.recv()
+            try:
+                batch = batch_decoder.decode(frame)
+            except msgspec.DecodeError:  # msgpack of our structs only: anything else is dropped, never run
+                logger.error("Dropping an undecodable %d-byte message on the detokenizer socket", len(frame))
+                continue
             send_sock.send(encode(manager.handle(batch)))
     finally:
         context.destroy(linger=0)

@@ -647,7 +647,8 @@ class Scheduler:
             req.kv_failed = True
             if not req.finished():
                 req.abort(message, status_code=500, err_type=STEP_ERROR)
-        if step.mode == ForwardMode.EXTEND and step.sampled_batch is not None:
+        merged = any(batch is step.sampled_batch for batch in self.to_merge)
+        if step.mode == ForwardMode.EXTEND and step.sampled_batch is not None and not merged:
             self.to_merge.append(step.sampled_batch)  # merged and released with the finished ones
         self._send(list(victims.values()))
         self.step_failures.record(step.index, message)
