@@ -22,6 +22,13 @@ Usage:
   python benchmark/bench_sampler.py                 # CPU: B 1/16/64, V 49152
   python benchmark/bench_sampler.py --device cuda   # B 1..256, V 131072/151936, CUDA events
   python benchmark/bench_sampler.py --profile penalties:64   # also torch.profiler of ours
+  python benchmark/bench_sampler.py --processors    # batch-level logits processors' cost per step
+  python benchmark/bench_sampler.py --processors --device cuda
+
+--processors times the batch-level logits-processor pipeline (LogitsProcessorPipeline.run, what
+the model runner adds to a step) with none, one trivial argmax-invariant plugin, and the four
+built-ins on every row, beside the sampler step of the minp case (B 16/64; V 49152 on the CPU,
+151936 on CUDA). Each timed step first appends one token to every row's output, as decoding does.
 """
 
 from __future__ import annotations
@@ -567,7 +574,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--profile", metavar="CASE:B", help="also print a torch.profiler table of ours")
     parser.add_argument("--host-time", metavar="CASE:B", nargs="*", help="(CUDA) also print ours' CPU time per call")
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--processors", action="store_true", help="time the batch-level logits-processor pipeline instead")
     args = parser.parse_args()
+    if args.processors:
+        args.batch_sizes = args.batch_sizes or PROCESSOR_DEFAULTS[args.device]["batch_sizes"]
+        args.vocab_sizes = args.vocab_sizes or [PROCESSOR_DEFAULTS[args.device]["vocab"]]
     for key, value in DEVICE_DEFAULTS[args.device].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -616,8 +627,158 @@ def floor_records(records: list[dict], bandwidth: float) -> list[dict]:
     ]
 
 
+# ------------------------------------------------------------------- batch-level logits processors
+
+PROCESSOR_DEFAULTS = {"cpu": dict(batch_sizes=[16, 64], vocab=49152), "cuda": dict(batch_sizes=[16, 64], vocab=151936)}
+PROCESSOR_SETS = ("none", "noop-plugin", "built-ins")
+PROCESSOR_REFERENCE_CASE = "minp"
+BUILT_INS_CPU_TARGET, NOOP_GPU_TARGET_US = 0.10, 5.0
+
+
+def processor_classes(name: str) -> list:
+    from sglang.srt.sampling.logits_processor import BUILT_IN_LOGITS_PROCESSORS, LogitsProcessor
+
+    class NoOp(LogitsProcessor):
+        def __init__(self, server_args, device, is_pin_memory) -> None:
+            pass
+
+        def update_state(self, batch_update) -> None:
+            pass
+
+        def apply(self, logits: torch.Tensor) -> torch.Tensor:
+            return logits
+
+        def is_argmax_invariant(self) -> bool:
+            return True
+
+    return {"none": [], "noop-plugin": [NoOp], "built-ins": list(BUILT_IN_LOGITS_PROCESSORS)}[name]
+
+
+def built_in_params(row: int, vocab: int, gen: torch.Generator) -> SamplingParams:
+    """Every built-in on: 1000 allowed ids, 16 bad-word sequences of 1-3 tokens, no_repeat_ngram_size
+    3, and a thinking budget the benchmark never exhausts (the prompt opens the think section)."""
+    params = CASES[PROCESSOR_REFERENCE_CASE].params(row)
+    params.allowed_token_ids = torch.randperm(vocab, generator=gen)[:1000].tolist()
+    params.bad_words_token_ids = [torch.randint(0, vocab, (1 + k % 3,), generator=gen).tolist() for k in range(16)]
+    params.no_repeat_ngram_size = 3
+    params.thinking_token_budget = 10**6
+    return params
+
+
+def processor_pipeline(set_name: str, work: Workload, device: torch.device) -> Callable[[torch.Tensor], object]:
+    """One step of the pipeline for `set_name` over the workload's rows (None for "none": no pipeline)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.sampling.logits_processor import LoadedLogitsProcessors, thinking_budget
+
+    vocab = work.vocab_size
+    # No tokenizer in a micro-benchmark: the think markers are the last two ids.
+    thinking_budget.think_markers = lambda server_args: ([vocab - 2], [vocab - 1])
+    gen = torch.Generator().manual_seed(work.batch_size)
+    prompts = work.history[:, :PROMPT_LEN].tolist()
+    reqs = []
+    for i, prompt in enumerate(prompts):
+        params = built_in_params(i, vocab, gen) if set_name == "built-ins" else CASES[PROCESSOR_REFERENCE_CASE].params(i)
+        reqs.append(Req(f"r{i}", prompt + [vocab - 2], params))
+    batch = ScheduleBatch(reqs=reqs, device=device)
+    batch.loaded_logits_processors = LoadedLogitsProcessors(processor_classes(set_name), SimpleNamespace(), device)
+    info = SamplingBatchInfo.from_schedule_batch(batch, vocab)
+    generated = work.history[:, PROMPT_LEN:].tolist()
+
+    def step(logits: torch.Tensor) -> object:
+        for req, tokens in zip(reqs, generated):
+            req.output_ids.append(tokens[len(req.output_ids) % len(tokens)])
+        if info.logits_processors is None:
+            return None
+        return info.logits_processors.run(logits, info.rows, info.is_all_greedy)
+
+    step.info = info  # keeps the batch alive
+    return step
+
+
+def time_host_and_device_us(step: Callable, logits: torch.Tensor, device: torch.device) -> tuple[float, float]:
+    """(host µs the call takes, device µs between events around it; = host on the CPU)."""
+    if device.type != "cuda":
+        host = time_cpu_us(step, logits)
+        return host, host
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    t0 = time.perf_counter_ns()
+    step(logits)
+    host = (time.perf_counter_ns() - t0) / 1e3
+    end.record()
+    end.synchronize()
+    return host, start.elapsed_time(end) * 1e3
+
+
+def run_processor_bench(args: argparse.Namespace, device: torch.device) -> list[dict]:
+    vocab = args.vocab_sizes[-1]
+    backend = available_backends(args.backends)[-1]  # the newest: triton on CUDA
+    benches = []
+    for batch in args.batch_sizes:
+        work = make_workload(CASES[PROCESSOR_REFERENCE_CASE], batch, vocab, device)
+        contenders = {f"pipeline:{name}": processor_pipeline(name, work, device) for name in PROCESSOR_SETS}
+        contenders[f"sampler-step:ours:{backend}"] = ours(backend, work)
+        benches.append((work, contenders, {name: [] for name in contenders}))
+    per_round = math.ceil(args.iters / args.rounds)
+    with tqdm(total=args.rounds * len(benches) * (args.warmup + per_round), unit="it") as bar:
+        for round_no in range(args.rounds):
+            for work, contenders, samples in benches:
+                bar.set_description(f"processors round {round_no + 1}/{args.rounds} B={work.batch_size}")
+                buffer = torch.empty_like(work.logits)
+                for it in range(args.warmup + per_round):
+                    for name, step in contenders.items():
+                        buffer.copy_(work.logits)
+                        timed = time_host_and_device_us(step, buffer, device)
+                        if it >= args.warmup:
+                            samples[name].append(timed)
+                    bar.update(1)
+    return [
+        dict(device=device.type, backend=name, case="processors", B=work.batch_size, V=work.vocab_size,
+             host_us=round(statistics.median(h for h, _ in values), 2),
+             median_us=round(statistics.median(d for _, d in values), 2))
+        for work, _, samples in benches
+        for name, values in samples.items()
+    ]
+
+
+def processor_lines(records: list[dict], device: torch.device) -> list[str]:
+    lines = ["| B | V | contender | host µs | device µs |", "|---|---|---|---|---|"]
+    lines += [f"| {r['B']} | {r['V']} | {r['backend']} | {r['host_us']:.1f} | {r['median_us']:.1f} |" for r in records]
+    med = {(r["B"], r["backend"]): r for r in records}
+    step = next(r for r in records if r["backend"].startswith("sampler-step"))["backend"]
+    for b in sorted({r["B"] for r in records}):
+        built, ref, noop = med[(b, "pipeline:built-ins")], med[(b, step)], med[(b, "pipeline:noop-plugin")]
+        share = built["median_us"] / ref["median_us"]
+        lines.append(f"B={b}: built-ins {built['median_us']:.1f} µs = {share:.1%} of the sampler step ({ref['median_us']:.1f} µs)"
+                     + (f"; target < {BUILT_INS_CPU_TARGET:.0%} at B=64: {'MET' if share < BUILT_INS_CPU_TARGET else 'NOT MET'}"
+                        if device.type == "cpu" and b == 64 else ""))
+        cost = max(noop["host_us"], noop["median_us"])
+        lines.append(f"B={b}: no-op argmax-invariant plugin {cost:.1f} µs per step"
+                     + (f"; target < {NOOP_GPU_TARGET_US:g} µs: {'MET' if cost < NOOP_GPU_TARGET_US else 'NOT MET'}"
+                        if device.type == "cuda" else ""))
+    return lines
+
+
+def processors_main(args: argparse.Namespace, device: torch.device) -> None:
+    started = datetime.datetime.now(datetime.timezone.utc)
+    records = run_processor_bench(args, device)
+    head = header(started, device, None)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = args.out_dir / f"logits_processors_{device.type}.json"
+    json_path.write_text(json.dumps({"header": head, "records": records}, indent=1) + "\n")
+    plot(records, json_path.with_suffix(".png"), f"Logits-processor pipeline per step, {head['machine']}")
+    print(f"\n{head['date']} | {head['machine']} | torch {head['torch']} ({head['torch_threads']} threads)")
+    print(f"command: {head['command']}\n")
+    print("\n".join(processor_lines(records, device)))
+    print(f"wrote {json_path} and {json_path.with_suffix('.png')}")
+
+
 def main() -> None:
     args = parse_args()
+    if args.processors:
+        processors_main(args, torch.device(args.device))
+        return
     started = datetime.datetime.now(datetime.timezone.utc)
     device = torch.device(args.device)
     bandwidth = copy_bandwidth(device) if device.type == "cuda" else None

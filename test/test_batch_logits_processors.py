@@ -31,7 +31,6 @@ from sglang.srt.sampling.logits_processor.allowed_token_ids import AllowedTokenI
 from sglang.srt.sampling.logits_processor.bad_words import BadWordsLogitsProcessor
 from sglang.srt.sampling.logits_processor.loader import load_processor_class
 from sglang.srt.sampling.logits_processor.no_repeat_ngram import NoRepeatNGramLogitsProcessor
-from sglang.srt.sampling.logits_processor.pipeline import check_row_views
 from sglang.srt.sampling.logits_processor.thinking_budget import ThinkingBudgetLogitsProcessor
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams

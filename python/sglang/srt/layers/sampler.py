@@ -1,6 +1,7 @@
 """Sampler: processed logits -> next token ids (+ logprobs), and the sampling-backend registry.
 
-Order per step (after SamplingBatchInfo.apply_logits_bias):
+Order per step (after SamplingBatchInfo.apply_logits_bias and the batch-level logits processors,
+whose failed rows arrive as `row_errors`):
   custom processors -> NaN/inf guard -> greedy (argmax, lowest id on ties) -> temperature ->
   top-k / top-p / min-p + draw (backend; seeded rows by hash-Gumbel) -> logprobs -> TP sync.
 Nothing here reads a device value on the host, so a CUDA step never synchronises; every

@@ -10,7 +10,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from sglang.srt.sampling.logits_processor.row_state import RowState, RowStateProcessor
+from sglang.srt.sampling.logits_processor.row_state import RowState, RowStateProcessor, to_device
 
 
 class _Allowed(RowState):
@@ -20,12 +20,15 @@ class _Allowed(RowState):
 
 
 class AllowedTokenIdsLogitsProcessor(RowStateProcessor):
+    """Per step: the allowed logits are gathered, the rows filled with -inf (a write-only pass,
+    the least a ban of most of the vocabulary can cost), and the allowed logits put back."""
+
     param = "allowed_token_ids"
 
     def __init__(self, server_args: Any, device: torch.device, is_pin_memory: bool) -> None:
         super().__init__(server_args, device, is_pin_memory)
         self.rows: Optional[torch.Tensor] = None  # [R] int64
-        self.forbidden: Optional[torch.Tensor] = None  # [R, V] bool, True = banned
+        self.entries: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # ([K] row, [K] token) int64
 
     def new_state(self, params: Any, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> _Allowed:
         return _Allowed(prompt_ids, output_ids, sorted(set(params.allowed_token_ids)))
@@ -34,17 +37,17 @@ class AllowedTokenIdsLogitsProcessor(RowStateProcessor):
         if not self.states:
             return logits
         if self.changed:
-            self._build(logits.shape[1])
-        rows_logits = logits.index_select(0, self.rows).masked_fill_(self.forbidden, float("-inf"))  # [R, V]
-        logits.index_copy_(0, self.rows, rows_logits)
+            self._build()
+        kept = logits[self.entries]  # [K]
+        logits.index_fill_(0, self.rows, float("-inf"))
+        logits.index_put_(self.entries, kept)
         return logits
 
-    def _build(self, vocab_size: int) -> None:
-        """The masks change only when rows join or leave: built then, on the host, copied once."""
+    def _build(self) -> None:
+        """Index tensors change only when rows join or leave: built then, copied once."""
         order = sorted(self.states)
-        forbidden = torch.ones(len(order), vocab_size, dtype=torch.bool)  # [R, V]
-        for k, row in enumerate(order):
-            forbidden[k, self.states[row].ids] = False
-        self.rows = torch.tensor(order, dtype=torch.int64).to(self.device)
-        self.forbidden = forbidden.to(self.device)
+        rows = [row for row in order for _ in self.states[row].ids]
+        tokens = [t for row in order for t in self.states[row].ids]
+        self.rows = to_device(order, self.device)
+        self.entries = (to_device(rows, self.device), to_device(tokens, self.device))
         self.changed = False

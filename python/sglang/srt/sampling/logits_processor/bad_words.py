@@ -17,7 +17,19 @@ class _Words(RowState):
     def __init__(self, prompt_ids: Sequence[int], output_ids: Sequence[int], sequences: list[list[int]]) -> None:
         super().__init__(prompt_ids, output_ids)
         self.always = sorted({seq[0] for seq in sequences if len(seq) == 1})
-        self.longer = [(tuple(seq[:-1]), seq[-1]) for seq in sequences if len(seq) > 1]
+        # prefix length -> {prefix: last tokens}: one lookup per distinct length and step.
+        self.by_length: dict[int, dict[tuple[int, ...], list[int]]] = {}
+        for seq in sequences:
+            if len(seq) > 1:
+                self.by_length.setdefault(len(seq) - 1, {}).setdefault(tuple(seq[:-1]), []).append(seq[-1])
+
+    def banned(self) -> set[int]:
+        banned = set(self.always)
+        output = self.output_ids
+        for n, prefixes in self.by_length.items():
+            if len(output) >= n:
+                banned.update(prefixes.get(tuple(output[len(output) - n :]), ()))
+        return banned
 
 
 class BadWordsLogitsProcessor(RowStateProcessor):
@@ -29,12 +41,7 @@ class BadWordsLogitsProcessor(RowStateProcessor):
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         rows, tokens = [], []
         for row, state in self.states.items():
-            banned = set(state.always)
-            output = state.output_ids
-            for prefix, last in state.longer:
-                n = len(prefix)
-                if len(output) >= n and tuple(output[len(output) - n :]) == prefix:
-                    banned.add(last)
+            banned = state.banned()
             rows += [row] * len(banned)
             tokens += banned
         fill_at(logits, rows, tokens, float("-inf"))

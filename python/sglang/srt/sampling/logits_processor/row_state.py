@@ -48,9 +48,16 @@ class RowStateProcessor(LogitsProcessor):
         return {row: (s.prompt_ids, s.output_ids) for row, s in self.states.items()}
 
 
+def to_device(values: list, device: torch.device) -> torch.Tensor:
+    """int64 host list -> device tensor; through pinned memory on CUDA, so the copy is
+    asynchronous (a pageable copy would wait for the GPU)."""
+    on_cuda = torch.device(device).type == "cuda"
+    return torch.tensor(values, dtype=torch.int64, pin_memory=on_cuda).to(device, non_blocking=True)
+
+
 def fill_at(logits: torch.Tensor, rows: list[int], tokens: list[int], value: float) -> None:
-    """logits[rows[k], tokens[k]] = value for every k, in one indexed write (no host sync)."""
+    """logits[rows[k], tokens[k]] = value for every k, in one indexed write."""
     if not rows:
         return
-    index = torch.tensor([rows, tokens], dtype=torch.int64).to(logits.device, non_blocking=True)  # [2, K]
+    index = to_device([rows, tokens], logits.device)  # [2, K]
     logits.index_put_((index[0], index[1]), torch.tensor(value, dtype=logits.dtype, device=logits.device))

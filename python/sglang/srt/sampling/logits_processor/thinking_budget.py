@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from sglang.srt.sampling.logits_processor.row_state import RowState, RowStateProcessor, fill_at
+from sglang.srt.sampling.logits_processor.row_state import RowState, RowStateProcessor, fill_at, to_device
 
 
 @functools.lru_cache(maxsize=4)
@@ -104,7 +104,6 @@ class ThinkingBudgetLogitsProcessor(RowStateProcessor):
                 rows.append(row)
                 tokens.append(token)
         if rows:
-            index = torch.tensor(rows, dtype=torch.int64).to(logits.device, non_blocking=True)
-            logits.index_fill_(0, index, float("-inf"))
+            logits.index_fill_(0, to_device(rows, logits.device), float("-inf"))
             fill_at(logits, rows, tokens, 0.0)
         return logits
