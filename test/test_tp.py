@@ -121,7 +121,12 @@ def _comparable_requests(prompts: list) -> list[tuple]:
     """Greedy and seeded-with-penalties requests: their tokens must not depend on the TP size."""
     greedy = [(p, {"temperature": 0.0, "max_new_tokens": 10}) for p in prompts]
     seeded = [(p, {**SEEDED, "sampling_seed": 100 + i, "max_new_tokens": 10}) for i, p in enumerate(prompts)]
-    return greedy + seeded
+    # Batch-level logits processors: every rank runs them on the same rows with the same state.
+    processed = [
+        (prompts[0], {"temperature": 0.0, "max_new_tokens": 10, "no_repeat_ngram_size": 1, "bad_words": ["the"]}),
+        (prompts[1], {**SEEDED, "sampling_seed": 7, "max_new_tokens": 10, "allowed_token_ids": list(range(20, 200, 7))}),
+    ]
+    return greedy + seeded + processed
 
 
 def _run_concurrently(server: ServerProcess, reqs: list[tuple]) -> list[list[int]]:

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import torch
-
-from sglang.srt.sampling.logits_processor.row_state import RowState, RowStateProcessor, fill_at
+from sglang.srt.sampling.logits_processor.row_state import BanningProcessor, RowState
 
 
 class _Words(RowState):
@@ -32,17 +30,8 @@ class _Words(RowState):
         return banned
 
 
-class BadWordsLogitsProcessor(RowStateProcessor):
+class BadWordsLogitsProcessor(BanningProcessor):
     param = "bad_words_token_ids"
 
     def new_state(self, params: Any, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> _Words:
         return _Words(prompt_ids, output_ids, params.bad_words_token_ids)
-
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        rows, tokens = [], []
-        for row, state in self.states.items():
-            banned = state.banned()
-            rows += [row] * len(banned)
-            tokens += banned
-        fill_at(logits, rows, tokens, float("-inf"))
-        return logits

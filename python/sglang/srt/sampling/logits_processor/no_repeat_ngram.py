@@ -9,9 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import torch
-
-from sglang.srt.sampling.logits_processor.row_state import RowState, RowStateProcessor, fill_at
+from sglang.srt.sampling.logits_processor.row_state import BanningProcessor, RowState
 
 
 class _NGrams(RowState):
@@ -36,7 +34,7 @@ class _NGrams(RowState):
         return self.following.get(last, set()) if last is not None else set()
 
 
-class NoRepeatNGramLogitsProcessor(RowStateProcessor):
+class NoRepeatNGramLogitsProcessor(BanningProcessor):
     param = "no_repeat_ngram_size"
 
     @classmethod
@@ -45,12 +43,3 @@ class NoRepeatNGramLogitsProcessor(RowStateProcessor):
 
     def new_state(self, params: Any, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> _NGrams:
         return _NGrams(prompt_ids, output_ids, params.no_repeat_ngram_size)
-
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        rows, tokens = [], []
-        for row, state in self.states.items():
-            banned = state.banned()
-            rows += [row] * len(banned)
-            tokens += banned
-        fill_at(logits, rows, tokens, float("-inf"))
-        return logits

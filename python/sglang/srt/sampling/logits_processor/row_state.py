@@ -48,6 +48,19 @@ class RowStateProcessor(LogitsProcessor):
         return {row: (s.prompt_ids, s.output_ids) for row, s in self.states.items()}
 
 
+class BanningProcessor(RowStateProcessor):
+    """A built-in whose row states say which tokens to ban this step (`state.banned()`)."""
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        rows, tokens = [], []
+        for row, state in self.states.items():
+            banned = state.banned()
+            rows += [row] * len(banned)
+            tokens += banned
+        fill_at(logits, rows, tokens, float("-inf"))
+        return logits
+
+
 def to_device(values: list, device: torch.device) -> torch.Tensor:
     """int64 host list -> device tensor; through pinned memory on CUDA, so the copy is
     asynchronous (a pageable copy would wait for the GPU)."""
