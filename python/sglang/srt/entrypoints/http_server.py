@@ -50,7 +50,7 @@ from sglang.srt.distributed.placement import node_tp_ranks, replica_dist_init_me
 from sglang.srt.managers.data_parallel_controller import replica_port_args
 from sglang.srt.managers.replica_load import ReplicaLoadTable
 from sglang.srt.server_args import PortArgs, ServerArgs, _free_local_port
-from sglang.srt.utils.hf_transformers_utils import get_tokenizer, load_chat_template
+from sglang.srt.utils.hf_transformers_utils import get_tokenizer, hf_tokenizer_folder, load_chat_template
 
 logger = logging.getLogger(__name__)
 
@@ -206,12 +206,19 @@ _ITEM_DEFAULTS = {
 }
 _ITEM_DEFAULTS["sampling_params"] = None  # -> {} in the tokenizer manager
 _GENERATE_FIELDS = frozenset(f.name for f in dataclasses.fields(GenerateReqInput))
+# SGLang's other /generate fields that sglang-router writes into every request it forwards, each
+# at a value that asks for nothing beyond what this server does; any other value is a 400.
+ROUTER_FIELD_DEFAULTS = {
+    "log_metrics": True, "no_logs": False, "background": False,
+    "return_hidden_states": False, "return_bytes": False, "return_entropy": False,
+}
 
 
 def split_generate_body(body: Any) -> tuple[list[GenerateReqInput], bool]:
     """A /generate JSON body -> (one GenerateReqInput per input, whether it was a batch)."""
     if not isinstance(body, dict):
         raise ValueError("The request body must be a JSON object.")
+    body = _without_router_defaults(body)
     # A field we do not know would be silently dropped; null is the same as absent.
     unknown = sorted(k for k, v in body.items() if k not in _GENERATE_FIELDS and v is not None)
     if unknown:
@@ -227,6 +234,13 @@ def split_generate_body(body: Any) -> tuple[list[GenerateReqInput], bool]:
         item = {name: values[i] for name, values in fields.items()}
         items.append(GenerateReqInput(**{key: value}, stream=stream, **item))
     return items, batch
+
+
+def _without_router_defaults(body: dict) -> dict:
+    for name, default in ROUTER_FIELD_DEFAULTS.items():
+        if name in body and body[name] != default:
+            raise ValueError(f"{name}={body[name]!r} is not supported by this server (only {default!r}).")
+    return {k: v for k, v in body.items() if k not in ROUTER_FIELD_DEFAULTS}
 
 
 def _generate_inputs(body: dict) -> tuple[list[Any], str, bool]:
@@ -488,7 +502,7 @@ def create_app(
         return json_response(
             {
                 "model_path": server_args.model_path,
-                "tokenizer_path": server_args.tokenizer_path,
+                "tokenizer_path": hf_tokenizer_folder(server_args.tokenizer_path),
                 "is_generation": True,
                 "preferred_sampling_params": server_args.preferred_sampling_params,
             }

@@ -33,6 +33,14 @@ def get_tokenizer(path: str, trust_remote_code: bool = False) -> Any:
     return tokenizer
 
 
+def hf_tokenizer_folder(path: str) -> str:
+    """Where an HF-format tokenizer of `path` lies: the path itself, or for a GGUF file its cached
+    conversion once one exists (sglang-router reads tokenizers, but not from GGUF files)."""
+    if os.path.isfile(path) and path.endswith(".gguf") and os.path.isdir(cached := gguf_tokenizer_cache_dir(path)):
+        return cached
+    return path
+
+
 def load_chat_template(tokenizer: Any, path: Optional[str]) -> Any:
     """--chat-template: the Jinja file at `path` replaces the tokenizer's own template (None: keep it)."""
     if path is not None:
