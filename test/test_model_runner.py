@@ -127,6 +127,24 @@ def test_batched_decode_equals_each_request_alone(driver: Driver) -> None:
     assert max(diffs) < LOGIT_ATOL
 
 
+# Greedy continuations of PROMPTS (prefill, then 15 decode steps of the three as one batch) on
+# the exact path: the GGUF's own weights, float32 sums. A kernel change that alters more than
+# the order of sums shows here first.
+GREEDY_TOKENS = [
+    [339, 5248, 1535, 288, 724, 346, 351, 469, 1861, 28, 284, 339, 5248, 1535, 288, 724],
+    [253, 283, 1433, 282, 34789, 281, 260, 1512, 28, 253, 283, 1433, 282, 34789, 281, 260],
+    [4605, 50, 4272, 30, 198, 198, 1780, 314, 260, 768, 5161, 970, 288, 5125, 260, 768],
+]
+
+
+def test_greedy_output_is_pinned(driver: Driver) -> None:
+    reqs = [driver.new_req() for _ in PROMPTS]
+    steps = [driver.extend(reqs, PROMPTS).next_token_logits.argmax(-1).tolist()]
+    for _ in range(len(GREEDY_TOKENS[0]) - 1):
+        steps.append(driver.decode(reqs, steps[-1]).argmax(-1).tolist())
+    assert [list(row) for row in zip(*steps)] == GREEDY_TOKENS
+
+
 def test_mixed_prefix_extend_batch(driver: Driver) -> None:
     """One extend batch where one request continues a cached prefix and another starts fresh."""
     a, b = driver.new_req(), driver.new_req()
