@@ -171,12 +171,20 @@ static int attend(const float *q, const float *k_buf, const float *v_buf, const 
 }
 
 /* q: [B, Hk * G, D] with row stride q_stride (heads and head_dim packed); out: [B, Hk * G, D]
- * contiguous; k_buf, v_buf: [S, Hk, D] contiguous; req_to_token: [R, table_stride] int64.
- * Returns the number of tasks that could not allocate their scores (0 on success). */
+ * contiguous; k_buf, v_buf: [S, Hk, D] contiguous; req_to_token: [table_rows, table_stride]
+ * int64. Returns the number of tasks that could not allocate their scores (0 on success), or
+ * BAD_SEQ_LEN / BAD_REQ_INDEX, before touching anything, when a row's length or table row lies
+ * outside the table (checked here, on B values, rather than by two torch reductions per layer). */
+#define BAD_SEQ_LEN (-1)
+#define BAD_REQ_INDEX (-2)
 int decode_attention_f32(const float *q, int64_t q_stride, const float *k_buf, const float *v_buf,
-                         const int64_t *req_to_token, int64_t table_stride, const int64_t *req_pool_indices,
-                         const int64_t *seq_lens, int64_t batch, int64_t num_kv_heads, int64_t group,
-                         int64_t head_dim, float scale, float *out, int num_threads) {
+                         const int64_t *req_to_token, int64_t table_rows, int64_t table_stride,
+                         const int64_t *req_pool_indices, const int64_t *seq_lens, int64_t batch, int64_t num_kv_heads,
+                         int64_t group, int64_t head_dim, float scale, float *out, int num_threads) {
+    for (int64_t b = 0; b < batch; b++) {
+        if (seq_lens[b] < 1 || seq_lens[b] > table_stride) return BAD_SEQ_LEN;
+        if (req_pool_indices[b] < 0 || req_pool_indices[b] >= table_rows) return BAD_REQ_INDEX;
+    }
     /* Whole rows per task read best (one contiguous row per slot); small batches split their
      * heads so that every thread gets work. */
     int64_t splits = (2 * (int64_t)num_threads + batch - 1) / (batch > 0 ? batch : 1);

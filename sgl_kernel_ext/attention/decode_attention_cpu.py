@@ -14,7 +14,7 @@ from sgl_kernel_ext.cpu_build import I64, PTR, load_kernel
 _ARGTYPES = (
     PTR, I64,  # q, its row stride
     PTR, PTR,  # k_buf, v_buf
-    PTR, I64,  # req_to_token, its row stride
+    PTR, I64, I64,  # req_to_token, its rows, its row stride
     PTR, PTR,  # req_pool_indices, seq_lens
     I64, I64, I64, I64,  # batch, KV heads, query heads per KV head, head_dim
     ctypes.c_float,  # scale
@@ -25,6 +25,8 @@ _ARGTYPES = (
 
 # (source, C function, argument types, result type): also built with -DPORTABLE_ONLY by the tests.
 _KERNEL = ("attention/decode_attention_cpu.c", "decode_attention_f32", _ARGTYPES, ctypes.c_int)
+# The kernel's codes for a row whose length or table row lies outside req_to_token.
+_BAD_SEQ_LEN, _BAD_REQ_INDEX = -1, -2
 
 
 def _kernel() -> Optional[ctypes._CFuncPtr]:
@@ -56,9 +58,14 @@ def decode_attention_cpu(
     out = torch.empty((batch, num_heads, head_dim), dtype=torch.float32)  # [B, Hq, D]
     failed = kernel(
         q.data_ptr(), q.stride(0), k_buf.data_ptr(), v_buf.data_ptr(),
-        req_to_token.data_ptr(), req_to_token.stride(0), req_pool_indices.data_ptr(), seq_lens.data_ptr(),
+        req_to_token.data_ptr(), req_to_token.shape[0], req_to_token.stride(0), req_pool_indices.data_ptr(),
+        seq_lens.data_ptr(),
         batch, num_kv_heads, num_heads // num_kv_heads, head_dim, scale, out.data_ptr(), torch.get_num_threads(),
     )
+    if failed == _BAD_SEQ_LEN:
+        raise ValueError(f"seq_lens must lie in [1, {req_to_token.shape[1]}].")
+    if failed == _BAD_REQ_INDEX:
+        raise ValueError(f"req_pool_indices must lie in [0, {req_to_token.shape[0]}).")
     if failed:
         raise MemoryError("decode attention could not allocate its score buffers")
     return out
@@ -83,11 +90,4 @@ def _check(q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens) -> None:
         raise ValueError(f"Shapes do not fit: q {tuple(q.shape)}, k_buf {tuple(k_buf.shape)}, v_buf {tuple(v_buf.shape)}.")
     if seq_lens.shape != req_pool_indices.shape or seq_lens.shape[0] != q.shape[0]:
         raise ValueError("q, req_pool_indices and seq_lens must have one row per request.")
-    if q.shape[0] == 0:
-        return
-    shortest, longest = map(int, torch.aminmax(seq_lens))
-    if shortest < 1 or longest > req_to_token.shape[1]:
-        raise ValueError(f"seq_lens must lie in [1, {req_to_token.shape[1]}].")
-    low, high = map(int, torch.aminmax(req_pool_indices))
-    if low < 0 or high >= req_to_token.shape[0]:
-        raise ValueError(f"req_pool_indices must lie in [0, {req_to_token.shape[0]}).")
+    # The kernel checks seq_lens and req_pool_indices against the table itself (_BAD_*).

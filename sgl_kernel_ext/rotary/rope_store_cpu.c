@@ -23,11 +23,14 @@ static void rotate(const float *x, const float *cos, const float *signed_sin, in
 
 /* qkv: [tokens, row_stride] with q heads, k heads, v heads packed at the start of each row;
  * cos, signed_sin: [tokens, head_dim]; loc: [tokens] KV slots; k_buf, v_buf: [slots, kv_heads,
- * head_dim]. Returns 1 if head_dim is odd or too large, else 0. */
+ * head_dim]. Returns 1 if head_dim is odd or too large, 2 if a slot lies outside [0, slots)
+ * (nothing written then), else 0. */
 int rope_store_f32(float *qkv, int64_t tokens, int64_t row_stride, int64_t q_heads, int64_t kv_heads,
-                   int64_t head_dim, const float *cos, const float *signed_sin, const int64_t *loc, float *k_buf,
-                   float *v_buf, int num_threads) {
+                   int64_t head_dim, const float *cos, const float *signed_sin, const int64_t *loc, int64_t slots,
+                   float *k_buf, float *v_buf, int num_threads) {
     if (head_dim % 2 || head_dim > MAX_HEAD_DIM) return 1;
+    for (int64_t t = 0; t < tokens; t++)
+        if (loc[t] < 0 || loc[t] >= slots) return 2;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (tokens >= PARALLEL_MIN_TOKENS)
     for (int64_t t = 0; t < tokens; t++) {
         float *row = qkv + t * row_stride;

@@ -10,7 +10,7 @@ import torch
 
 from sgl_kernel_ext.cpu_build import I64, PTR, load_kernel
 
-_ARGTYPES = (PTR, I64, I64, I64, I64, I64, PTR, PTR, PTR, PTR, PTR, ctypes.c_int)
+_ARGTYPES = (PTR, I64, I64, I64, I64, I64, PTR, PTR, PTR, I64, PTR, PTR, ctypes.c_int)
 
 
 # (source, C function, argument types, result type): also built with -DPORTABLE_ONLY by the tests.
@@ -55,14 +55,13 @@ def rope_store_cpu(
     cos, signed_sin = cos.reshape(tokens, head_dim).contiguous(), signed_sin.reshape(tokens, head_dim).contiguous()
     if loc.dtype != torch.int64 or loc.shape != (tokens,):
         raise ValueError(f"loc must be int64 [{tokens}].")
-    low, high = map(int, torch.aminmax(loc)) if tokens else (0, -1)
-    if low < 0 or high >= k_buf.shape[0]:
-        raise ValueError(f"loc must lie in [0, {k_buf.shape[0]}).")
     loc = loc.contiguous()
     failed = _kernel()(
         qkv.data_ptr(), tokens, qkv.stride(0), num_heads, num_kv_heads, head_dim, cos.data_ptr(),
-        signed_sin.data_ptr(), loc.data_ptr(), k_buf.data_ptr(), v_buf.data_ptr(), torch.get_num_threads(),
+        signed_sin.data_ptr(), loc.data_ptr(), k_buf.shape[0], k_buf.data_ptr(), v_buf.data_ptr(), torch.get_num_threads(),
     )
+    if failed == 2:  # checked by the kernel: a torch reduction per layer cost more than the rotation
+        raise ValueError(f"loc must lie in [0, {k_buf.shape[0]}).")
     if failed:
         raise ValueError(f"head_dim must be even and at most 1024, got {head_dim}.")
     return qkv[:, : num_heads * head_dim].view(tokens, num_heads, head_dim)
