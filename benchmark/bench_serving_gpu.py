@@ -334,7 +334,9 @@ def ms(values: list[float], q: Optional[float] = None) -> Optional[float]:
 
 
 def base_record(ctx: "Context", system: str, n: int) -> dict[str, Any]:
+    ours = system == "ours"  # the HF systems run on one GPU, unreplicated
     return {"device": ctx.device_name, "system": system, "model": ctx.model_name, "N": n,
+            "tp": ctx.tp if ours else 1, "dp": ctx.dp if ours else 1,
             "output_tok_s": None, "ttft_ms": None, "itl_ms": None, "ttft_ms_p90": None, "itl_ms_p90": None,
             "rounds": ctx.args.rounds, "new_tokens": ctx.args.new_tokens, "errors": [], "error_count": 0}
 
@@ -566,6 +568,7 @@ class Context:
         self.dtype = torch.bfloat16 if self.device == "cuda" else torch.float32
         self.device_name = torch.cuda.get_device_name(0) if self.device == "cuda" else f"cpu: {cpu_name()}"
         self.ckpt = str(args.checkpoint)
+        self.tp, self.dp = args.tp_size, args.dp_size  # our server's; read back from it when it runs
         self.model_name = ""
         self.records: list[dict[str, Any]] = []
         self.skipped: list[dict[str, Any]] = []
@@ -636,6 +639,8 @@ def run_ours(ctx: Context, ns: list[int]) -> None:
             url = server.url
         info = http_get(url + "/get_server_info", 30)
         ctx.head["server_info"] = json.loads(info) if info else None
+        if info:
+            ctx.tp, ctx.dp = ctx.head["server_info"]["tp_size"], ctx.head["server_info"].get("dp_size", 1)
         for n in ns:
             if server is not None and server.proc.poll() is not None:
                 raise RuntimeError(f"server exited with code {server.proc.returncode}:\n{server.log_tail()}")
@@ -661,7 +666,8 @@ def run_ours(ctx: Context, ns: list[int]) -> None:
 def launch_server(ctx: Context, max_n: int) -> Server:
     port = free_port()
     argv = ["--model-path", ctx.ckpt, "--tokenizer-path", ctx.ckpt, "--port", str(port),
-            "--max-running-requests", str(max_n), "--log-level", "warning", *shlex.split(ctx.args.server_args)]
+            "--max-running-requests", str(max_n), "--tp-size", str(ctx.args.tp_size), "--dp-size", str(ctx.args.dp_size),
+            "--log-level", "warning", *shlex.split(ctx.args.server_args)]
     log_path = Path(tempfile.mkdtemp(prefix="bench_serving_gpu_")) / "server.log"
     server = Server(argv, port, log_path)
     ctx.head["server_command"] = shlex.join(["python", *server.command[1:]])
@@ -834,6 +840,8 @@ def header(ctx: Context, config: dict[str, Any]) -> dict[str, Any]:
         "checkpoint": {"path": ctx.ckpt, "description": ctx.model_name, "param_count": safetensors_param_count(ctx.ckpt),
                        "config": {k: config.get(k) for k in (*SHAPE_KEYS, "tie_word_embeddings", "torch_dtype")}},
         "server": ctx.args.url or "launched by the script",
+        "tp": ctx.tp,
+        "dp": ctx.dp,
         "new_tokens": ctx.args.new_tokens,
         "rounds": ctx.args.rounds,
         "concurrency": ctx.args.concurrency,
@@ -979,6 +987,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=2, help="timed runs per cell after one warm-up (default 2)")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    p.add_argument("--tp-size", type=int, default=1, help="our server's --tp-size (one GPU per rank)")
+    p.add_argument("--dp-size", type=int, default=1,
+                   help='our server\'s --dp-size (replicas on one GPU: --server-args "--gpu-id-step 0")')
     p.add_argument("--server-args", default="", help='extra flags for our server, e.g. "--sampling-backend triton"')
     p.add_argument("--url", help="an already running (idle) server instead of launching one")
     p.add_argument("--server-timeout-s", type=float, default=300.0, help="how long the launched server may take to start")

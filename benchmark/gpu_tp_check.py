@@ -16,6 +16,11 @@ tokens agree.
   python benchmark/gpu_tp_check.py --device cuda --out-dir OUT        # two GPUs, NCCL
   python benchmark/gpu_tp_check.py --device cuda --dtype bfloat16     # logprobs within tolerance
   python benchmark/gpu_tp_check.py --device cpu --shape tiny          # the same flow on gloo
+  python benchmark/gpu_tp_check.py --device cuda --tp-size 1 --dp-size 2 --dtype bfloat16   # two replicas on one GPU
+
+With --dp-size D the server also runs as D data-parallel replicas (of --tp-size ranks each; all
+on GPU 0 with --gpu-id-step 0 when one GPU is visible), compared with TP=1 the same way; at
+--tp-size 1 only that run is made.
 """
 
 from __future__ import annotations
@@ -187,6 +192,7 @@ def main() -> int:
     parser.add_argument("--dtype", default="float32", help="Serving dtype (float32: TP=2 sums in another order only).")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--tp-size", type=int, default=2)
+    parser.add_argument("--dp-size", type=int, default=1, help="also serve as this many data-parallel replicas")
     parser.add_argument("--logprob-tolerance", type=float, default=0.05,
                         help="bfloat16: largest |logprob(TP=1) - logprob(TP=N)| allowed on the common token prefix")
     parser.add_argument("--out-dir", default=None, help="Where server logs and results.json go.")
@@ -204,8 +210,13 @@ def main() -> int:
     exact = args.dtype == "float32"
     bodies, comparable = build_requests(shape["vocab_size"], args.max_new_tokens, logprobs=not exact)
     runs = {"tp1": (1, [])}
-    runs[f"tp{args.tp_size}-overlap"] = (args.tp_size, [])
-    runs[f"tp{args.tp_size}-no-overlap"] = (args.tp_size, ["--disable-overlap-schedule"])
+    if args.tp_size > 1:
+        runs[f"tp{args.tp_size}-overlap"] = (args.tp_size, [])
+        runs[f"tp{args.tp_size}-no-overlap"] = (args.tp_size, ["--disable-overlap-schedule"])
+    if args.dp_size > 1:
+        share = args.device == "cuda" and torch.cuda.device_count() < args.dp_size * args.tp_size
+        runs[f"dp{args.dp_size}-tp{args.tp_size}"] = (
+            args.tp_size, ["--dp-size", str(args.dp_size), *(["--gpu-id-step", "0"] if share else [])])
     results = {}
     for name, (tp, flags) in runs.items():
         results[name] = serve_and_generate(args, model, tp, flags, bodies, os.path.join(out_dir, f"server-{name}.log"))

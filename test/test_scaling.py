@@ -24,7 +24,13 @@ import requests
 from engine_utils import free_port, iter_stream, running_server
 from scaling_utils import PROMPTS, model_flags, save_tiny_full_vocab, scheduler_pid, wait_exit
 from sglang.srt.entrypoints.http_server import ServerProcess
-from sglang.srt.distributed.placement import gpu_id, node_tp_ranks, parse_dist_init_addr, replica_cores
+from sglang.srt.distributed.placement import (
+    gpu_id,
+    node_tp_ranks,
+    parse_dist_init_addr,
+    ranks_sharing_gpu,
+    replica_cores,
+)
 from sglang.srt.managers.data_parallel_controller import LoadBalancer
 from sglang.srt.managers.io_struct import ReplicaLoad
 from sglang.srt.server_args import ServerArgs
@@ -80,6 +86,7 @@ def test_gpu_placement_follows_sglang() -> None:
     assert [gpu_id(d, r, 2, 1, 0, 1) for d in range(2) for r in range(2)] == [0, 1, 2, 3]
     assert [gpu_id(d, r, 2, 1, 4, 2) for d in range(2) for r in range(2)] == [4, 6, 8, 10]
     assert [gpu_id(d, 0, 1, 1, 0, 0) for d in range(2)] == [0, 0]  # step 0: replicas share one GPU
+    assert ranks_sharing_gpu(1, 0, 2, 1, 1, 0, 0) == 2 and ranks_sharing_gpu(0, 0, 2, 1, 1, 0, 1) == 1
     # Two nodes: ranks 2, 3 run on node 1, on its GPUs 0, 1 (and replica 1's on 2, 3).
     assert list(node_tp_ranks(4, 2, 1)) == [2, 3]
     assert [gpu_id(d, r, 4, 2, 0, 1) for d in range(2) for r in (2, 3)] == [0, 1, 2, 3]

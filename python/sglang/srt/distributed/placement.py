@@ -57,3 +57,11 @@ def replica_dist_init_method(dist_init_addr: str, dp_rank: int) -> str:
 def scheduler_name(dp_rank: int, tp_rank: int, dp_size: int) -> str:
     """How logs and errors name a scheduler process ('DP replica i' only with several replicas)."""
     return f"DP replica {dp_rank} scheduler rank {tp_rank}" if dp_size > 1 else f"scheduler rank {tp_rank}"
+
+
+def ranks_sharing_gpu(dp_rank: int, tp_rank: int, dp_size: int, tp_size: int, nnodes: int, base_gpu_id: int,
+                      gpu_id_step: int) -> int:
+    """How many scheduler ranks of this node (this one included) run on this rank's GPU."""
+    ranks = node_tp_ranks(tp_size, nnodes, tp_rank // tp_size_per_node(tp_size, nnodes))
+    mine = gpu_id(dp_rank, tp_rank, tp_size, nnodes, base_gpu_id, gpu_id_step)
+    return sum(gpu_id(d, r, tp_size, nnodes, base_gpu_id, gpu_id_step) == mine for d in range(dp_size) for r in ranks)

@@ -33,7 +33,7 @@ from sglang.srt.constrained.bitmask import allows_nothing
 from sglang.srt.constrained.grammar_queue import GrammarQueue
 from sglang.srt.distributed.communication import broadcast_frames
 from sglang.srt.distributed.parallel_state import init_tp_groups, tp_cpu_group, tp_group_lost
-from sglang.srt.distributed.placement import gpu_id, replica_cores, scheduler_name
+from sglang.srt.distributed.placement import gpu_id, ranks_sharing_gpu, replica_cores, scheduler_name
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchTokenOut,
@@ -56,7 +56,7 @@ from sglang.srt.managers.step_failures import StepError, StepFailureLimit, StepF
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.metrics.histogram import Histogram
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.model_executor.model_runner import CUDA_KV_FREE_FRACTION, ModelRunner
 from sglang.srt.sampling.logits_processor import LoadedLogitsProcessors
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -104,7 +104,7 @@ class Scheduler:
             context_length=server_args.context_length,
             max_total_tokens=server_args.max_total_tokens,
             max_running_requests=server_args.max_running_requests,
-            mem_fraction_static=server_args.mem_fraction_static,
+            mem_fraction_static=_kv_memory_fraction(server_args, dp_rank, tp_rank),
             tp_rank=tp_rank,
             tp_size=server_args.tp_size,
             deterministic=server_args.enable_deterministic_inference,
@@ -783,6 +783,19 @@ def rank_device(server_args: ServerArgs, dp_rank: int, tp_rank: int) -> torch.de
         return torch.device(server_args.device)
     args = server_args
     return torch.device(f"cuda:{gpu_id(dp_rank, tp_rank, args.tp_size, args.nnodes, args.base_gpu_id, args.gpu_id_step)}")
+
+
+def _kv_memory_fraction(server_args: ServerArgs, dp_rank: int, tp_rank: int) -> Optional[float]:
+    """--mem-fraction-static, split between the ranks that share a GPU (replicas with
+    --gpu-id-step 0): each measures the free memory when its own weights are in, so equal
+    shares of the fraction never add up to more than it."""
+    args = server_args
+    if args.device != "cuda":
+        return args.mem_fraction_static
+    sharing = ranks_sharing_gpu(dp_rank, tp_rank, args.dp_size, args.tp_size, args.nnodes, args.base_gpu_id, args.gpu_id_step)
+    if sharing == 1:
+        return args.mem_fraction_static
+    return (args.mem_fraction_static or CUDA_KV_FREE_FRACTION) / sharing
 
 
 def _pin_replica_cores(server_args: ServerArgs, dp_rank: int) -> None:
