@@ -22,11 +22,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import random
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +38,7 @@ sys.path[:0] = [str(ROOT / "test"), str(ROOT / "test" / "reliability")]
 from bench_sampler import machine_description  # noqa: E402 - this folder is on sys.path when run as a script
 from bench_serving import git_revision, percentile  # noqa: E402
 from reliability_utils import (  # noqa: E402
-    PROMPTS, Record, is_idle, load, replay_mismatches, run_load, server, server_rss_mib, stream_request, wait_idle,
+    is_idle, kill_streams, load, replay_mismatches, run_load, server, server_rss_mib, wait_idle,
 )
 from sglang.srt.utils.embedded_model import embedded_model_path  # noqa: E402
 
@@ -77,17 +75,6 @@ class Sampler(threading.Thread):
                 "outside_load_cores": max(0.0, (now[1] - last[1]) - (now[2] - last[2]) - (now[3] - last[3])) / wall,
             })
             last = now
-
-
-def kill_phase(srv: Any, kills: int) -> list[Record]:
-    rng = random.Random(1)
-    records = [
-        Record({"text": rng.choice(PROMPTS) + f" #{i}", "sampling_params": {"max_new_tokens": 16, "ignore_eos": True,
-                "temperature": rng.choice([0, 0.9]), "sampling_seed": i}}, disconnect_at=rng.randint(1, 3))
-        for i in range(kills)
-    ]
-    with ThreadPoolExecutor(32) as pool:
-        return list(tqdm(pool.map(lambda r: stream_request(srv, r), records), total=kills, desc="kills"))
 
 
 def latency_summary(values: list[float]) -> dict[str, float]:
@@ -167,7 +154,9 @@ def main() -> None:
                           progress=lambda record: bar.update(1))
         bar.close()
         idle_after_load = wait_idle(srv)
-        kills = kill_phase(srv, args.kills)
+        kill_bar = tqdm(total=args.kills, desc="kills")
+        kills = kill_streams(srv, args.kills, progress=lambda record: kill_bar.update(1))
+        kill_bar.close()
         idle_after_kills = wait_idle(srv)
         sampler.stop.set()
         sampler.join()

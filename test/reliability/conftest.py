@@ -3,14 +3,9 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from reliability_utils import server
-
-LONG = os.environ.get("SGLANG_RELIABILITY_LONG") == "1"
-API_KEY = "reliability-secret"
+from reliability_utils import API_KEY, server
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,8 @@ import requests
 from engine_utils import free_port
 from sglang.srt.entrypoints.http_server import ServerProcess
 
+LONG = os.environ.get("SGLANG_RELIABILITY_LONG") == "1"  # the long versions of the suite
+API_KEY = "reliability-secret"
 IDLE_WAIT_S = 300.0  # a deadline for the server to drain, not a timing assertion
 PROMPTS = [
     "The history of the printing press",
@@ -143,6 +145,25 @@ def stream_request(srv: ServerProcess, record: Record) -> Record:
         record.error = f"{type(err).__name__}: {err}"
     record.e2e_s = time.perf_counter() - start
     return record
+
+
+def kill_streams(srv: ServerProcess, count: int, clients: int = 32, progress: Any = None) -> list[Record]:
+    """`count` short streams (16 tokens, greedy or seeded), each closed after its first 1-3 chunks."""
+    rng = random.Random(1)
+    records = [
+        Record({"text": rng.choice(PROMPTS) + f" #{i}", "sampling_params": {"max_new_tokens": 16, "ignore_eos": True,
+                "temperature": rng.choice([0, 0.9]), "sampling_seed": i}}, disconnect_at=rng.randint(1, 3))
+        for i in range(count)
+    ]
+
+    def kill(record: Record) -> Record:
+        stream_request(srv, record)
+        if progress is not None:
+            progress(record)
+        return record
+
+    with ThreadPoolExecutor(clients) as pool:
+        return list(pool.map(kill, records))
 
 
 @dataclass

@@ -15,7 +15,7 @@ from reliability_utils import Record, server, stream_request, wait_for_load, wai
 
 CONTEXT = 256
 BODY_LIMIT = 100_000
-LONG_RUN = 7000  # tokens: minutes of CPU decoding, so these requests are running while the test acts
+LONG_RUN = 3000  # tokens: minutes of CPU decoding, so these requests are running while the test acts
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def limited(gguf_path):
 @pytest.fixture(scope="module")
 def queued(gguf_path):
     """Two running, one waiting; the last test of the module shuts it down with SIGTERM."""
-    with server("--model-path", gguf_path, "--max-running-requests", "2", "--max-queued-requests", "1",
+    with server("--model-path", gguf_path, "--max-running-requests", "2", "--max-queued-requests", "1", "--max-total-tokens", "16384",
                 "--graceful-shutdown-timeout", "15") as srv:
         yield srv
 

@@ -3,15 +3,14 @@ child, and POST /abort_request by rid; the scheduler's load returns exactly to i
 
 from __future__ import annotations
 
-import random
 import socket
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import orjson
+import pytest
 import requests
 
-from reliability_utils import PROMPTS, Record, metric, stream_request, wait_for_load, wait_idle
+from reliability_utils import Record, kill_streams, metric, stream_request, wait_for_load, wait_idle
 
 KILLS = 1000
 CLIENT_CLOSED = {"reason": "ClientClosedRequest"}
@@ -33,14 +32,7 @@ def _long(n: int = 1) -> dict:
 
 def test_killing_clients_mid_stream_1000_times_leaves_kv_and_slots_at_idle(clean_server):
     aborted_before = metric(clean_server, "sglang:num_aborted_requests_total", **CLIENT_CLOSED)
-    rng = random.Random(0)
-    records = [
-        Record({"text": rng.choice(PROMPTS) + f" #{i}", "sampling_params": {"max_new_tokens": 16, "ignore_eos": True,
-                "temperature": rng.choice([0, 0.9]), "sampling_seed": i}}, disconnect_at=rng.randint(1, 3))
-        for i in range(KILLS)
-    ]
-    with ThreadPoolExecutor(32) as pool:
-        done = list(pool.map(lambda r: stream_request(clean_server, r), records))
+    done = kill_streams(clean_server, KILLS)
     assert all(r.status == 200 and r.error is None and r.output_ids for r in done), [r for r in done if r.error][:3]
     state = wait_idle(clean_server)
     aborted = metric(clean_server, "sglang:num_aborted_requests_total", **CLIENT_CLOSED) - aborted_before
@@ -48,22 +40,14 @@ def test_killing_clients_mid_stream_1000_times_leaves_kv_and_slots_at_idle(clean
     assert aborted > 0  # the others had finished before the server saw the disconnect
 
 
-def test_non_streaming_disconnect_aborts_the_request(clean_server):
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_non_streaming_disconnect_aborts_every_child(clean_server, n):
     aborted = metric(clean_server, "sglang:num_aborted_requests_total", **CLIENT_CLOSED)
-    sock = _open_request(clean_server, _long())
-    wait_for_load(clean_server, lambda s: s["num_running_reqs"] == 1)
+    sock = _open_request(clean_server, _long(n))
+    wait_for_load(clean_server, lambda s: s["num_running_reqs"] == n)
     sock.close()
     wait_idle(clean_server)
-    assert metric(clean_server, "sglang:num_aborted_requests_total", **CLIENT_CLOSED) == aborted + 1
-
-
-def test_every_n_child_is_aborted_when_a_non_streaming_client_disconnects(clean_server):
-    aborted = metric(clean_server, "sglang:num_aborted_requests_total", **CLIENT_CLOSED)
-    sock = _open_request(clean_server, _long(n=3))
-    wait_for_load(clean_server, lambda s: s["num_running_reqs"] == 3)
-    sock.close()
-    wait_idle(clean_server)
-    assert metric(clean_server, "sglang:num_aborted_requests_total", **CLIENT_CLOSED) == aborted + 3
+    assert metric(clean_server, "sglang:num_aborted_requests_total", **CLIENT_CLOSED) == aborted + n
 
 
 def test_every_n_child_is_aborted_when_a_streaming_client_disconnects(clean_server):

@@ -12,7 +12,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings, strategies as st
 from schemathesis import GenerationMode
 
-from conftest import API_KEY, LONG
+from reliability_utils import API_KEY, LONG
 
 FUZZED_PATHS = "^/(generate|v1/completions|v1/chat/completions|v1/responses)$"
 EXAMPLES = 400 if LONG else 25

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import random
 
-from conftest import LONG
-from reliability_utils import replay_mismatches, run_load, server_rss_mib, wait_idle
+from reliability_utils import LONG, replay_mismatches, run_load, server_rss_mib, wait_idle
 
 REPLAY_SAMPLE = 64  # short version: this many completed requests replayed; long: all
 

@@ -11,7 +11,7 @@ import psutil
 import requests
 import zmq
 
-from conftest import API_KEY
+from reliability_utils import API_KEY
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
