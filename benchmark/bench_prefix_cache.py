@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 from bench_sampler import machine_description  # this folder is on sys.path when run as a script
 from bench_serving import OutsideLoad, free_port, git_revision, percentile
+from llama_server import sse_chunks
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SYSTEM_TOKENS = 1000
@@ -86,12 +87,7 @@ def ttft_of(url: str, input_ids: list[int]) -> tuple[float, int]:
     sent, ttft, tokens = time.perf_counter(), float("nan"), 0
     with requests.post(url + "/generate", json=payload, stream=True, timeout=600) as response:
         response.raise_for_status()
-        for line in response.iter_lines():
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[len(b"data: ") :])
-            if "error" in chunk:
-                raise RuntimeError(f"server error: {chunk['error']}")
+        for chunk in sse_chunks(response):
             done = chunk["meta_info"]["completion_tokens"]
             if done and tokens == 0:
                 ttft = time.perf_counter() - sent

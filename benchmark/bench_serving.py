@@ -487,9 +487,20 @@ def anchor_plot(records: list[dict], path: Path, title: str) -> None:
                 values = [pair[pick][key] for pair in pairs if pair[pick]["concurrency"] == n]
                 xs = [i + (k - 0.5) * 0.4 + (j - (len(values) - 1) / 2) * 0.4 / len(values) for j in range(len(values))]
                 ax.bar(xs, values, 0.4 / len(values), color=f"C{k}", label=label if i == 0 else None)
-        ax.set(xticks=range(len(ns)), xticklabels=[f"N={n}" for n in ns], ylabel=ylabel)
-        ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left")
+        label_axis(ax, ns, ylabel)
+    save_figure(fig, path, title)
+
+
+def label_axis(ax: Any, ns: list[int], ylabel: str) -> None:
+    """One tick per concurrency, the y label, a light grid and the legend."""
+    ax.set(xticks=range(len(ns)), xticklabels=[f"N={n}" for n in ns], ylabel=ylabel)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+
+
+def save_figure(fig: Any, path: Path, title: str) -> None:
+    import matplotlib.pyplot as plt
+
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -537,13 +548,8 @@ def plot(records: list[dict], path: Path, title: str) -> None:
     axes[2].bar([x + width / 2 for x in xs], [r["itl_ms_p90"] for r in ours], width, color="C0", alpha=0.45, label="p90")
     labels = ("output tokens/s", "TTFT ms (bar median, whisker p90)", "ours: ITL ms")
     for ax, ylabel in zip(axes, labels):
-        ax.set(xticks=range(len(ns)), xticklabels=[f"N={n}" for n in ns], ylabel=ylabel)
-        ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left")
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        label_axis(ax, ns, ylabel)
+    save_figure(fig, path, title)
 
 
 # ------------------------------------------------------------------------------------ main

@@ -17,7 +17,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import requests
 
@@ -39,6 +39,17 @@ def completion_payload(prompt: str, max_tokens: int) -> dict[str, Any]:
     }
 
 
+def sse_chunks(response: requests.Response) -> Iterator[dict[str, Any]]:
+    """The JSON chunks of a server-sent-event stream up to `[DONE]`; RuntimeError on an error chunk."""
+    for line in response.iter_lines():
+        if not line.startswith(b"data: ") or line == b"data: [DONE]":
+            continue
+        chunk = json.loads(line[len(b"data: ") :])
+        if "error" in chunk:
+            raise RuntimeError(f"server error: {chunk['error']}")
+        yield chunk
+
+
 def stream_completion(url: str, payload: dict[str, Any], start: threading.Barrier) -> CompletionTiming:
     """One streamed /v1/completions request. The token count comes from the final usage; TTFT is
     the first chunk with text. Servers group tokens into chunks differently, so the ITL is the
@@ -49,12 +60,7 @@ def stream_completion(url: str, payload: dict[str, Any], start: threading.Barrie
     first = last = None
     with requests.post(url + "/v1/completions", json=payload, stream=True, timeout=600) as response:
         response.raise_for_status()
-        for line in response.iter_lines():
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[len(b"data: ") :])
-            if "error" in chunk:
-                raise RuntimeError(f"server error: {chunk['error']}")
+        for chunk in sse_chunks(response):
             if chunk.get("usage"):
                 timing.tokens = chunk["usage"]["completion_tokens"]
             if any(choice.get("text") for choice in chunk.get("choices", [])):
