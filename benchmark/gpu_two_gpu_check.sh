@@ -35,11 +35,11 @@ case "$phase" in
       --tokenizer .carry_engine/tokenizer || status=1
     ;;
   bench)
-    for setup in "tp1:" "tp2:--tp-size 2" "dp2:--dp-size 2"; do
-      tag=${setup%%:*}; flags=${setup#*:}
-      echo "== $tag ($flags)"
+    for setup in "tp1:--tp-size 1" "tp2:--tp-size 2" "dp2:--dp-size 2"; do
+      tag=${setup%%:*}
+      echo "== $tag (${setup#*:})"
       timeout 170 python3 benchmark/bench_serving_gpu.py --systems ours --concurrency 1 64 256 --rounds 2 \
-        --out-dir "$WORK" --tag "two_gpu_$tag" --time-budget-s 120 ${flags:+--server-args "$flags"} || status=1
+        --tokenizer .carry_engine/tokenizer --out-dir "$WORK" --tag "two_gpu_$tag" --time-budget-s 120 ${setup#*:} || status=1
     done
     ;;
   *) echo "unknown phase $phase"; exit 2 ;;
