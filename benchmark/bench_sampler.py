@@ -630,7 +630,8 @@ def floor_records(records: list[dict], bandwidth: float) -> list[dict]:
 # ------------------------------------------------------------------- batch-level logits processors
 
 PROCESSOR_DEFAULTS = {"cpu": dict(batch_sizes=[16, 64], vocab=49152), "cuda": dict(batch_sizes=[16, 64], vocab=151936)}
-PROCESSOR_SETS = ("none", "noop-plugin", "built-ins")
+BUILT_IN_NAMES = ("allowed_token_ids", "bad_words", "no_repeat_ngram_size", "thinking_token_budget")  # load order
+PROCESSOR_SETS = ("none", "noop-plugin", *BUILT_IN_NAMES, "built-ins")
 PROCESSOR_REFERENCE_CASE = "minp"
 BUILT_INS_CPU_TARGET, NOOP_GPU_TARGET_US = 0.10, 5.0
 
@@ -651,7 +652,9 @@ def processor_classes(name: str) -> list:
         def is_argmax_invariant(self) -> bool:
             return True
 
-    return {"none": [], "noop-plugin": [NoOp], "built-ins": list(BUILT_IN_LOGITS_PROCESSORS)}[name]
+    sets = {"none": [], "noop-plugin": [NoOp], "built-ins": list(BUILT_IN_LOGITS_PROCESSORS)}
+    sets.update({n: [cls] for n, cls in zip(BUILT_IN_NAMES, BUILT_IN_LOGITS_PROCESSORS)})
+    return sets[name]
 
 
 def built_in_params(row: int, vocab: int, gen: torch.Generator) -> SamplingParams:
@@ -678,7 +681,8 @@ def processor_pipeline(set_name: str, work: Workload, device: torch.device) -> C
     prompts = work.history[:, :PROMPT_LEN].tolist()
     reqs = []
     for i, prompt in enumerate(prompts):
-        params = built_in_params(i, vocab, gen) if set_name == "built-ins" else CASES[PROCESSOR_REFERENCE_CASE].params(i)
+        # Every row sets all four parameters; the set's classes decide which of them run.
+        params = built_in_params(i, vocab, gen) if set_name not in ("none", "noop-plugin") else CASES[PROCESSOR_REFERENCE_CASE].params(i)
         reqs.append(Req(f"r{i}", prompt + [vocab - 2], params))
     batch = ScheduleBatch(reqs=reqs, device=device)
     batch.loaded_logits_processors = LoadedLogitsProcessors(processor_classes(set_name), SimpleNamespace(), device)

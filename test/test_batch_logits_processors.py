@@ -406,3 +406,15 @@ def test_bad_words_tokenized_with_and_without_a_leading_space_and_bounded():
         SamplingParams(bad_words=["ok", " "]).normalize(Tokenizer())
     with pytest.raises(ValueError, match="bad_words is unavailable when skip_tokenizer_init"):
         SamplingParams(bad_words=["ok"]).normalize(None)
+
+
+def test_allowed_token_ids_when_a_row_without_a_list_joins():
+    """All rows allowed-listed (one fill of the whole batch), then a plain row joins: it stays finite."""
+    processor = AllowedTokenIdsLogitsProcessor(SERVER_ARGS, torch.device("cpu"), False)
+    rows = [SimpleNamespace(params=SamplingParams(allowed_token_ids=[2]), prompt_ids=[1], output_ids=[])]
+    processor.update_state(BatchUpdateBuilder.full(rows))
+    assert torch.isfinite(processor.apply(torch.zeros(1, 8))).sum() == 1
+    grown = rows + [SimpleNamespace(params=SamplingParams(), prompt_ids=[2], output_ids=[])]
+    processor.update_state(BatchUpdateBuilder.build(rows, grown))
+    logits = processor.apply(torch.zeros(2, 8))
+    assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [2] and torch.isfinite(logits[1]).all()

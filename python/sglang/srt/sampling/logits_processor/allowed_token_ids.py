@@ -20,15 +20,18 @@ class _Allowed(RowState):
 
 
 class AllowedTokenIdsLogitsProcessor(RowStateProcessor):
-    """Per step: the allowed logits are gathered, the rows filled with -inf (a write-only pass,
-    the least a ban of most of the vocabulary can cost), and the allowed logits put back."""
+    """Per step: the allowed logits are gathered (by flat index), their rows filled with -inf (a
+    write-only pass, the least a ban of most of the vocabulary can cost), and the allowed logits
+    scattered back."""
 
     param = "allowed_token_ids"
 
     def __init__(self, server_args: Any, device: torch.device, is_pin_memory: bool) -> None:
         super().__init__(server_args, device, is_pin_memory)
         self.rows: Optional[torch.Tensor] = None  # [R] int64
-        self.entries: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # ([K] row, [K] token) int64
+        self.flat: Optional[torch.Tensor] = None  # [K] int64: row * V + token of every allowed entry
+        self.all_rows = False
+        self.built_shape: Optional[torch.Size] = None  # the logits shape the index tensors are for
 
     def new_state(self, params: Any, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> _Allowed:
         return _Allowed(prompt_ids, output_ids, sorted(set(params.allowed_token_ids)))
@@ -36,18 +39,24 @@ class AllowedTokenIdsLogitsProcessor(RowStateProcessor):
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.states:
             return logits
-        if self.changed:
-            self._build()
-        kept = logits[self.entries]  # [K]
-        logits.index_fill_(0, self.rows, float("-inf"))
-        logits.index_put_(self.entries, kept)
+        if self.changed or logits.shape != self.built_shape:  # rows without a list may join too
+            self._build(logits.shape)
+        flat_logits = logits.view(-1)
+        kept = flat_logits.index_select(0, self.flat)  # [K]
+        if self.all_rows:
+            logits.fill_(float("-inf"))  # a plain fill: several times faster than index_fill_ on the CPU
+        else:
+            logits.index_fill_(0, self.rows, float("-inf"))
+        flat_logits.index_copy_(0, self.flat, kept)
         return logits
 
-    def _build(self) -> None:
+    def _build(self, shape: torch.Size) -> None:
         """Index tensors change only when rows join or leave: built then, copied once."""
+        batch_size, vocab_size = shape
         order = sorted(self.states)
-        rows = [row for row in order for _ in self.states[row].ids]
-        tokens = [t for row in order for t in self.states[row].ids]
+        flat = [row * vocab_size + t for row in order for t in self.states[row].ids]
         self.rows = to_device(order, self.device)
-        self.entries = (to_device(rows, self.device), to_device(tokens, self.device))
+        self.flat = to_device(flat, self.device)
+        self.all_rows = len(order) == batch_size
+        self.built_shape = shape
         self.changed = False
