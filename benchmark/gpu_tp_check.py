@@ -238,7 +238,7 @@ def main() -> int:
     print(f"first greedy request, TP=1 tokens: {reference['output_ids'][0][:16]} ...")
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump({"shape": args.shape, "device": args.device, "dtype": args.dtype, "runs": results}, f)
-    what = "TP outputs equal TP=1" if exact else f"TP logprobs within {args.logprob_tolerance} of TP=1"
+    what = "outputs equal TP=1" if exact else f"logprobs within {args.logprob_tolerance} of TP=1"
     print("RESULT:", f"PASS, {what}" if failures == 0 else f"FAIL, {failures} requests differ")
     return 1 if failures else 0
 
