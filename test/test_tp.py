@@ -14,7 +14,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 
 import pytest
 import requests
@@ -22,6 +21,7 @@ import torch
 import torch.multiprocessing as mp
 
 from engine_utils import free_port, generate, generate_ok, running_server
+from scaling_utils import EXIT_WAIT_S, wait_exit
 from sglang import launch_server
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed.communication import CHECK_TOKEN_AGREEMENT_ENV
@@ -35,7 +35,6 @@ from tp_workers import PROMPTS, collectives_worker, forward_logits, invariant_re
 
 TINY_CASE = "qwen3_head_dim_32_sharded"  # 4 heads, 2 KV heads, vocab 300, 14 safetensors shards
 TINY_TP_ATOL = 1e-4  # logits of |x| ~ 10: only the all-reduce's summation order differs
-EXIT_WAIT_S = 30
 FAVOURED = 10  # the token RankDependentProcessor pushes rank r towards: FAVOURED + r
 
 
@@ -177,16 +176,6 @@ def _check_tp_tokens(server: ServerProcess, prompts: list, reference: list[list[
         assert got == want, f"request {i} ({reqs[i][1]}): TP {got} != TP=1 {want}"
 
 
-def _wait_exit(server: ServerProcess) -> int:
-    """The server's exit code; it must exit on its own within EXIT_WAIT_S."""
-    try:
-        server.proc.wait(EXIT_WAIT_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the server was still running {EXIT_WAIT_S} s later:\n{server.output}")
-    server.stop()  # collects the rest of its output
-    return server.proc.returncode
-
-
 def _rank_pid(server: ServerProcess, rank: int) -> int:
     return int(re.search(rf"TP rank {rank} of \d+: pid (\d+)", server.output).group(1))
 
@@ -199,7 +188,7 @@ def test_qwen3_tp2_overlap_matches_tp1_and_a_divergence_stops_the_server(tiny_pa
         with contextlib.suppress(requests.RequestException):  # the server may go down while answering
             generate(server, PROMPTS[0], sampling_params=params, custom_logit_processor=rank_dependent_processor(),
                      rid="diverging", timeout=EXIT_WAIT_S)
-        assert _wait_exit(server) != 0
+        assert wait_exit(server) != 0
     assert re.search(
         r"scheduler rank \d exited with code 1: scheduler rank \d failed: TokenDivergenceError: TP ranks sampled "
         rf"different tokens at step \d+: first diverging row 0 \(request 'diverging'\), tokens by rank "
@@ -220,7 +209,7 @@ def test_qwen3_tp2_without_overlap_matches_tp1_with_token_sync_and_a_killed_rank
                              custom_logit_processor=rank_dependent_processor())
         assert result["output_ids"] == [FAVOURED] * 4
         os.kill(_rank_pid(server, 1), signal.SIGKILL)
-        assert _wait_exit(server) != 0
+        assert wait_exit(server) != 0
     assert "scheduler rank 1 exited with code -9" in server.output, server.output
 
 
