@@ -4,8 +4,8 @@ The workers run a tiny random Qwen3 with SmolLM2's vocabulary in deterministic m
 does not depend on its batch-mates and every answer through the router must equal the same request
 sent to a worker directly: 200 mixed requests (/generate, /v1/completions, /v1/chat/completions,
 streamed and not, greedy and seeded). With cache_aware, requests sharing a long prefix land on one
-worker (its radix cache hits show in cached_tokens). A worker killed mid-run: every request
-completes or gets an error, counted; none hangs."""
+worker (its radix cache hits show in cached_tokens). A worker killed mid-run (power_of_two, which
+reads /get_load): every request completes or gets an error, counted; none hangs."""
 
 from __future__ import annotations
 
@@ -186,7 +186,8 @@ def test_a_worker_killed_mid_run_leaves_no_request_hanging(workers, tmp_path) ->
         finally:
             done.release()
 
-    with router([w.url for w in workers], "round_robin", str(tmp_path / "router.log")) as base:
+    # power_of_two: the router reads each worker's /get_load.
+    with router([w.url for w in workers], "power_of_two", str(tmp_path / "router.log")) as base:
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             futures = [pool.submit(routed, r) for r in mixed]
             for _ in range(8):
@@ -201,3 +202,4 @@ def test_a_worker_killed_mid_run_leaves_no_request_hanging(workers, tmp_path) ->
     assert len(ok) + len(errors) == len(mixed) and len(ok) >= 8
     for request, answer in ok:
         assert answer == direct[request], f"{request}: {answer} != direct {direct[request]}"
+    assert '"GET /get_load HTTP/1.1" 200' in workers[0].output

@@ -684,8 +684,8 @@ class ChildProcesses:
     def wait_first_exit(self) -> None:
         """Block until a child exits (nodes other than 0); a non-zero exit is the failure."""
         signalled = multiprocessing.connection.wait([proc.sentinel for _, proc in self._procs])
-        reason = self._exited(signalled)
-        if any(proc.exitcode for _, proc in self._procs if proc.sentinel in signalled):
+        reason = self._exited(signalled)  # joins the first of them
+        if next(proc for _, proc in self._procs if proc.sentinel in signalled).exitcode != 0:
             self.failure = reason
         logger.info("%s; stopping this node.", reason)
 

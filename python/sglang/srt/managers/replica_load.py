@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import msgspec
 import zmq
@@ -38,12 +38,13 @@ class ReplicaLoadReporter:
         self._last: Optional[ReplicaLoad] = None
         self._sent_at = 0.0
 
-    def report(self, load: ReplicaLoad, now: bool) -> None:
-        """Send `load` if it differs from the last one sent and the interval has passed (or `now`)."""
-        if load == self._last:
-            return
+    def report(self, measure: Callable[[], ReplicaLoad], now: bool) -> None:
+        """Once the interval has passed (or `now`), measure the load and send it if it changed."""
         at = time.monotonic()
         if not now and at - self._sent_at < self._interval_s:
+            return
+        load = measure()
+        if load == self._last:
             return
         try:
             self._socket.send(encode(load), zmq.NOBLOCK)

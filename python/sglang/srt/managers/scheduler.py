@@ -228,7 +228,7 @@ class Scheduler:
         """Handle what arrived since the last step: rank 0 reads the socket and broadcasts the
         raw messages, so every rank adds and aborts the same requests at the same step."""
         if self.tp_rank == 0:
-            self.load_reporter.report(self._replica_load(), now=block)  # before waiting idle: the final state
+            self.load_reporter.report(self._replica_load, now=block)  # before waiting idle: the final state
         frames = self._poll_frames(block) if self.tp_rank == 0 else []
         if self.tp_size > 1:
             frames = broadcast_frames(frames, tp_cpu_group())
