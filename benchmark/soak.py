@@ -54,6 +54,7 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.srv, self.period = srv, period
         self.rows: list[dict[str, float]] = []
+        self.missed = 0  # samples the server did not answer
         self.stop = threading.Event()
         self.start_time = time.monotonic()
 
@@ -66,7 +67,11 @@ class Sampler(threading.Thread):
         while not self.stop.wait(self.period):
             now = (time.monotonic(), sum(psutil.cpu_times()[:3]), self._server_cpu_s(), sum(psutil.Process().cpu_times()[:2]))
             wall = now[0] - last[0]
-            state = load(self.srv)
+            try:
+                state = load(self.srv)
+            except AssertionError:  # a 503: the scheduler did not answer in time; counted, not fatal
+                self.missed += 1
+                continue
             self.rows.append({
                 "t_s": now[0] - self.start_time,
                 "num_running_reqs": state["num_running_reqs"], "num_queue_reqs": state["num_queue_reqs"],
@@ -111,6 +116,8 @@ def plot(result: dict, samples: list[dict], report: Any, path: Path) -> None:
     ax = axes[1][0]
     for name, values in (("TTFT", [r.ttft_s for r in report.records if r.ttft_s is not None]),
                          ("end-to-end", [r.e2e_s for r in report.completed() if r.e2e_s is not None])):
+        if not values:
+            continue
         ordered = sorted(values)
         ax.plot(ordered, [i / len(ordered) for i in range(len(ordered))], label=f"{name} (p99 {percentile(values, 0.99):.2f} s)")
     ax.set_xscale("log")
@@ -179,7 +186,9 @@ def main() -> None:
         "tokens_per_s": sum(len(r.output_ids) for r in report.records) / report.seconds,
         "ttft": latency_summary([r.ttft_s for r in report.records if r.ttft_s is not None]),
         "e2e": latency_summary([r.e2e_s for r in completed if r.e2e_s is not None]),
-        "rss_mib": {"before": round(rss_before, 1), "after": round(rss_after, 1), "peak": round(max(s["rss_mib"] for s in sampler.rows), 1)},
+        "rss_mib": {"before": round(rss_before, 1), "after": round(rss_after, 1),
+                    "peak": round(max([s["rss_mib"] for s in sampler.rows] + [rss_after]), 1)},
+        "samples_missed": sampler.missed,
         "kv": {"before": idle_before, "after_load": idle_after_load, "after_kills": idle_after_kills},
         "kills": {"count": len(kills), "failed": sum(1 for r in kills if r.error or r.status != 200),
                   "idle_after": is_idle(idle_after_kills)},

@@ -17,6 +17,6 @@ def clean_server(gguf_path: str):
 
 @pytest.fixture(scope="session")
 def guarded_server(gguf_path: str):
-    """--api-key and a 128-token context (so that no fuzzed request generates for long)."""
-    with server("--model-path", gguf_path, "--enable-metrics", "--context-length", "128", api_key=API_KEY) as srv:
+    """--api-key and a 64-token context (so that no fuzzed request generates for long)."""
+    with server("--model-path", gguf_path, "--enable-metrics", "--context-length", "64", api_key=API_KEY) as srv:
         yield srv

@@ -67,5 +67,5 @@ def test_a_pickle_sent_to_the_internal_sockets_runs_nothing(guarded_server, tmp_
 
 def test_custom_logit_processors_are_refused_unless_enabled(guarded_server):
     response = requests.post(guarded_server.url + "/generate", headers=AUTH, timeout=60,
-                             json={"text": "Hi", "custom_logit_processor": '{"callable": "00"}'})
+                             json={"text": "Hi", "sampling_params": {"max_new_tokens": 2}, "custom_logit_processor": '{"callable": "00"}'})
     assert response.status_code == 400 and "--enable-custom-logit-processor" in response.text, response.text

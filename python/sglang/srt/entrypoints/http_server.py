@@ -64,6 +64,7 @@ DEFAULT_READY_TIMEOUT_S = 900.0
 SHUTDOWN_GRACE_S = 5.0
 DISCONNECT_POLL_S = 1.0
 DRAIN_POLL_S = 0.05
+LOAD_TIMEOUT_MESSAGE = "The scheduler did not report its load in time (it reads requests between steps); retry."
 _PR_SET_PDEATHSIG = 1
 
 
@@ -519,7 +520,10 @@ def create_app(
         info.update(version=_version(), max_total_num_tokens=ready.max_total_num_tokens,
                     max_running_requests=ready.max_running_requests)
         # The live gauges (SchedulerLoad's fields; /metrics exports the same).
-        info["load"] = msgspec.structs.asdict(await tm.get_load())
+        try:
+            info["load"] = msgspec.structs.asdict(await tm.get_load())
+        except asyncio.TimeoutError:
+            return error_response(LOAD_TIMEOUT_MESSAGE, 503)
         if loads is not None:
             info["replica_loads"] = loads.snapshot()  # one entry per --dp-size replica
         return json_response(info)
@@ -537,7 +541,11 @@ def create_app(
         async def metrics() -> Response:
             from prometheus_client import CONTENT_TYPE_LATEST
 
-            return Response(tm.metrics.render(await tm.get_load()), media_type=CONTENT_TYPE_LATEST)
+            try:
+                load = await tm.get_load()
+            except asyncio.TimeoutError:
+                return error_response(LOAD_TIMEOUT_MESSAGE, 503)
+            return Response(tm.metrics.render(load), media_type=CONTENT_TYPE_LATEST)
 
     document_request_bodies(app, {"/generate": GenerateReqInput})
     _register_openai_routes(app, tm, server_args)

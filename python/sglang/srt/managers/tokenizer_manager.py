@@ -47,7 +47,7 @@ from sglang.srt.server_args import PortArgs, ServerArgs
 logger = logging.getLogger(__name__)
 
 HEALTH_CHECK_TIMEOUT_S = 20.0
-LOAD_TIMEOUT_S = 20.0
+LOAD_TIMEOUT_S = 60.0  # the scheduler answers between steps; a loaded CPU step can take seconds
 ABORTED_BY_CLIENT = {
     "type": "abort",
     "message": "The request was aborted.",
