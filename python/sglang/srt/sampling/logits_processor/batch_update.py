@@ -23,7 +23,7 @@ class BatchUpdateBuilder:
     @staticmethod
     def build(previous: Sequence[Any], current: Sequence[Any]) -> Optional[BatchUpdate]:
         """removed -> added -> moved from `previous` to `current`; None when they are the same rows."""
-        if len(previous) == len(current) and all(a is b for a, b in zip(previous, current)):
+        if previous is current or (len(previous) == len(current) and all(a is b for a, b in zip(previous, current))):
             return None
         old_index = {id(row): i for i, row in enumerate(previous)}
         kept = {id(row) for row in current if id(row) in old_index}

@@ -27,11 +27,15 @@ def check_requested() -> bool:
 
 
 class LogitsProcessorPipeline:
+    """The processor instances of one batch (SamplingBatchInfo.logits_processors)."""
+
     def __init__(self, factory: Any, classes: Sequence[type[LogitsProcessor]]) -> None:
         self.factory = factory  # LoadedLogitsProcessors: makes the instances
         self.classes = list(classes)  # the classes acting on some row of the batch, in load order
         self.instances: dict[type[LogitsProcessor], LogitsProcessor] = {}
-        self.seen: dict[type[LogitsProcessor], list[Any]] = {}  # the rows each instance was last told about
+        # The row list each instance was last told about. SamplingBatchInfo replaces its list on
+        # every filter/merge and never mutates one, so the same list object means the same rows.
+        self.seen: dict[type[LogitsProcessor], Sequence[Any]] = {}
 
     def set_classes(self, classes: Sequence[type[LogitsProcessor]]) -> None:
         """The batch's rows changed: drop the instances of classes that act on no row any more."""
@@ -42,7 +46,7 @@ class LogitsProcessorPipeline:
 
     def run(self, logits: torch.Tensor, rows: Sequence[Any], all_greedy: bool, truth: Optional[Sequence[Any]] = None) -> dict[int, str]:
         """Update every processor to `rows` and apply it to `logits` ([B, V] float32, in place);
-        argmax-invariant processors only update when every row is greedy. `truth` (the
+        when every row is greedy, argmax-invariant processors are updated but not applied. `truth` (the
         scheduler's requests, with SGLANG_CHECK_LOGITS_PROCESSORS) is checked against each
         processor's row_views. Returns {row: message} for the rows of processors that failed."""
         errors: dict[int, str] = {}
@@ -76,7 +80,7 @@ class LogitsProcessorPipeline:
             self.instances[cls] = processor
         else:
             update = BatchUpdateBuilder.build(self.seen[cls], rows)
-        self.seen[cls] = list(rows)
+        self.seen[cls] = rows
         processor.update_state(update)
         return processor
 
