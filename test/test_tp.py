@@ -122,7 +122,7 @@ def _comparable_requests(prompts: list) -> list[tuple]:
     seeded = [(p, {**SEEDED, "sampling_seed": 100 + i, "max_new_tokens": 10}) for i, p in enumerate(prompts)]
     # Batch-level logits processors: every rank runs them on the same rows with the same state.
     processed = [
-        (prompts[0], {"temperature": 0.0, "max_new_tokens": 10, "no_repeat_ngram_size": 1, "bad_words": ["the"]}),
+        (prompts[0], {"temperature": 0.0, "max_new_tokens": 10, "no_repeat_ngram_size": 1}),
         (prompts[1], {**SEEDED, "sampling_seed": 7, "max_new_tokens": 10, "allowed_token_ids": list(range(20, 200, 7))}),
     ]
     return greedy + seeded + processed
