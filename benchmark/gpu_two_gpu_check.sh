@@ -5,8 +5,9 @@
 #           seeded+penalised tokens equal in float32, logprobs within tolerance in bfloat16; then
 #           the deterministic mode's single / mixed / prefix checks served at TP=2
 #   bench - benchmark/bench_serving_gpu.py (ours) at N = 1, 64, 256 for TP=1, TP=2 and --dp-size 2
-#           on the bf16 Qwen3-0.6B-shaped checkpoint, one server after the other on the same machine;
-#           records carry "device", "tp" and "dp"
+#           on the bf16 Qwen3-0.6B-shaped checkpoint, one server after the other on the same machine
+#           (records carry "device", "tp" and "dp"), then benchmark/gpu_allreduce_latency.py: what the
+#           two all-reduces per layer cost a TP=2 decode step
 # Usage (repo root): bash benchmark/gpu_two_gpu_check.sh check|bench
 # Everything printed also goes to $OUT/two_gpu_<phase>.txt (committed under docs/gpu/); result files and
 # server logs come back packed in $OUT/two_gpu_<phase>.tgz (the device tool returns at most 8 files).
@@ -38,9 +39,11 @@ case "$phase" in
     for setup in "tp1:--tp-size 1" "tp2:--tp-size 2" "dp2:--dp-size 2"; do
       tag=${setup%%:*}
       echo "== $tag (${setup#*:})"
-      timeout 170 python3 benchmark/bench_serving_gpu.py --systems ours --concurrency 1 64 256 --rounds 2 \
+      timeout 170 python3 benchmark/bench_serving_gpu.py --systems ours --concurrency 1 64 256 --rounds 3 \
+        --new-tokens 256 --client-procs 16 \
         --tokenizer .carry_engine/tokenizer --out-dir "$WORK" --tag "two_gpu_$tag" --time-budget-s 120 ${setup#*:} || status=1
     done
+    timeout 120 python3 benchmark/gpu_allreduce_latency.py --hidden 1024 --layers 28 --out "$WORK/allreduce.json" || status=1
     ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac
