@@ -106,7 +106,11 @@ class LlamaAttention(nn.Module):
         qk, v = qkv.split([(heads + kv_heads) * d, kv_heads * d], dim=-1)
         qk = qk.view(n, heads + kv_heads, d)
         if self.q_norm is not None:
-            qk = torch.cat([self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])], dim=1)
+            # Contiguous copies, so that RMSNorm takes its per-row kernel at every N: the strided
+            # views count as contiguous only when N == 1, and the torch fallback the others took
+            # rounds differently, so a row's bits changed between alone and batched.
+            q_part, k_part = qk[:, :heads].contiguous(), qk[:, heads:].contiguous()  # [N, Hq, D], [N, Hk, D]
+            qk = torch.cat([self.q_norm(q_part), self.k_norm(k_part)], dim=1)
         q, k = apply_rotary_emb(qk, *rope).split([heads, kv_heads], dim=1)  # [N, Hq, D], [N, Hk, D]
         return self.o_proj(self.attn(q, k, v.view(n, kv_heads, d), forward_batch))
 
