@@ -36,6 +36,9 @@ def plugin_server(model_path: str, record_path: str, *flags: str) -> Iterator[Se
         "PYTHONPATH": os.pathsep.join([TEST_DIR, os.environ.get("PYTHONPATH", "")]),
         "SGLANG_CHECK_LOGITS_PROCESSORS": "1",
         "LP_RECORD_PATH": record_path,
+        # One OpenMP thread: on a shared 2-core CI box a second thread's spin-waits made decode
+        # steps 100x slower; the tests check tokens, not speed.
+        "OMP_NUM_THREADS": "1",
     }
     argv = ["--port", str(port), "--model-path", model_path, "--logits-processors", *PLUGINS, *FLAGS, *flags]
     server = ServerProcess(argv, port, env=env, startup_timeout=TIMEOUT)
