@@ -12,11 +12,13 @@
 #             independent, overlap on = off, llguidance, pytorch sampler, tok/s)
 #   grammar-bench - benchmark/bench_grammar.py --device cuda (mask fill + apply per step at V=151936)
 #   bench   - benchmark/bench_serving_gpu.py: ours vs HF generate (eager, static cache + compile)
+#   dp      - --dp-size 2, both replicas on GPU 0: benchmark/gpu_tp_check.py --tp-size 1 --dp-size 2 in bf16
+#             (outputs against one replica), then bench_serving_gpu.py, ours at N=256 with --dp-size 1 and 2
 # Run through the device tool from the repo root with carry [".carry_engine"] (benchmark/make_engine_carry.sh):
 #   bash benchmark/gpu_engine_check.sh tests|cache      |      bash benchmark/gpu_engine_check.sh bench [bench args]
 # Everything printed also goes to $OUT/gpu_engine_<phase>.txt (committed under docs/gpu/).
 set -uo pipefail
-phase=${1:?usage: gpu_engine_check.sh tests|cache|grammar|grammar-bench|bench [args]}
+phase=${1:?usage: gpu_engine_check.sh tests|cache|grammar|grammar-bench|bench|dp [args]}
 shift
 OUT=${OUT:-/tmp/gpu_engine_out}
 mkdir -p "$OUT"
@@ -51,6 +53,14 @@ case "$phase" in
     ;;
   bench)
     timeout 560 python3 benchmark/bench_serving_gpu.py --out-dir "$OUT" --tokenizer .carry_engine/tokenizer "$@"
+    ;;
+  dp)
+    timeout 240 python3 benchmark/gpu_tp_check.py --device cuda --tp-size 1 --dp-size 2 --dtype bfloat16 --out-dir "$OUT/dp_check"
+    tag=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -cd 'A-Za-z0-9' | tr 'A-Z' 'a-z')
+    for dp in 1 2; do
+      timeout 160 python3 benchmark/bench_serving_gpu.py --out-dir "$OUT" --tokenizer .carry_engine/tokenizer --systems ours \
+        --concurrency 256 --rounds 2 --dp-size "$dp" --server-args "--gpu-id-step 0" --time-budget-s 120 --tag "$tag-dp$dp" "$@"
+    done
     ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac
