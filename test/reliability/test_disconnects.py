@@ -10,9 +10,9 @@ import orjson
 import pytest
 import requests
 
-from reliability_utils import Record, kill_streams, metric, stream_request, wait_for_load, wait_idle
+from reliability_utils import LONG, Record, kill_streams, metric, stream_request, wait_for_load, wait_idle
 
-KILLS = 1000
+KILLS = 1000 if LONG else 200  # CI: 200 (1,000 took over 30 min on the shared 2-core machine); the soak: 1,000
 CLIENT_CLOSED = {"reason": "ClientClosedRequest"}
 
 
@@ -30,7 +30,7 @@ def _long(n: int = 1) -> dict:
     return {"text": "Count slowly:", "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True, "temperature": 0, "n": n}}
 
 
-def test_killing_clients_mid_stream_1000_times_leaves_kv_and_slots_at_idle(clean_server):
+def test_killing_clients_mid_stream_leaves_kv_and_slots_at_idle(clean_server):
     aborted_before = metric(clean_server, "sglang:num_aborted_requests_total", **CLIENT_CLOSED)
     done = kill_streams(clean_server, KILLS)
     assert all(r.status == 200 and r.error is None and r.output_ids for r in done), [r for r in done if r.error][:3]
