@@ -110,6 +110,8 @@ def test_bad_parallel_flags_are_refused_naming_the_flag(gguf_path: str) -> None:
     assert "--node-rank must be in [0, 1]" in refused(nnodes=2, node_rank=2, tp_size=3, dist_init_addr="h:1")
     assert "--tp-size 3 must be a multiple of --nnodes 2" in refused(nnodes=2, tp_size=3, dist_init_addr="h:1")
     assert "--nnodes > 1 needs --dist-init-addr" in refused(nnodes=3, tp_size=3)
+    assert "--enable-custom-logit-processor with --nnodes > 1 needs --custom-logit-processor-allowlist" in refused(
+        nnodes=2, tp_size=2, dist_init_addr="h:1", enable_custom_logit_processor=True)
     assert "--dist-init-addr must be HOST:PORT, got 'node0'" in refused(dist_init_addr="node0")
     assert parse_dist_init_addr("[::1]:5000") == ("::1", 5000)
 
@@ -156,6 +158,9 @@ def test_dp2_shortest_queue_matches_one_replica_and_a_killed_replica_stops_the_s
         streams = [iter_stream(server, payload, timeout=120) for _ in range(2)]
         firsts = [next(s) for s in streams]
         assert all(first["meta_info"]["finish_reason"] is None for first in firsts)
+        # The server's gauges add up the replicas: one running request on each.
+        load = requests.get(server.url + "/get_server_info", timeout=30).json()["load"]
+        assert (load["num_running_reqs"], load["num_queue_reqs"]) == (2, 0), load
         os.kill(scheduler_pid(server, "dp1 tp0"), signal.SIGKILL)
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             lasts = list(pool.map(lambda s: list(s)[-1], streams))

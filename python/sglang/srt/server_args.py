@@ -190,6 +190,12 @@ class ServerArgs:
             )
         if self.nnodes > 1 and self.dist_init_addr is None:
             raise ValueError("--nnodes > 1 needs --dist-init-addr HOST:PORT (node 0's address, reachable from every node).")
+        if self.nnodes > 1 and self.enable_custom_logit_processor and not self.custom_logit_processor_allowlist:
+            # Other nodes would unpickle the request's processor from their process-group connection.
+            raise ValueError(
+                "--enable-custom-logit-processor with --nnodes > 1 needs --custom-logit-processor-allowlist: "
+                "without it, a request's dill payload would be unpickled on the other nodes."
+            )
         if self.dist_init_addr is not None:
             parse_dist_init_addr(self.dist_init_addr)
 

@@ -48,8 +48,9 @@ def _join(tp_rank: int, tp_size: int, device: torch.device, init_method: str, ti
 
 def tp_group_lost(err: BaseException) -> bool:
     """Whether `err` says another rank of the group went away (its process ended, or the network
-    failed): gloo reports a closed or reset connection, torch.distributed a DistError."""
-    if isinstance(err, dist.DistError):
+    failed): gloo reports a closed or reset connection, torch.distributed a DistNetworkError. A
+    backend error of this rank's own (an NCCL failure, a timeout) is not that: it is a failure."""
+    if isinstance(err, dist.DistNetworkError):
         return True
     message = str(err)
     return isinstance(err, RuntimeError) and any(s in message for s in _PEER_GONE)

@@ -12,6 +12,7 @@ forwarded as they came; the controller decodes them only to route them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -19,6 +20,7 @@ import signal
 from collections import deque
 from typing import Any, NoReturn
 
+import msgspec
 import zmq
 
 from sglang.srt.managers.io_struct import ReplicaLoad, SchedulerInput, TokenizedGenerateReqInput, decoder
@@ -28,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue", "minimum_tokens")
 _PARENT_CHECK_MS = 1000
+_LOAD_FORWARD_HWM = 16  # load reports are snapshots: an old one unread is worth nothing
 
 
 def replica_port_args(port_args: PortArgs, dp_rank: int, dp_size: int, dist_init_method: str) -> PortArgs:
@@ -91,7 +94,7 @@ class DataParallelController:
         self.context = zmq.Context()
         self.recv_socket = self._socket(zmq.PULL, port_args.scheduler_input_ipc, bind=True)
         self.load_socket = self._socket(zmq.PULL, _controller_load_ipc(port_args), bind=True)
-        self.load_forward = self._socket(zmq.PUSH, port_args.load_ipc, bind=False)
+        self.load_forward = self._socket(zmq.PUSH, port_args.load_ipc, bind=False, send_hwm=_LOAD_FORWARD_HWM)
         self.replicas = [
             self._socket(zmq.PUSH, replica_port_args(port_args, i, dp_size, "").scheduler_input_ipc, bind=False)
             for i in range(dp_size)
@@ -100,10 +103,11 @@ class DataParallelController:
         self.decode_load = decoder(ReplicaLoad)
         self.parent_pid = os.getppid()
 
-    def _socket(self, kind: int, address: str, bind: bool) -> zmq.Socket:
+    def _socket(self, kind: int, address: str, bind: bool, send_hwm: int = 0) -> zmq.Socket:
+        """send_hwm 0: never drop or block (the replicas read everything)."""
         sock = self.context.socket(kind)
         if kind == zmq.PUSH:
-            sock.setsockopt(zmq.SNDHWM, 0)  # never drop or block: the replicas read everything
+            sock.setsockopt(zmq.SNDHWM, send_hwm)  # before connecting: ZMQ applies it to new pipes only
         if bind:
             sock.bind(address)
         else:
@@ -126,11 +130,16 @@ class DataParallelController:
     @staticmethod
     def _drain(sock: zmq.Socket, handle: Any) -> None:
         while sock.poll(0):
-            handle(sock.recv())
+            frame = sock.recv()
+            try:
+                handle(frame)
+            except msgspec.DecodeError:  # a stray or hostile frame must not stop every replica's traffic
+                logger.exception("Dropping an undecodable frame (%d bytes)", len(frame))
 
     def _on_load(self, frame: bytes) -> None:
         self.balancer.update(self.decode_load.decode(frame))
-        self.load_forward.send(frame)  # the HTTP process reads every report (its table is never full)
+        with contextlib.suppress(zmq.Again):  # nobody reads them under sglang.Engine: drop, never queue
+            self.load_forward.send(frame, zmq.NOBLOCK)
 
     def _dispatch(self, frame: bytes) -> None:
         message = self.decode_input.decode(frame)

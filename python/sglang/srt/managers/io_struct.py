@@ -96,6 +96,25 @@ class SchedulerLoad(msgspec.Struct):
     step_time_sum: float
 
 
+def sum_loads(loads: list[SchedulerLoad]) -> SchedulerLoad:
+    """One server's load from its --dp-size replicas' answers to one query: counts add up, the
+    step-time histograms (same bounds everywhere) add bucket by bucket."""
+    first = loads[0]
+    totals = {
+        name: sum(getattr(load, name) for load in loads)
+        for name in ("num_running_reqs", "num_queue_reqs", "req_slots_free", "req_slots_total", "max_total_num_tokens",
+                     "num_free_tokens", "num_evictable_tokens", "num_used_tokens", "num_steps", "num_failed_steps",
+                     "step_time_sum")
+    }
+    return SchedulerLoad(
+        req_id=first.req_id,
+        token_usage=totals["num_used_tokens"] / max(1, totals["max_total_num_tokens"]),
+        step_time_buckets=first.step_time_buckets,
+        step_time_counts=[sum(counts) for counts in zip(*(load.step_time_counts for load in loads))],
+        **totals,
+    )
+
+
 class TokenOut(msgspec.Struct):
     """What one request gained in one scheduler step (scheduler -> detokenizer)."""
 

@@ -38,6 +38,7 @@ from sglang.srt.managers.io_struct import (
     TokenizedGenerateReqInput,
     decoder,
     encode,
+    sum_loads,
 )
 from sglang.srt.managers.request_logger import RequestLogger
 from sglang.srt.sampling.logits_processor.loader import LoadedLogitsProcessors
@@ -162,6 +163,7 @@ class TokenizerManager:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._load_ids = itertools.count()
         self._load_waiters: dict[int, asyncio.Future] = {}
+        self._load_replies: dict[int, list[SchedulerLoad]] = {}  # replicas' answers so far, per query
         self.metrics = None
         if server_args.enable_metrics:
             from sglang.srt.metrics.collector import TokenizerMetricsCollector
@@ -259,15 +261,26 @@ class TokenizerManager:
         return len(self._states)
 
     async def get_load(self, timeout: float = LOAD_TIMEOUT_S) -> SchedulerLoad:
-        """The scheduler's live state (TimeoutError when it does not answer in time)."""
+        """The schedulers' live state, summed over the --dp-size replicas (each answers the
+        query once); TimeoutError when they do not all answer in time."""
         self._ensure_receiving()
         req_id = next(self._load_ids)
         waiter = self._load_waiters[req_id] = asyncio.get_running_loop().create_future()
+        self._load_replies[req_id] = []
         try:
             self._send_sock.send(encode(GetLoadReq(req_id=req_id)))
             return await asyncio.wait_for(waiter, timeout)
         finally:
             self._load_waiters.pop(req_id, None)
+            self._load_replies.pop(req_id, None)
+
+    def _on_load_reply(self, load: SchedulerLoad) -> None:
+        waiter, replies = self._load_waiters.get(load.req_id), self._load_replies.get(load.req_id)
+        if waiter is None or waiter.done() or replies is None:
+            return
+        replies.append(load)
+        if len(replies) == self.server_args.dp_size:
+            waiter.set_result(sum_loads(replies))
 
     async def health(self, timeout: float = HEALTH_CHECK_TIMEOUT_S) -> bool:
         """True when a one-token generation makes the round trip within `timeout` seconds."""
@@ -481,9 +494,7 @@ class TokenizerManager:
                 logger.exception("Dropping an undecodable message from the detokenizer")
                 continue
             if batch.load is not None:
-                waiter = self._load_waiters.get(batch.load.req_id)
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(batch.load)
+                self._on_load_reply(batch.load)
             for out in batch.outs:
                 try:
                     self._apply(out)
