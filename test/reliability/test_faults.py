@@ -70,7 +70,9 @@ def test_steps_that_keep_failing_end_the_server(gguf_path):
                 break
             try:
                 out = requests.post(broken.url + "/generate", json={"text": "Hi", "sampling_params": {"max_new_tokens": 4}}, timeout=300).json()
-                assert out["meta_info"]["finish_reason"]["err_type"] == "StepError", out
+                # StepError, or the 503 of a server whose limit was reached meanwhile (start-up
+                # health checks fail steps too).
+                assert out["meta_info"]["finish_reason"]["err_type"] in ("StepError", "ServiceUnavailable"), out
             except requests.ConnectionError:
                 break
         deadline = time.monotonic() + 120
