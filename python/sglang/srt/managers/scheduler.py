@@ -31,7 +31,7 @@ import zmq
 from sglang.srt.constrained.base_grammar_backend import create_grammar_backend, grammar_key
 from sglang.srt.constrained.bitmask import allows_nothing
 from sglang.srt.constrained.grammar_queue import GrammarQueue
-from sglang.srt.distributed.communication import broadcast_frames
+from sglang.srt.distributed.communication import TokenDivergenceError, broadcast_frames
 from sglang.srt.distributed.parallel_state import init_tp_groups, tp_cpu_group, tp_group_lost
 from sglang.srt.distributed.placement import gpu_id, ranks_sharing_gpu, replica_cores, scheduler_name
 from sglang.srt.managers.io_struct import (
@@ -617,6 +617,8 @@ class Scheduler:
         finally:
             step.processed.set()  # the next step's grammar rows may fill their masks now
         self.step_time.observe(time.perf_counter() - step.submitted_at)
+        if isinstance(error, TokenDivergenceError):
+            raise error  # the ranks' states differ: no later step of theirs can be trusted
         if error is not None:
             self._fail_step(step, error)
 
