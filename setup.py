@@ -33,7 +33,7 @@ setup(
         "prometheus-client",
     ],
     extras_require={
-        "test": ["pytest", "hypothesis", "scipy", "openai", "accelerate", "triton==3.9.0", "jsonschema", "sglang-router>=0.3.2", "schemathesis"],
+        "test": ["pytest", "psutil", "hypothesis", "scipy", "openai", "accelerate", "triton==3.9.0", "jsonschema", "sglang-router>=0.3.2", "schemathesis"],
         "bench": ["tqdm", "matplotlib"],
         # SGLang's Rust load balancer in front of several servers (docs/scaling.md).
         "router": ["sglang-router>=0.3.2"],
