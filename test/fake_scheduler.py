@@ -26,7 +26,9 @@ from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchTokenOut,
     FlushCacheReq,
+    GetLoadReq,
     SchedulerInput,
+    SchedulerLoad,
     SchedulerReady,
     TokenizedGenerateReqInput,
     TokenOut,
@@ -132,8 +134,21 @@ class FakeScheduler:
         if isinstance(msg, FlushCacheReq):
             _log({"kind": "flush"})
             return
+        if isinstance(msg, GetLoadReq):
+            self.send_sock.send(encode(BatchTokenOut(outs=[], load=self._load(msg.req_id))))
+            return
         _log({"kind": "req", **{f: getattr(msg, f) for f in msg.__struct_fields__}})
         self.running[msg.rid] = _FakeReq(msg)
+
+    def _load(self, req_id: int) -> SchedulerLoad:
+        """Live gauges as /get_server_info reports them: one slot and no KV per running request."""
+        total, slots, running = CONTEXT_LEN * 4, 16, len(self.running)
+        return SchedulerLoad(
+            req_id=req_id, num_running_reqs=running, num_queue_reqs=0, req_slots_free=slots - running,
+            req_slots_total=slots, max_total_num_tokens=total, num_free_tokens=total, num_evictable_tokens=0,
+            num_used_tokens=0, token_usage=0.0, num_steps=0, num_failed_steps=0, step_time_buckets=[],
+            step_time_counts=[], step_time_sum=0.0,
+        )
 
     def _step(self) -> None:
         delay = max((float(r.custom.get("fake_delay", 0)) for r in self.running.values()), default=0.0)

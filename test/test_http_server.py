@@ -438,8 +438,10 @@ INVALID = [
     ({"input_ids": []}, "empty"),
     ({"input_ids": [1, 999999]}, "input_ids contains out-of-vocabulary token id 999999"),
     ({}, "Exactly one of text or input_ids"),
-    ({"text": "hi", "return_hidden_states": True, "lora_path": "x"},
-     "Unknown or unsupported field(s) lora_path, return_hidden_states in /generate"),
+    ({"text": "hi", "no_such_field": 1, "other_field": "x"},
+     "Unknown or unsupported field(s) no_such_field, other_field in /generate"),
+    # A field sglang-router writes into every request is accepted at its no-op value only.
+    ({"text": "hi", "return_hidden_states": True}, "return_hidden_states=True is not supported by this server"),
     ({"text": ["a", "b"], "sampling_params": [{}]}, "sampling_params has 1 entries"),
     ({"text": "hi", "custom_logit_processor": '{"name": "DisallowedTokensLogitsProcessor"}'}, DISABLED_MESSAGE),
 ]

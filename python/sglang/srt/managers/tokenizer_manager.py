@@ -80,7 +80,7 @@ def derive_child_seed(seed: int, index: int) -> int:
 
 
 class ServiceUnavailableError(RuntimeError):
-    """The scheduler refused the request for load (--max-queued-requests): HTTP 503."""
+    """The scheduler refused the request for load (--max-queued-requests), or is gone: HTTP 503."""
 
 
 def _is_int(x: Any) -> bool:
@@ -163,6 +163,7 @@ class TokenizerManager:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._load_ids = itertools.count()
         self._load_waiters: dict[int, asyncio.Future] = {}
+        self._down_message: Optional[str] = None  # set when the scheduler died (fail_all)
         self._load_replies: dict[int, list[SchedulerLoad]] = {}  # replicas' answers so far, per query
         self.metrics = None
         if server_args.enable_metrics:
@@ -220,6 +221,8 @@ class TokenizerManager:
 
     async def run_prepared(self, prepared: PreparedRequest) -> AsyncIterator[dict[str, Any]]:
         """Send a prepared request and yield its results (see generate_request)."""
+        if self._down_message is not None:
+            raise ServiceUnavailableError(self._down_message)
         self._ensure_receiving()
         group = self._register(prepared)
         indexed = len(prepared.children) > 1
@@ -310,6 +313,7 @@ class TokenizerManager:
             self._loop.call_soon_threadsafe(self._fail_all, message)
 
     def _fail_all(self, message: str) -> None:
+        self._down_message = message  # later requests are refused at once: nothing would answer them
         reason = {"type": "abort", "message": message, "status_code": 503, "err_type": "ServiceUnavailable"}
         for state in list(self._states.values()):
             state.finished_reason = dict(reason)
