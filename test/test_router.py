@@ -24,6 +24,7 @@ import pytest
 import requests
 
 from engine_utils import free_port, running_server
+from flag_helpers import wait_until
 from scaling_utils import PROMPTS, model_flags, save_tiny_full_vocab
 
 pytest.importorskip("sglang_router")
@@ -202,6 +203,8 @@ def test_a_worker_killed_mid_run_leaves_no_request_hanging(workers, worker_flags
                 done.acquire()
             victim.proc.kill()  # its scheduler and detokenizer die with it
             finished, still_open = concurrent.futures.wait(futures, timeout=3 * REQUEST_TIMEOUT_S)
+        # The router polls loads on its own clock (seconds apart): a fast run may end before its first poll.
+        wait_until(lambda: '"GET /get_load HTTP/1.1" 200' in workers[0].output, 60, "the router's first /get_load")
     assert not still_open, f"{len(still_open)} requests still open"
     outcomes = [f.result() for f in futures]
     ok = [(r, answer) for r, (status, answer) in zip(mixed, outcomes) if status == "ok"]
@@ -212,4 +215,3 @@ def test_a_worker_killed_mid_run_leaves_no_request_hanging(workers, worker_flags
     assert len(ok) >= 8
     for request, answer in ok:
         assert answer == direct[request], f"{request}: {answer} != direct {direct[request]}"
-    assert '"GET /get_load HTTP/1.1" 200' in workers[0].output

@@ -142,7 +142,7 @@ def test_unknown_schedule_policy_is_a_parse_error(capsys) -> None:
 
 
 OUR_GROUPS = ["Model and tokenizer", "Device and parallelism", "Memory and scheduling", "Sampling",
-              "Kernels and graphs", "HTTP server and streaming", "Logging"]
+              "Kernels and graphs", "HTTP server and streaming", "Reliability and metrics", "Logging"]
 
 
 def test_help_lists_our_flags_in_groups_then_the_ignored_ones() -> None:

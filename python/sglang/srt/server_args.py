@@ -355,6 +355,11 @@ class ServerArgs:
         add("--graceful-shutdown-timeout", type=float, default=d.graceful_shutdown_timeout,
             help="On SIGTERM/SIGINT: new requests get 503, running ones may finish for this many seconds, the rest "
             "are aborted, and the server exits 0. A second signal exits at once.")
+        add("--stream-interval", type=int, default=d.stream_interval,
+            help="Streaming requests get their first token at once, then a chunk every this many tokens (and the last).")
+        add("--stream-output", action="store_true",
+            help="SGLang's disjoint streaming: each streamed chunk's output_ids holds only the ids new since the "
+            "previous chunk (text stays cumulative, as in SGLang 0.5); non-streamed responses are unchanged.")
 
         group = parser.add_argument_group("Reliability and metrics")
         add = group.add_argument
@@ -365,12 +370,6 @@ class ServerArgs:
             "--step-failure-window steps end the server.")
         add("--step-failure-window", type=int, default=d.step_failure_window,
             help="The number of most recent scheduler steps in which --step-failure-limit failures end the server.")
-        add("--stream-interval", type=int, default=d.stream_interval,
-            help="Streaming requests get their first token at once, then a chunk every this many tokens (and the last).")
-        add("--stream-output", action="store_true",
-            help="SGLang's disjoint streaming: each streamed chunk's output_ids holds only the ids new since the "
-            "previous chunk (text stays cumulative, as in SGLang 0.5); non-streamed responses are unchanged.")
-
         group = parser.add_argument_group("Logging")
         add = group.add_argument
         add("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"], help="Logging level.")
