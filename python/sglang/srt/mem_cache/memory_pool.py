@@ -124,13 +124,13 @@ class KVCache:
         self.size = size
         self.dtype = dtype
         self.padding_write_slot = size + 1
-        # torch.empty keeps untouched pages uncommitted; every row is written before it is read,
-        # except the zeroed padding row.
+        # Zeroed, so the whole pool is resident from the start on CPU too (as on a GPU): the
+        # server's memory is claimed at launch, where a machine without it fails at once, and
+        # does not creep up under traffic as the free list walks through untouched pages (the
+        # soak saw +2 GiB that way). Row 0, the padding slot, must be zeros anyway.
         shape = (size + 2, num_kv_heads, head_dim)
-        self.k_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffers = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        for buf in self.k_buffers + self.v_buffers:
-            buf[0].zero_()
+        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
     def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """loc [N] int64 slots; k, v [N, num_kv_heads, head_dim]."""
