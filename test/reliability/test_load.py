@@ -1,7 +1,7 @@
 """Load: 64 concurrent streams with mixed sampling parameters for a minute (10 with
 SGLANG_RELIABILITY_LONG=1), a tenth of the requests disconnecting at a random token. Nothing
 else fails, every completed request replays to the same tokens (deterministic mode: greedy and
-seeded), and the scheduler's load returns exactly to idle."""
+seeded), the scheduler's load returns exactly to idle and RSS stays where it was."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ import random
 from reliability_utils import LONG, replay_mismatches, run_load, server_rss_mib, wait_idle
 
 REPLAY_SAMPLE = 64  # short version: this many completed requests replayed; long: all
+# The KV pool is resident from launch, so a minute of load should leave RSS where it was; a
+# lazily touched pool grew ~10 MiB/s here (600 MiB in the short version), a leak would too.
+RSS_GROWTH_LIMIT_MIB = 256
 
 
 def test_load_with_disconnecting_clients(clean_server, record_property):
@@ -29,6 +32,7 @@ def test_load_with_disconnecting_clients(clean_server, record_property):
     for key, value in numbers.items():
         record_property(key, value)
     assert not report.errors(), [(r.body, r.status, r.error, r.finish_reason) for r in report.errors()[:5]]
+    assert rss_after - rss_before < RSS_GROWTH_LIMIT_MIB, numbers
     assert completed and len(completed) < len(report.records)
     sample = completed if LONG else random.Random(0).sample(completed, min(REPLAY_SAMPLE, len(completed)))
     mismatches = replay_mismatches(clean_server, sample)
