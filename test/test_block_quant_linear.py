@@ -56,21 +56,6 @@ def test_zero_blocks_and_zero_rows_are_blocks_too() -> None:
     assert blocks is not None and torch.equal(dequantize_block_quant(blocks), weight)
 
 
-def test_float16_subnormal_scales_and_offsets_are_read_exactly(kernel_variant) -> None:
-    """The packed layout keeps scales and offsets as float16: ones below its smallest normal
-    (6.1e-5) are subnormals there, which the portable build converts by hand."""
-    gen = torch.Generator().manual_seed(5)
-    d = torch.randint(1, 1024, (32, 2, 1), generator=gen) * 2.0**-24  # float16 subnormals
-    m = -torch.randint(0, 1024, (32, 2, 1), generator=gen) * 2.0**-24
-    codes = torch.randint(0, 16, (32, 2, 32), generator=gen).float()
-    codes[..., 0], codes[..., 1] = 0, 15
-    weight = (d * codes + m).reshape(32, 64)
-    blocks = decompose_block_quant(weight)
-    assert blocks is not None and torch.equal(dequantize_block_quant(blocks), weight)
-    x = torch.randn(3, 64, generator=gen) * 1e4
-    torch.testing.assert_close(block_quant_linear(x, blocks), x @ weight.T, rtol=1e-5, atol=1e-6)
-
-
 @pytest.mark.parametrize(
     "weight",
     [

@@ -11,16 +11,14 @@
  * a row's result never depends on the other rows of the batch.
  *
  * Packed layout (block_quant_linear.py packs it): for each tile of 16 output columns, for each
- * block of 32 k: d[16] float16, m[16] float16 (4-bit only: 8-bit blocks have m = 0), then the
- * codes k-major, 16 columns per k (4-bit: two k per byte row, k even in the low nibble; 8-bit:
- * one signed byte each). 20 bytes per 32 weights for 4-bit, 34 for 8-bit: the GGUF's own sizes,
- * which matter because a decode step at 1-4 rows is bound by reading them.
+ * block of 32 k: d[16] f32, m[16] f32, then the codes k-major, 16 columns per k (4-bit: two k
+ * per byte row, k even in the low nibble; 8-bit: one signed byte each).
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(PORTABLE_ONLY)
+#if defined(__AVX2__) && defined(__FMA__) && !defined(PORTABLE_ONLY)
 #include <immintrin.h>
 #define HAVE_AVX2 1
 #endif
@@ -30,54 +28,19 @@
 #define ROWS 6 /* rows per register tile: 6 x 16 sums = 12 vector registers */
 #define CHUNK_K 256 /* dequantised weights per tile and chunk: 16 KiB, stays in L1 */
 
-/* A tile's block: 16 float16 scales, 16 float16 offsets (Q4_1 only: Q8_0 has none), the codes. */
-static int64_t head_bytes(int bits) { return (bits == 4 ? 2 : 1) * TILE_N * 2; }
-static int64_t block_bytes(int bits) { return head_bytes(bits) + BLOCK_K * TILE_N * bits / 8; }
-
-#ifdef HAVE_AVX2
-/* A block's scales and offsets as float32 vectors: h[0], h[1] the scales of columns 0-7 and
- * 8-15, h[2], h[3] the offsets (zero for Q8_0). */
-static inline __attribute__((always_inline)) void load_head(const uint8_t *block, int bits, __m256 h[4]) {
-    const __m128i *half = (const __m128i *)block;
-    h[0] = _mm256_cvtph_ps(_mm_loadu_si128(half));
-    h[1] = _mm256_cvtph_ps(_mm_loadu_si128(half + 1));
-    h[2] = bits == 4 ? _mm256_cvtph_ps(_mm_loadu_si128(half + 2)) : _mm256_setzero_ps();
-    h[3] = bits == 4 ? _mm256_cvtph_ps(_mm_loadu_si128(half + 3)) : _mm256_setzero_ps();
-}
-#else
-static float half_to_float(uint16_t h) {
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
-    if (exponent == 0) { /* zero or subnormal: mantissa x 2^-24, exact in float32 */
-        const float f = ldexpf((float)mantissa, -24);
-        return sign ? -f : f;
-    }
-    const uint32_t bits = sign | (exponent == 31 ? 0x7F800000u | (mantissa << 13) : ((exponent + 112) << 23) | (mantissa << 13));
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-/* A block's 16 scales d and offsets m as float32 (m zero for Q8_0). */
-static void load_head(const uint8_t *block, int bits, float d[TILE_N], float m[TILE_N]) {
-    const uint16_t *half = (const uint16_t *)block;
-    for (int c = 0; c < TILE_N; c++) {
-        d[c] = half_to_float(half[c]);
-        m[c] = bits == 4 ? half_to_float(half[TILE_N + c]) : 0.0f;
-    }
-}
-#endif
+static int64_t block_bytes(int bits) { return 2 * TILE_N * 4 + BLOCK_K * TILE_N * bits / 8; }
 
 /* The weights of one tile for k in [k0, k0 + count), count a multiple of BLOCK_K, as w[k][16]. */
 static void dequantize(const uint8_t *tile, int64_t k0, int64_t count, int bits, float *w) {
     const int64_t stride = block_bytes(bits);
     for (int64_t b = 0; b < count / BLOCK_K; b++) {
         const uint8_t *block = tile + (k0 / BLOCK_K + b) * stride;
-        const uint8_t *codes = block + head_bytes(bits);
+        const float *d = (const float *)block, *m = d + TILE_N;
+        const uint8_t *codes = block + 2 * TILE_N * 4;
         float *wb = w + b * BLOCK_K * TILE_N;
 #ifdef HAVE_AVX2
-        __m256 h[4];
-        load_head(block, bits, h);
-        const __m256 d0 = h[0], d1 = h[1], m0 = h[2], m1 = h[3];
+        const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
+        const __m256 m0 = _mm256_loadu_ps(m), m1 = _mm256_loadu_ps(m + 8);
         if (bits == 4) {
             const __m256i low = _mm256_set1_epi32(0x0F);
             for (int j = 0; j < BLOCK_K / 2; j++) {
@@ -98,8 +61,6 @@ static void dequantize(const uint8_t *tile, int64_t k0, int64_t count, int bits,
             }
         }
 #else
-        float d[TILE_N], m[TILE_N];
-        load_head(block, bits, d, m);
         for (int k = 0; k < BLOCK_K; k++)
             for (int c = 0; c < TILE_N; c++) {
                 const int code = bits == 4 ? (codes[(k / 2) * TILE_N + c] >> (4 * (k % 2))) & 0x0F
@@ -166,13 +127,13 @@ static inline __attribute__((always_inline)) void gemv_tiles(const uint8_t *tile
         for (int r = 0; r < rows_; r++) acc[p][r][0] = acc[p][r][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < in / BLOCK_K; b++) {
         const float *xb = x + b * BLOCK_K;
-        __m256 h[GEMV_PAIR][4];
-        for (int p = 0; p < tiles_; p++) load_head(tile + p * tile_bytes + b * stride, bits, h[p]);
         if (bits == 4) {
             for (int j = 0; j < BLOCK_K / 2; j++)
                 for (int p = 0; p < tiles_; p++) {
-                    const uint8_t *codes = tile + p * tile_bytes + b * stride + head_bytes(bits);
-                    const __m256 d0 = h[p][0], d1 = h[p][1], m0 = h[p][2], m1 = h[p][3];
+                    const uint8_t *block = tile + p * tile_bytes + b * stride, *codes = block + 2 * TILE_N * 4;
+                    const float *d = (const float *)block, *m = d + TILE_N;
+                    const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
+                    const __m256 m0 = _mm256_loadu_ps(m), m1 = _mm256_loadu_ps(m + 8);
                     const __m256i c0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + 16 * j)));
                     const __m256i c1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + 16 * j + 8)));
                     const __m256 e0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(_mm256_and_si256(c0, low)), m0);
@@ -185,11 +146,12 @@ static inline __attribute__((always_inline)) void gemv_tiles(const uint8_t *tile
         } else {
             for (int k = 0; k < BLOCK_K; k++)
                 for (int p = 0; p < tiles_; p++) {
-                    const uint8_t *codes = tile + p * tile_bytes + b * stride + head_bytes(bits);
+                    const uint8_t *block = tile + p * tile_bytes + b * stride, *codes = block + 2 * TILE_N * 4;
+                    const float *d = (const float *)block, *m = d + TILE_N;
                     const __m256i c0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(codes + 16 * k)));
                     const __m256i c1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(codes + 16 * k + 8)));
-                    const __m256 w0 = _mm256_fmadd_ps(h[p][0], _mm256_cvtepi32_ps(c0), h[p][2]);
-                    const __m256 w1 = _mm256_fmadd_ps(h[p][1], _mm256_cvtepi32_ps(c1), h[p][3]);
+                    const __m256 w0 = _mm256_fmadd_ps(_mm256_loadu_ps(d), _mm256_cvtepi32_ps(c0), _mm256_loadu_ps(m));
+                    const __m256 w1 = _mm256_fmadd_ps(_mm256_loadu_ps(d + 8), _mm256_cvtepi32_ps(c1), _mm256_loadu_ps(m + 8));
                     GEMV_FMA(rows_, xb + k, w0, w1, acc[p])
                 }
         }
@@ -224,9 +186,8 @@ static void gemv_tile_rows(const uint8_t *tile, int64_t tile_bytes, int tiles, i
     const int64_t stride = block_bytes(bits);
     float acc[GEMV_MAX_ROWS][TILE_N] = {{0.0f}};
     for (int64_t b = 0; b < in / BLOCK_K; b++) {
-        const uint8_t *block = tile + b * stride, *codes = block + head_bytes(bits);
-        float d[TILE_N], m[TILE_N];
-        load_head(block, bits, d, m);
+        const uint8_t *block = tile + b * stride, *codes = block + 2 * TILE_N * 4;
+        const float *d = (const float *)block, *m = d + TILE_N;
         for (int k = 0; k < BLOCK_K; k++)
             for (int c = 0; c < TILE_N; c++) {
                 const int code = bits == 4 ? (codes[(k / 2) * TILE_N + c] >> (4 * (k % 2))) & 0x0F

@@ -3,7 +3,7 @@ for float32 weights that are exactly such blocks: what GGUF Q4_1 and Q8_0 tensor
 
 `decompose_block_quant` recovers the codes, scales and offsets from the float32 weight and keeps
 them only if they rebuild every element bit for bit, so the layer computes with the very weights
-it was loaded with; it reads 5 (Q4_1) or 8.5 (Q8_0) bits per weight instead of 32, as the GGUF stores them.
+it was loaded with; it only reads 5-9 bits per weight instead of 32.
 """
 
 from __future__ import annotations
@@ -104,20 +104,13 @@ def _float16_step(values: torch.Tensor, step: int) -> torch.Tensor:
     return bits.view(torch.float16).float().where(values.abs() > 0, values)
 
 
-def _head_rows(bits: int) -> int:
-    """float16 vectors of 16 at the start of each packed block: scales, and offsets for 4-bit."""
-    return 2 if bits == 4 else 1
-
-
 def _pack(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, bits: int) -> torch.Tensor:
-    """The kernel's layout: per tile of 16 columns and block of 32 k, scales[16] and (4-bit only)
-    offsets[16] as float16, then the codes k-major, 16 columns per k (4-bit: two k per byte, even
-    k low). Scales and offsets are float16 numbers (decompose_block_quant checked), so nothing
-    rounds."""
+    """The kernel's layout: per tile of 16 columns and block of 32 k, scales[16], offsets[16]
+    (float32), then the codes k-major, 16 columns per k (4-bit: two k per byte, even k low)."""
     n, nblocks, _ = codes.shape
     tiles = n // TILE_N
-    head = torch.stack([scales, offsets], -1)[..., : _head_rows(bits)].half()  # [N, B, H] float16
-    head = head.view(tiles, TILE_N, nblocks, -1).permute(0, 2, 3, 1).contiguous()  # [T, B, H, 16]
+    head = torch.stack([scales, offsets], -1)  # [N, B, 2]
+    head = head.view(tiles, TILE_N, nblocks, 2).permute(0, 2, 3, 1).contiguous()  # [T, B, 2, 16]
     codes = codes.view(tiles, TILE_N, nblocks, BLOCK_K).permute(0, 2, 3, 1)  # [T, B, 32, 16]
     if bits == 4:
         codes = codes.to(torch.uint8).view(tiles, nblocks, BLOCK_K // 2, 2, TILE_N)
@@ -131,12 +124,8 @@ def _pack(codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, bits
 def dequantize_block_quant(weight: BlockQuantWeight) -> torch.Tensor:
     """The float32 weight [N, K] the blocks stand for."""
     tiles, nblocks, _ = weight.packed.shape
-    rows = _head_rows(weight.bits)
-    head = weight.packed[:, :, : rows * TILE_N * 2].contiguous().view(torch.float16).float()
-    head = head.view(tiles, nblocks, rows, TILE_N)
-    if rows == 1:
-        head = torch.cat([head, torch.zeros_like(head)], dim=2)  # [T, B, 2, 16]: Q8_0's offsets are 0
-    body = weight.packed[:, :, rows * TILE_N * 2 :]
+    head = weight.packed[:, :, : 2 * TILE_N * 4].contiguous().view(torch.float32).view(tiles, nblocks, 2, TILE_N)
+    body = weight.packed[:, :, 2 * TILE_N * 4 :]
     if weight.bits == 4:
         pairs = body.view(tiles, nblocks, BLOCK_K // 2, 1, TILE_N)
         codes = torch.cat([pairs & 0x0F, pairs >> 4], dim=3).view(tiles, nblocks, BLOCK_K, TILE_N).float()
