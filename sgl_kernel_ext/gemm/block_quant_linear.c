@@ -101,13 +101,6 @@ static void tile_rows(const float *xt, int64_t rows_padded, const float *w, int6
 #define GEMV_MAX_ROWS 4
 
 #ifdef HAVE_AVX2
-/* At 1-2 rows, GEMV_PAIR tiles are summed side by side: an fma waits ~4 cycles for the previous
- * one of its chain, and one tile of one row has only 2 chains (measured on the 2-core Zen 3, one
- * thread, B=1: Q4_1 8.3 -> 12.8 G weights/s, Q8_0 4.2 -> 5.2). Each chain is still one output's
- * sum over k in order from 0, so nothing changes in the results. 3-4 rows have enough chains
- * (and not enough registers for two tiles). */
-#define GEMV_PAIR 2
-
 /* acc[r][0:16] += x[r][k] * w[0:16] for ROWS_ rows, w = the two vectors of one k. */
 #define GEMV_FMA(ROWS_, xk, w0, w1, acc)                                   \
     for (int r = 0; r < (ROWS_); r++) {                                    \
@@ -116,73 +109,59 @@ static void tile_rows(const float *xt, int64_t rows_padded, const float *w, int6
         acc[r][1] = _mm256_fmadd_ps(xr, w1, acc[r][1]);                    \
     }
 
-/* The 16 outputs of each of `tiles_` adjacent tiles for `rows_` rows; inlined per (rows, tiles)
- * so that acc stays in registers. */
-static inline __attribute__((always_inline)) void gemv_tiles(const uint8_t *tile, int64_t tile_bytes, int bits,
-                                                             const float *x, int64_t in, const int rows_, const int tiles_,
-                                                             __m256 acc[GEMV_PAIR][GEMV_MAX_ROWS][2]) {
+/* The 16 outputs of one tile for `rows_` rows; inlined per row count so acc stays in registers. */
+static inline __attribute__((always_inline)) void gemv_tile(const uint8_t *tile, int bits, const float *x, int64_t in,
+                                                            const int rows_, __m256 acc[GEMV_MAX_ROWS][2]) {
     const int64_t stride = block_bytes(bits);
     const __m256i low = _mm256_set1_epi32(0x0F);
-    for (int p = 0; p < tiles_; p++)
-        for (int r = 0; r < rows_; r++) acc[p][r][0] = acc[p][r][1] = _mm256_setzero_ps();
+    for (int r = 0; r < rows_; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t b = 0; b < in / BLOCK_K; b++) {
-        const float *xb = x + b * BLOCK_K;
+        const uint8_t *block = tile + b * stride, *codes = block + 2 * TILE_N * 4;
+        const float *d = (const float *)block, *m = d + TILE_N, *xb = x + b * BLOCK_K;
+        const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
+        const __m256 m0 = _mm256_loadu_ps(m), m1 = _mm256_loadu_ps(m + 8);
         if (bits == 4) {
-            for (int j = 0; j < BLOCK_K / 2; j++)
-                for (int p = 0; p < tiles_; p++) {
-                    const uint8_t *block = tile + p * tile_bytes + b * stride, *codes = block + 2 * TILE_N * 4;
-                    const float *d = (const float *)block, *m = d + TILE_N;
-                    const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
-                    const __m256 m0 = _mm256_loadu_ps(m), m1 = _mm256_loadu_ps(m + 8);
-                    const __m256i c0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + 16 * j)));
-                    const __m256i c1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + 16 * j + 8)));
-                    const __m256 e0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(_mm256_and_si256(c0, low)), m0);
-                    const __m256 e1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(_mm256_and_si256(c1, low)), m1);
-                    const __m256 o0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(_mm256_srli_epi32(c0, 4)), m0);
-                    const __m256 o1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(_mm256_srli_epi32(c1, 4)), m1);
-                    GEMV_FMA(rows_, xb + 2 * j, e0, e1, acc[p])
-                    GEMV_FMA(rows_, xb + 2 * j + 1, o0, o1, acc[p])
-                }
+            for (int j = 0; j < BLOCK_K / 2; j++) {
+                const __m256i c0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + 16 * j)));
+                const __m256i c1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + 16 * j + 8)));
+                const __m256 e0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(_mm256_and_si256(c0, low)), m0);
+                const __m256 e1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(_mm256_and_si256(c1, low)), m1);
+                const __m256 o0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(_mm256_srli_epi32(c0, 4)), m0);
+                const __m256 o1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(_mm256_srli_epi32(c1, 4)), m1);
+                GEMV_FMA(rows_, xb + 2 * j, e0, e1, acc)
+                GEMV_FMA(rows_, xb + 2 * j + 1, o0, o1, acc)
+            }
         } else {
-            for (int k = 0; k < BLOCK_K; k++)
-                for (int p = 0; p < tiles_; p++) {
-                    const uint8_t *block = tile + p * tile_bytes + b * stride, *codes = block + 2 * TILE_N * 4;
-                    const float *d = (const float *)block, *m = d + TILE_N;
-                    const __m256i c0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(codes + 16 * k)));
-                    const __m256i c1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(codes + 16 * k + 8)));
-                    const __m256 w0 = _mm256_fmadd_ps(_mm256_loadu_ps(d), _mm256_cvtepi32_ps(c0), _mm256_loadu_ps(m));
-                    const __m256 w1 = _mm256_fmadd_ps(_mm256_loadu_ps(d + 8), _mm256_cvtepi32_ps(c1), _mm256_loadu_ps(m + 8));
-                    GEMV_FMA(rows_, xb + k, w0, w1, acc[p])
-                }
+            for (int k = 0; k < BLOCK_K; k++) {
+                const __m256i c0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(codes + 16 * k)));
+                const __m256i c1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(codes + 16 * k + 8)));
+                const __m256 w0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(c0), m0);
+                const __m256 w1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(c1), m1);
+                GEMV_FMA(rows_, xb + k, w0, w1, acc)
+            }
         }
     }
 }
 
-/* `tiles` (1 or GEMV_PAIR) adjacent tiles from `tile`; bias and out at the first one's columns. */
-static void gemv_tile_rows(const uint8_t *tile, int64_t tile_bytes, int tiles, int bits, const float *x, int64_t rows,
-                           int64_t in, const float *bias, float *out, int64_t out_features) {
-    __m256 acc[GEMV_PAIR][GEMV_MAX_ROWS][2];
-    if (tiles == GEMV_PAIR && rows == 1) gemv_tiles(tile, tile_bytes, bits, x, in, 1, GEMV_PAIR, acc);
-    else if (tiles == GEMV_PAIR) gemv_tiles(tile, tile_bytes, bits, x, in, 2, GEMV_PAIR, acc);
-    else if (rows == 1) gemv_tiles(tile, tile_bytes, bits, x, in, 1, 1, acc);
-    else if (rows == 2) gemv_tiles(tile, tile_bytes, bits, x, in, 2, 1, acc);
-    else if (rows == 3) gemv_tiles(tile, tile_bytes, bits, x, in, 3, 1, acc);
-    else gemv_tiles(tile, tile_bytes, bits, x, in, 4, 1, acc);
-    for (int p = 0; p < tiles; p++) {
-        /* + 0 without a bias, as the buffered path does (it turns -0 into +0). */
-        const float *bp = bias ? bias + p * TILE_N : NULL;
-        const __m256 b0 = bp ? _mm256_loadu_ps(bp) : _mm256_setzero_ps(), b1 = bp ? _mm256_loadu_ps(bp + 8) : b0;
-        for (int64_t r = 0; r < rows; r++) {
-            _mm256_storeu_ps(out + r * out_features + p * TILE_N, _mm256_add_ps(acc[p][r][0], b0));
-            _mm256_storeu_ps(out + r * out_features + p * TILE_N + 8, _mm256_add_ps(acc[p][r][1], b1));
-        }
+static void gemv_tile_rows(const uint8_t *tile, int bits, const float *x, int64_t rows, int64_t in, const float *bias,
+                           float *out, int64_t out_features) {
+    __m256 acc[GEMV_MAX_ROWS][2];
+    switch (rows) {
+    case 1: gemv_tile(tile, bits, x, in, 1, acc); break;
+    case 2: gemv_tile(tile, bits, x, in, 2, acc); break;
+    case 3: gemv_tile(tile, bits, x, in, 3, acc); break;
+    default: gemv_tile(tile, bits, x, in, 4, acc); break;
+    }
+    /* + 0 without a bias, as the buffered path does (it turns -0 into +0). */
+    const __m256 b0 = bias ? _mm256_loadu_ps(bias) : _mm256_setzero_ps(), b1 = bias ? _mm256_loadu_ps(bias + 8) : b0;
+    for (int64_t r = 0; r < rows; r++) {
+        _mm256_storeu_ps(out + r * out_features, _mm256_add_ps(acc[r][0], b0));
+        _mm256_storeu_ps(out + r * out_features + 8, _mm256_add_ps(acc[r][1], b1));
     }
 }
 #else
-#define GEMV_PAIR 1
-static void gemv_tile_rows(const uint8_t *tile, int64_t tile_bytes, int tiles, int bits, const float *x, int64_t rows,
-                           int64_t in, const float *bias, float *out, int64_t out_features) {
-    (void)tile_bytes, (void)tiles; /* one tile at a time */
+static void gemv_tile_rows(const uint8_t *tile, int bits, const float *x, int64_t rows, int64_t in, const float *bias,
+                           float *out, int64_t out_features) {
     const int64_t stride = block_bytes(bits);
     float acc[GEMV_MAX_ROWS][TILE_N] = {{0.0f}};
     for (int64_t b = 0; b < in / BLOCK_K; b++) {
@@ -205,11 +184,10 @@ static void gemv(const float *x, int64_t rows, int64_t in, const uint8_t *packed
                  const float *bias, float *out, int num_threads) {
     const int64_t tiles = out_features / TILE_N, tile_bytes = in / BLOCK_K * block_bytes(bits);
     /* The two cores split the output tiles; one barrier, the region's end. */
-    const int step = rows <= 2 && tiles % GEMV_PAIR == 0 ? GEMV_PAIR : 1;
 #pragma omp parallel for schedule(static) num_threads(num_threads)
-    for (int64_t t = 0; t < tiles; t += step)
-        gemv_tile_rows(packed + t * tile_bytes, tile_bytes, step, bits, x, rows, in, bias ? bias + t * TILE_N : NULL,
-                       out + t * TILE_N, out_features);
+    for (int64_t t = 0; t < tiles; t++)
+        gemv_tile_rows(packed + t * tile_bytes, bits, x, rows, in, bias ? bias + t * TILE_N : NULL, out + t * TILE_N,
+                       out_features);
 }
 
 /* x: [rows, in] contiguous; out: [rows, out] contiguous; bias: [out] or NULL. in a multiple of
