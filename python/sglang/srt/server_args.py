@@ -370,6 +370,7 @@ class ServerArgs:
             "--step-failure-window steps end the server.")
         add("--step-failure-window", type=int, default=d.step_failure_window,
             help="The number of most recent scheduler steps in which --step-failure-limit failures end the server.")
+
         group = parser.add_argument_group("Logging")
         add = group.add_argument
         add("--log-level", default=d.log_level, choices=["debug", "info", "warning", "error"], help="Logging level.")
