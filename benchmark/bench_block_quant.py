@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import shlex
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -25,8 +23,7 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
-from bench_sampler import machine_description
-from bench_serving import RESULTS_DIR, OutsideLoad, git_revision
+from bench_serving import RESULTS_DIR, OutsideLoad, run_header
 from sglang.srt.layers.linear import dense_matmul
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.utils.embedded_model import embedded_model_path
@@ -128,14 +125,7 @@ def main() -> None:
     args = parser.parse_args()
     started = datetime.datetime.now(datetime.timezone.utc)
     records = measure(model_weights(), args.rows, args.threads)
-    result = {
-        "date": started.isoformat(timespec="seconds"),
-        "machine": machine_description(torch.device("cpu")),
-        "torch": torch.__version__,
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
-        "git": git_revision(),
-        "records": records,
-    }
+    result = {**run_header(started), "records": records}
     RESULTS_DIR.mkdir(exist_ok=True)
     out = RESULTS_DIR / f"block_quant_{args.tag}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -22,7 +22,6 @@ import datetime
 import json
 import shlex
 import statistics
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -30,11 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import requests
-import torch
 from tqdm import tqdm
 
-from bench_sampler import machine_description  # this folder is on sys.path when run as a script
-from bench_serving import OutsideLoad, free_port, git_revision, percentile
+from bench_serving import OutsideLoad, free_port, percentile, run_header  # this folder is on sys.path when run as a script
 from llama_server import sse_chunks
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -188,11 +185,7 @@ def main() -> None:
     records = [bench_server(radix, args.concurrency, flags) for radix in (True, False)]
     ratio = records[1]["mean_ttft_ms"] / records[0]["mean_ttft_ms"]
     result: dict[str, Any] = {
-        "date": started.isoformat(timespec="seconds"),
-        "machine": machine_description(torch.device("cpu")),
-        "torch": torch.__version__,
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
-        "git": git_revision(),
+        **run_header(started),
         "system_prompt_tokens": SYSTEM_TOKENS,
         "new_tokens": NEW_TOKENS,
         "ttft_ratio_uncached_over_cached": ratio,

@@ -396,17 +396,24 @@ def git_revision() -> Optional[str]:
     return done.stdout.strip() or None
 
 
-def header(started: datetime.datetime, args: argparse.Namespace) -> dict:
-    import transformers
-
+def run_header(started: datetime.datetime) -> dict:
+    """What every CPU benchmark's JSON starts with: when, where, what software, which command."""
     return {
         "date": started.isoformat(timespec="seconds"),
         "machine": machine_description(torch.device("cpu")),
         "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "transformers": transformers.__version__,
         "command": shlex.join([Path(sys.executable).name, *sys.argv]),
         "git": git_revision(),
+    }
+
+
+def header(started: datetime.datetime, args: argparse.Namespace) -> dict:
+    import transformers
+
+    return {
+        **run_header(started),
+        "torch_threads": torch.get_num_threads(),
+        "transformers": transformers.__version__,
         "server": args.url or "launched: python -m sglang.launch_server (default flags, embedded model)",
         "new_tokens": NEW_TOKENS,
         "sampling_ours": SAMPLING,
