@@ -65,10 +65,12 @@ def test_bodies_past_the_limit_are_413(limited):
 
 def test_a_full_queue_answers_503_and_abort_all_empties_the_server(queued):
     body = {"text": "Count:", "sampling_params": {"max_new_tokens": LONG_RUN, "ignore_eos": True}}
-    streams = [threading.Thread(target=stream_request, args=(queued, Record(body, None))) for _ in range(2)]
-    for t in streams:
+    records = [Record(body, None) for _ in range(2)]
+    streams = [threading.Thread(target=stream_request, args=(queued, record)) for record in records]
+    # One at a time: two arriving in one scheduler receive would both be waiting, and the second refused.
+    for running, t in enumerate(streams, start=1):
         t.start()
-    wait_for_load(queued, lambda s: s["num_running_reqs"] == 2)
+        wait_for_load(queued, lambda s, n=running: s["num_running_reqs"] == n)
     waiting = threading.Thread(target=_post, args=(queued, "/generate", body))
     waiting.start()
     wait_for_load(queued, lambda s: s["num_queue_reqs"] == 1)
@@ -80,6 +82,8 @@ def test_a_full_queue_answers_503_and_abort_all_empties_the_server(queued):
     assert _post(queued, "/abort_request", {"abort_all": True}).status_code == 200
     for t in [*streams, waiting]:
         t.join()
+    for record in records:
+        assert record.status == 200 and record.finish_reason["type"] == "abort", record
     wait_idle(queued)
 
 
