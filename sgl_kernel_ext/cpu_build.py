@@ -17,6 +17,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -74,7 +75,7 @@ def load_kernel(
 
 def _build(compiler: str, source: Path, flags: tuple[str, ...]) -> Path:
     key = hashlib.sha256()
-    for part in (source.read_bytes(), " ".join(flags).encode(), _compiler_version(compiler), _cpu_signature()):
+    for part in (*_source_bytes(source), " ".join(flags).encode(), _compiler_version(compiler), _cpu_signature()):
         key.update(part)
     target = cache_dir() / f"{source.stem}-{key.hexdigest()[:20]}.so"
     if target.exists():
@@ -89,6 +90,14 @@ def _build(compiler: str, source: Path, flags: tuple[str, ...]) -> Path:
     )
     os.replace(partial, target)
     return target
+
+
+def _source_bytes(source: Path) -> list[bytes]:
+    """The source and the sibling sources it includes ("../dir/file.c", one level): a fused
+    kernel is rebuilt when a kernel it compiles in changes."""
+    text = source.read_bytes()
+    included = re.findall(rb'^#include "([^"]+)"', text, flags=re.MULTILINE)
+    return [text, *((source.parent / name.decode()).read_bytes() for name in included)]
 
 
 def _compiler_version(compiler: str) -> bytes:

@@ -11,11 +11,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sgl_kernel_ext.layer.decode_layer_cpu import (
+    DecodeLayerStep,
+    DecodeLayerWeights,
+    decode_layer_attention_cpu,
+    decode_layer_kernel_available,
+    decode_layer_step,
+    decode_layer_weights,
+)
 from sgl_kernel_ext.rotary.rope_store_cpu import rope_store_cpu, rope_store_cpu_applies
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.attention import Attention
+from sglang.srt.layers.attention.cpu_backend import CpuAttnBackend
+from sglang.srt.layers.batch_invariant import is_batch_invariant
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import (
+    BLOCK_QUANT_MAX_ROWS,
     MergedColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
@@ -155,6 +166,48 @@ class LlamaDecoderLayer(nn.Module):
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
+    def forward_cpu_decode(
+        self, step: DecodeLayerStep, x: torch.Tensor, residual: Optional[torch.Tensor], forward_batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward() at a CPU decode step: norms, qkv, RoPE, attention, o and gate_up in one C call
+        (the same functions in the same order, so the same bits), then SiLU and down as forward()."""
+        if residual is None:
+            residual = x  # the embedding, as forward() keeps it
+        k_buf, v_buf = forward_batch.kv_cache.get_kv(self.self_attn.attn.layer_id)
+        gate_up = decode_layer_attention_cpu(self.cpu_decode_weights(), step, x, residual, k_buf, v_buf)  # [B, 2 I]
+        gate, up = gate_up.chunk(2, dim=-1)  # [B, I] each
+        return self.mlp.down_proj(F.silu(gate).mul_(up)), residual
+
+    def cpu_decode_weights(self) -> Optional[DecodeLayerWeights]:
+        """This layer's weights for the one-call CPU decode, or None where it cannot take them:
+        a projection without integer blocks, a bias on gate_up, q/k norms, tensor parallelism."""
+        attn, mlp = self.self_attn, self.mlp
+        blocks = (attn.qkv_proj.block_weight, attn.o_proj.block_weight, mlp.gate_up_proj.block_weight)
+        cached = getattr(self, "_cpu_decode", None)
+        if cached is not None and all(a is b for a, b in zip(cached[0], blocks)):
+            return cached[1]
+        usable = (
+            all(b is not None for b in blocks)
+            and attn.q_norm is None
+            and mlp.gate_up_proj.bias is None
+            and attn.o_proj.tp_size == 1
+            and decode_layer_kernel_available()
+        )
+        weights = None
+        if usable:
+            weights = decode_layer_weights(
+                self.input_layernorm.weight.detach(), self.post_attention_layernorm.weight.detach(),
+                self.input_layernorm.eps, blocks[0], _detached(attn.qkv_proj.bias), blocks[1],
+                _detached(attn.o_proj.bias), blocks[2], attn.num_heads, attn.num_kv_heads, attn.attn.head_dim,
+                attn.attn.scaling,
+            )
+        self._cpu_decode = (blocks, weights)  # rebuilt if the weights are reloaded
+        return weights
+
+
+def _detached(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if t is None else t.detach()
+
 
 class LlamaModel(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype, tp_rank: int, tp_size: int, qk_norm: bool) -> None:
@@ -172,10 +225,40 @@ class LlamaModel(nn.Module):
         """-> [N, H] final hidden states of every new token."""
         x, residual = self.embed_tokens(forward_batch.input_ids), None  # [N, H]
         rope = self._step_rope(forward_batch, x)
+        step = self._cpu_decode_step(forward_batch, x, rope)
         for layer in self.layers:
-            x, residual = layer(rope, x, residual, forward_batch)
+            if step is not None:
+                x, residual = layer.forward_cpu_decode(step, x, residual, forward_batch)
+            else:
+                x, residual = layer(rope, x, residual, forward_batch)
         x, _ = self.norm(x, residual)
         return x
+
+    def _cpu_decode_step(self, forward_batch: ForwardBatch, x: torch.Tensor, rope: Rope) -> Optional[DecodeLayerStep]:
+        """The step every layer's one-call CPU decode reads, or None where the layers run op by op:
+        not a decode step, not the C attention kernel, a batch the block kernel does not serve as
+        the op-by-op path would (more than BLOCK_QUANT_MAX_ROWS rows outside batch-invariant mode,
+        where oneDNN's float32 matmul takes over), or a layer that cannot take it."""
+        backend = forward_batch.attn_backend
+        if (
+            x.device.type != "cpu"
+            or x.dtype != torch.float32
+            or not forward_batch.forward_mode.is_decode()
+            or forward_batch.attention_split is not None
+            or not isinstance(backend, CpuAttnBackend)
+            or not backend.use_kernel
+            or (x.shape[0] > BLOCK_QUANT_MAX_ROWS and not is_batch_invariant())
+        ):
+            return None
+        weights = [layer.cpu_decode_weights() for layer in self.layers]
+        if any(w is None for w in weights):
+            return None
+        k_buf, _ = forward_batch.kv_cache.get_kv(0)
+        cos, signed_sin = rope
+        return decode_layer_step(
+            weights[0], cos, signed_sin, forward_batch.out_cache_loc, k_buf.shape[0], backend.req_to_token,
+            forward_batch.req_pool_indices, forward_batch.seq_lens,
+        )
 
     def _step_rope(self, forward_batch: ForwardBatch, x: torch.Tensor) -> Rope:
         if x.is_cuda and _triton_kernels("rotary.rope_store_triton") is not None:

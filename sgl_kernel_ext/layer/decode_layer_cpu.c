@@ -1,0 +1,80 @@
+/* The attention half of a Llama decoder layer at decode, in one call on CPU, float32:
+ *   residual += x (unless x is the embedding, which becomes the residual), h = RMSNorm(residual),
+ *   qkv = h Wqkv^T (+ b), RoPE on q/k, k/v into the cache, attention over the paged cache,
+ *   residual += attn Wo^T (+ b), h = RMSNorm(residual), gate_up = h Wgu^T.
+ * At a decode-sized batch these ~8 steps cost more in Python, ctypes and torch dispatch than in
+ * arithmetic; here they are the same C functions the separate kernels run, called in the same
+ * order on the same buffers, so every value is the same bits as on the unfused path.
+ *
+ * The kernels are compiled into this one translation unit (sgl_kernel_ext/cpu_build.py hashes
+ * the included sources into the library's cache key).
+ */
+#include "../norm/rmsnorm_cpu.c"
+#include "../gemm/block_quant_linear.c"
+#include "../rotary/rope_store_cpu.c"
+#include "../attention/decode_attention_cpu.c"
+
+/* A layer's weights, fixed once loaded (decode_layer_cpu.py builds it). */
+typedef struct {
+    const float *input_norm, *post_norm; /* [hidden] */
+    float eps, scale;
+    int64_t hidden, q_heads, kv_heads, head_dim;
+    const uint8_t *qkv;
+    const float *qkv_bias; /* [qkv_out] or NULL */
+    int64_t qkv_out, qkv_bits;
+    const uint8_t *o;
+    const float *o_bias; /* [hidden] or NULL */
+    int64_t o_bits;
+    const uint8_t *gate_up;
+    int64_t gate_up_out, gate_up_bits;
+} layer_weights;
+
+/* What every layer of one decode step shares. */
+typedef struct {
+    int64_t rows;
+    const float *cos, *signed_sin; /* [rows, head_dim] */
+    const int64_t *loc;            /* [rows] KV slots of the new tokens */
+    int64_t slots;                 /* KV cache rows */
+    const int64_t *req_to_token;   /* [table_rows, table_stride] */
+    int64_t table_rows, table_stride;
+    const int64_t *req_pool_indices, *seq_lens; /* [rows] */
+    float *qkv, *attn, *o, *normed;             /* scratch: [rows, qkv_out], [rows, Hq D], [rows, hidden] x 2 */
+    int64_t num_threads;
+} decode_step;
+
+/* Codes for the wrapper's errors. */
+#define BAD_HEAD_DIM 1
+#define BAD_SLOT 2
+#define BAD_LENGTH 3
+#define BAD_TABLE_ROW 4
+#define NO_MEMORY 5
+
+/* x: [rows, hidden], this layer's input (the embedding when residual == x, else the previous
+ * layer's MLP output); residual: [rows, hidden], updated in place; k_buf, v_buf: this layer's
+ * cache [slots, kv_heads, head_dim]; gate_up: [rows, gate_up_out] out. */
+int decode_layer_attention_f32(const layer_weights *w, const decode_step *s, float *x, float *residual, float *k_buf,
+                               float *v_buf, float *gate_up) {
+    const int64_t rows = s->rows, threads = s->num_threads, q_width = w->q_heads * w->head_dim;
+    if (residual == x)
+        rmsnorm_f32(x, NULL, NULL, w->input_norm, w->eps, rows, w->hidden, s->normed, threads);
+    else
+        rmsnorm_f32(x, residual, residual, w->input_norm, w->eps, rows, w->hidden, s->normed, threads);
+    if (block_quant_linear_f32(s->normed, rows, w->hidden, w->qkv, w->qkv_bits, w->qkv_out, w->qkv_bias, s->qkv, threads))
+        return NO_MEMORY;
+    const int rope = rope_store_f32(s->qkv, rows, w->qkv_out, w->q_heads, w->kv_heads, w->head_dim, s->cos,
+                                    s->signed_sin, s->loc, s->slots, k_buf, v_buf, threads);
+    if (rope) return rope == 2 ? BAD_SLOT : BAD_HEAD_DIM;
+    const int attn = decode_attention_f32(s->qkv, w->qkv_out, k_buf, v_buf, s->req_to_token, s->table_rows,
+                                          s->table_stride, s->req_pool_indices, s->seq_lens, rows, w->kv_heads,
+                                          w->q_heads / w->kv_heads, w->head_dim, w->scale, s->attn, threads);
+    if (attn) return attn == BAD_SEQ_LEN ? BAD_LENGTH : attn == BAD_REQ_INDEX ? BAD_TABLE_ROW : NO_MEMORY;
+    if (block_quant_linear_f32(s->attn, rows, q_width, w->o, w->o_bits, w->hidden, NULL, s->o, threads)) return NO_MEMORY;
+    if (w->o_bias != NULL) /* after the projection, as RowParallelLinear adds it */
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < w->hidden; i++) s->o[r * w->hidden + i] += w->o_bias[i];
+    rmsnorm_f32(s->o, residual, residual, w->post_norm, w->eps, rows, w->hidden, s->normed, threads);
+    if (block_quant_linear_f32(s->normed, rows, w->hidden, w->gate_up, w->gate_up_bits, w->gate_up_out, NULL, gate_up,
+                               threads))
+        return NO_MEMORY;
+    return 0;
+}

@@ -1,0 +1,211 @@
+"""The attention half of a decoder layer at decode in one C call (sgl_kernel_ext/layer): the same
+bits as the separate kernels called one by one (AVX2 and portable builds), close to the plain-torch
+reference, refusing what it cannot read, and in the embedded model the same logits as the
+op-by-op path, at decode batches on both of the block kernel's paths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import sgl_kernel_ext.attention.decode_attention_cpu as cpu_attention
+import sgl_kernel_ext.gemm.block_quant_linear as bq
+import sgl_kernel_ext.layer.decode_layer_cpu as layer_kernel
+import sgl_kernel_ext.norm.rmsnorm_cpu as cpu_norm
+import sgl_kernel_ext.rotary.rope_store_cpu as cpu_rope
+from runner_utils import Driver
+from sgl_kernel_ext.attention.decode_attention_cpu import decode_attention_cpu
+from sgl_kernel_ext.cpu_build import load_kernel
+from sgl_kernel_ext.gemm.block_quant_linear import block_quant_linear, decompose_block_quant
+from sgl_kernel_ext.layer.decode_layer_cpu import (
+    decode_layer_attention_cpu,
+    decode_layer_attention_reference,
+    decode_layer_step,
+    decode_layer_weights,
+)
+from sgl_kernel_ext.norm.rmsnorm_cpu import rmsnorm_cpu
+from sgl_kernel_ext.rotary.rope_store_cpu import rope_store_cpu
+from sglang.srt.layers.rotary import RotaryEmbedding
+from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.models import llama
+from test_block_quant_linear import q4_1_weight, q8_0_weight
+
+if not layer_kernel.decode_layer_kernel_available():
+    pytest.skip("no working C compiler: the CPU kernel is not built", allow_module_level=True)
+
+HIDDEN, Q_HEADS, KV_HEADS, HEAD_DIM, INTER = 64, 4, 2, 16, 96
+SLOTS, TABLE_ROWS, CONTEXT, EPS = 48, 6, 12, 1e-5
+SCALE = HEAD_DIM**-0.5
+
+
+@pytest.fixture(params=["native", "portable"])
+def kernel_variant(request, monkeypatch):
+    """The fused kernel and the separate ones it is compared with, from the same kind of build."""
+    if request.param == "portable":
+        for module in (layer_kernel, bq, cpu_attention, cpu_norm, cpu_rope):
+            portable = load_kernel(*module._KERNEL, defines=("PORTABLE_ONLY",))
+            monkeypatch.setattr(module, "_kernel", lambda portable=portable: portable)
+    return request.param
+
+
+def make_layer(seed: int, biases: bool) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    qkv_out = (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM
+    return dict(
+        input_norm=torch.rand(HIDDEN, generator=gen) + 0.5,
+        post_norm=torch.rand(HIDDEN, generator=gen) + 0.5,
+        qkv=decompose_block_quant(q4_1_weight(qkv_out, HIDDEN, seed)),
+        o=decompose_block_quant(q8_0_weight(HIDDEN, Q_HEADS * HEAD_DIM, seed + 1)),
+        gate_up=decompose_block_quant(q4_1_weight(2 * INTER, HIDDEN, seed + 2)),
+        qkv_bias=torch.randn(qkv_out, generator=gen) if biases else None,
+        o_bias=torch.randn(HIDDEN, generator=gen) if biases else None,
+    )
+
+
+def make_step(rows: int, seed: int) -> dict:
+    """A decode batch: request b's new token is position seq_lens[b] - 1, already in the table;
+    the cache holds random K/V for the earlier positions. rows <= TABLE_ROWS."""
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens = torch.randint(1, CONTEXT + 1, (rows,), generator=gen)
+    req_pool_indices = torch.randperm(TABLE_ROWS, generator=gen)[:rows]
+    # Earlier positions in the first slots, new tokens in the last ones: no request reads another's new row.
+    req_to_token = torch.randint(0, SLOTS - TABLE_ROWS, (TABLE_ROWS, CONTEXT), generator=gen)
+    loc = SLOTS - TABLE_ROWS + torch.randperm(TABLE_ROWS, generator=gen)[:rows]
+    req_to_token[req_pool_indices, seq_lens - 1] = loc
+    cos, signed_sin = RotaryEmbedding(HEAD_DIM, 4096, 10000.0)(seq_lens - 1, torch.float32)
+    return dict(
+        x=torch.randn(rows, HIDDEN, generator=gen), residual=torch.randn(rows, HIDDEN, generator=gen),
+        k_buf=torch.randn(SLOTS, KV_HEADS, HEAD_DIM, generator=gen), v_buf=torch.randn(SLOTS, KV_HEADS, HEAD_DIM, generator=gen),
+        cos=cos, signed_sin=signed_sin, loc=loc, req_to_token=req_to_token, req_pool_indices=req_pool_indices,
+        seq_lens=seq_lens,
+    )
+
+
+def run_fused(layer: dict, step: dict, first: bool) -> torch.Tensor:
+    weights = decode_layer_weights(
+        layer["input_norm"], layer["post_norm"], EPS, layer["qkv"], layer["qkv_bias"], layer["o"], layer["o_bias"],
+        layer["gate_up"], Q_HEADS, KV_HEADS, HEAD_DIM, SCALE,
+    )
+    shared = decode_layer_step(
+        weights, step["cos"], step["signed_sin"], step["loc"], SLOTS, step["req_to_token"], step["req_pool_indices"],
+        step["seq_lens"],
+    )
+    residual = step["x"] if first else step["residual"]
+    return decode_layer_attention_cpu(weights, shared, step["x"], residual, step["k_buf"], step["v_buf"])
+
+
+def run_unfused(layer: dict, step: dict, first: bool) -> torch.Tensor:
+    """The model's op-by-op path: the separate C kernels, one call each."""
+    rows = step["x"].shape[0]
+    if first:
+        h = rmsnorm_cpu(step["x"], layer["input_norm"], EPS)
+        residual = step["x"]
+    else:
+        residual = step["residual"]
+        h = rmsnorm_cpu(step["x"], layer["input_norm"], EPS, residual)
+    qkv = block_quant_linear(h, layer["qkv"], layer["qkv_bias"])
+    q = rope_store_cpu(qkv, Q_HEADS, step["cos"], step["signed_sin"], step["loc"], step["k_buf"], step["v_buf"])
+    attn = decode_attention_cpu(q, step["k_buf"], step["v_buf"], step["req_to_token"], step["req_pool_indices"],
+                                step["seq_lens"], SCALE)
+    out = block_quant_linear(attn.reshape(rows, -1), layer["o"])
+    if layer["o_bias"] is not None:
+        out = out + layer["o_bias"]
+    return block_quant_linear(rmsnorm_cpu(out, layer["post_norm"], EPS, residual), layer["gate_up"])
+
+
+def clone(step: dict) -> dict:
+    return {k: v.clone() for k, v in step.items()}
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 6])  # 1-4: the GEMV path of the block kernel; 6: the buffered one
+@pytest.mark.parametrize("first", [False, True], ids=["residual", "first-layer"])
+@pytest.mark.parametrize("biases", [False, True], ids=["no-bias", "bias"])
+def test_same_bits_as_the_separate_kernels(kernel_variant, rows, first, biases) -> None:
+    layer, step = make_layer(rows, biases), make_step(rows, seed=10 + rows)
+    fused_step, unfused_step = clone(step), clone(step)
+    fused = run_fused(layer, fused_step, first)
+    unfused = run_unfused(layer, unfused_step, first)
+    assert torch.equal(fused, unfused)
+    for name in ("x", "residual", "k_buf", "v_buf"):
+        assert torch.equal(fused_step[name], unfused_step[name]), name
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("first", [False, True], ids=["residual", "first-layer"])
+def test_matches_the_reference(kernel_variant, rows, first) -> None:
+    layer, step = make_layer(7, biases=True), make_step(rows, seed=rows)
+    fused_step, ref_step = clone(step), clone(step)
+    fused = run_fused(layer, fused_step, first)
+    residual = ref_step["x"] if first else ref_step["residual"]
+    want = decode_layer_attention_reference(
+        layer, EPS, Q_HEADS, SCALE, ref_step["x"], residual, ref_step["cos"], ref_step["signed_sin"], ref_step["loc"],
+        ref_step["k_buf"], ref_step["v_buf"], ref_step["req_to_token"], ref_step["req_pool_indices"],
+        ref_step["seq_lens"],
+    )
+    torch.testing.assert_close(fused, want, rtol=1e-4, atol=1e-4)
+    for name in ("residual", "k_buf", "v_buf"):
+        torch.testing.assert_close(fused_step[name], ref_step[name], rtol=1e-5, atol=1e-5)
+
+
+def test_rows_do_not_depend_on_the_batch() -> None:
+    layer, step = make_layer(3, biases=False), make_step(4, seed=5)
+    batched = run_fused(layer, clone(step), first=False)
+    for r in range(4):
+        alone = {k: (v if k in ("k_buf", "v_buf", "req_to_token") else v[r : r + 1]).clone() for k, v in step.items()}
+        assert torch.equal(run_fused(layer, alone, first=False)[0], batched[r])
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda s: s["loc"].fill_(SLOTS), "out_cache_loc must lie inside the KV cache"),
+        (lambda s: s["seq_lens"].fill_(CONTEXT + 1), "seq_lens must lie in"),
+        (lambda s: s["req_pool_indices"].fill_(TABLE_ROWS), "req_pool_indices must lie inside req_to_token"),
+        (lambda s: s.update(k_buf=s["k_buf"][:, :1].clone()), "k_buf must be a contiguous float32 tensor"),
+        (lambda s: s.update(x=s["x"][:, :32].clone()), "x must be a contiguous float32 tensor"),
+        (lambda s: s.update(loc=s["loc"].int()), "loc must be a contiguous torch.int64"),
+    ],
+    ids=["slot", "length", "table-row", "cache-shape", "x-shape", "loc-dtype"],
+)
+def test_what_it_cannot_read_is_refused(change, message) -> None:
+    layer, step = make_layer(1, biases=False), make_step(2, seed=1)
+    change(step)
+    with pytest.raises(ValueError, match=message):
+        run_fused(layer, step, first=False)
+
+
+# ------------------------------------------------------------------ in the embedded model
+
+
+@pytest.fixture(scope="module")
+def runners(gguf_path):
+    return [ModelRunner(gguf_path, max_total_tokens=2048, max_running_requests=8) for _ in range(2)]
+
+
+@pytest.mark.parametrize("batch", [1, 3, 7])  # 7 rows: the block kernel's buffered path inside the fused call
+def test_model_logits_equal_the_op_by_op_path(runners, monkeypatch, batch) -> None:
+    calls = []
+    fused_call = llama.decode_layer_attention_cpu
+
+    def counting(*args):
+        calls.append(1)
+        return fused_call(*args)
+
+    monkeypatch.setattr(llama, "decode_layer_attention_cpu", counting)
+    op_by_op = llama.LlamaModel._cpu_decode_step
+    drivers = [Driver(r) for r in runners]
+    reqs = [[d.new_req() for _ in range(batch)] for d in drivers]
+    prompts = [[1, 2, 3 + b, 4, 5 + 2 * b][: 2 + b % 4] for b in range(batch)]
+    with torch.inference_mode():
+        for d, rq in zip(drivers, reqs):
+            d.extend(rq, prompts)
+        for i in range(4):
+            tokens = [100 + 7 * i + b for b in range(batch)]
+            fused = drivers[0].decode(reqs[0], tokens)
+            monkeypatch.setattr(llama.LlamaModel, "_cpu_decode_step", lambda *a: None)
+            unfused = drivers[1].decode(reqs[1], tokens)
+            monkeypatch.setattr(llama.LlamaModel, "_cpu_decode_step", op_by_op)
+            assert torch.equal(fused, unfused), i
+    for d in drivers:
+        d.release()
+    assert len(calls) == 4 * len(runners[0].model.model.layers)
