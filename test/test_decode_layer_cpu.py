@@ -1,9 +1,11 @@
-"""The attention half of a decoder layer at decode in one C call (sgl_kernel_ext/layer): the same
-bits as the separate kernels called one by one (AVX2 and portable builds), close to the plain-torch
+"""A decoder layer at decode in one C call, all but its SiLU (sgl_kernel_ext/layer): the same bits
+as the separate kernels called one by one (AVX2 and portable builds), close to the plain-torch
 reference, refusing what it cannot read, and in the embedded model the same logits as the
 op-by-op path, at decode batches on both of the block kernel's paths."""
 
 from __future__ import annotations
+
+from typing import Optional
 
 import pytest
 import torch
@@ -18,10 +20,11 @@ from sgl_kernel_ext.attention.decode_attention_cpu import decode_attention_cpu
 from sgl_kernel_ext.cpu_build import load_kernel
 from sgl_kernel_ext.gemm.block_quant_linear import block_quant_linear, decompose_block_quant
 from sgl_kernel_ext.layer.decode_layer_cpu import (
-    decode_layer_attention_cpu,
-    decode_layer_attention_reference,
+    decode_layer_cpu,
+    decode_layer_reference,
     decode_layer_step,
     decode_layer_weights,
+    decode_layers_cpu,
 )
 from sgl_kernel_ext.norm.rmsnorm_cpu import rmsnorm_cpu
 from sgl_kernel_ext.rotary.rope_store_cpu import rope_store_cpu
@@ -57,8 +60,10 @@ def make_layer(seed: int, biases: bool) -> dict:
         qkv=decompose_block_quant(q4_1_weight(qkv_out, HIDDEN, seed)),
         o=decompose_block_quant(q8_0_weight(HIDDEN, Q_HEADS * HEAD_DIM, seed + 1)),
         gate_up=decompose_block_quant(q4_1_weight(2 * INTER, HIDDEN, seed + 2)),
+        down=decompose_block_quant(q4_1_weight(HIDDEN, INTER, seed + 3)),
         qkv_bias=torch.randn(qkv_out, generator=gen) if biases else None,
         o_bias=torch.randn(HIDDEN, generator=gen) if biases else None,
+        down_bias=torch.randn(HIDDEN, generator=gen) if biases else None,
     )
 
 
@@ -74,42 +79,56 @@ def make_step(rows: int, seed: int) -> dict:
     req_to_token[req_pool_indices, seq_lens - 1] = loc
     cos, signed_sin = RotaryEmbedding(HEAD_DIM, 4096, 10000.0)(seq_lens - 1, torch.float32)
     return dict(
-        x=torch.randn(rows, HIDDEN, generator=gen), residual=torch.randn(rows, HIDDEN, generator=gen),
+        residual=torch.randn(rows, HIDDEN, generator=gen), act=torch.randn(rows, INTER, generator=gen),
         k_buf=torch.randn(SLOTS, KV_HEADS, HEAD_DIM, generator=gen), v_buf=torch.randn(SLOTS, KV_HEADS, HEAD_DIM, generator=gen),
         cos=cos, signed_sin=signed_sin, loc=loc, req_to_token=req_to_token, req_pool_indices=req_pool_indices,
         seq_lens=seq_lens,
     )
 
 
-def run_fused(layer: dict, step: dict, first: bool) -> torch.Tensor:
-    weights = decode_layer_weights(
-        layer["input_norm"], layer["post_norm"], EPS, layer["qkv"], layer["qkv_bias"], layer["o"], layer["o_bias"],
-        layer["gate_up"], Q_HEADS, KV_HEADS, HEAD_DIM, SCALE,
+def layer_weights(layer: dict):
+    return decode_layer_weights(
+        (layer["input_norm"], layer["post_norm"]), EPS,
+        {name: layer[name] for name in ("qkv", "o", "gate_up", "down")},
+        {name: layer[f"{name}_bias"] for name in ("qkv", "o", "down")}, (Q_HEADS, KV_HEADS, HEAD_DIM), SCALE,
     )
-    shared = decode_layer_step(
+
+
+def shared_step(weights, step: dict):
+    return decode_layer_step(
         weights, step["cos"], step["signed_sin"], step["loc"], SLOTS, step["req_to_token"], step["req_pool_indices"],
         step["seq_lens"],
     )
-    residual = step["x"] if first else step["residual"]
-    return decode_layer_attention_cpu(weights, shared, step["x"], residual, step["k_buf"], step["v_buf"])
 
 
-def run_unfused(layer: dict, step: dict, first: bool) -> torch.Tensor:
+def run_fused(layer: dict, step: dict, prev: Optional[dict]) -> torch.Tensor:
+    """prev None: the first layer (step's residual is the embedding); else prev's down of act first."""
+    weights = layer_weights(layer)
+    prev_weights = None if prev is None else layer_weights(prev)
+    act = None if prev is None else step["act"]
+    return decode_layer_cpu(
+        weights, shared_step(weights, step), step["residual"], step["k_buf"], step["v_buf"], prev_weights, act
+    ).clone()
+
+
+def project(x: torch.Tensor, weight, bias) -> torch.Tensor:
+    """RowParallelLinear's order: the projection, then its bias."""
+    out = block_quant_linear(x, weight)
+    return out if bias is None else out + bias
+
+
+def run_unfused(layer: dict, step: dict, prev: Optional[dict]) -> torch.Tensor:
     """The model's op-by-op path: the separate C kernels, one call each."""
-    rows = step["x"].shape[0]
-    if first:
-        h = rmsnorm_cpu(step["x"], layer["input_norm"], EPS)
-        residual = step["x"]
+    rows, residual = step["residual"].shape[0], step["residual"]
+    if prev is None:
+        h = rmsnorm_cpu(residual, layer["input_norm"], EPS)
     else:
-        residual = step["residual"]
-        h = rmsnorm_cpu(step["x"], layer["input_norm"], EPS, residual)
+        h = rmsnorm_cpu(project(step["act"], prev["down"], prev["down_bias"]), layer["input_norm"], EPS, residual)
     qkv = block_quant_linear(h, layer["qkv"], layer["qkv_bias"])
     q = rope_store_cpu(qkv, Q_HEADS, step["cos"], step["signed_sin"], step["loc"], step["k_buf"], step["v_buf"])
     attn = decode_attention_cpu(q, step["k_buf"], step["v_buf"], step["req_to_token"], step["req_pool_indices"],
                                 step["seq_lens"], SCALE)
-    out = block_quant_linear(attn.reshape(rows, -1), layer["o"])
-    if layer["o_bias"] is not None:
-        out = out + layer["o_bias"]
+    out = project(attn.reshape(rows, -1), layer["o"], layer["o_bias"])
     return block_quant_linear(rmsnorm_cpu(out, layer["post_norm"], EPS, residual), layer["gate_up"])
 
 
@@ -118,41 +137,49 @@ def clone(step: dict) -> dict:
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 6])  # 1-4: the GEMV path of the block kernel; 6: the buffered one
-@pytest.mark.parametrize("first", [False, True], ids=["residual", "first-layer"])
+@pytest.mark.parametrize("first", [False, True], ids=["later-layer", "first-layer"])
 @pytest.mark.parametrize("biases", [False, True], ids=["no-bias", "bias"])
 def test_same_bits_as_the_separate_kernels(kernel_variant, rows, first, biases) -> None:
-    layer, step = make_layer(rows, biases), make_step(rows, seed=10 + rows)
+    layer, prev, step = make_layer(rows, biases), None if first else make_layer(50 + rows, biases), make_step(rows, 10 + rows)
     fused_step, unfused_step = clone(step), clone(step)
-    fused = run_fused(layer, fused_step, first)
-    unfused = run_unfused(layer, unfused_step, first)
-    assert torch.equal(fused, unfused)
-    for name in ("x", "residual", "k_buf", "v_buf"):
+    assert torch.equal(run_fused(layer, fused_step, prev), run_unfused(layer, unfused_step, prev))
+    for name in ("residual", "k_buf", "v_buf"):
         assert torch.equal(fused_step[name], unfused_step[name]), name
 
 
 @pytest.mark.parametrize("rows", [1, 5])
-@pytest.mark.parametrize("first", [False, True], ids=["residual", "first-layer"])
+@pytest.mark.parametrize("first", [False, True], ids=["later-layer", "first-layer"])
 def test_matches_the_reference(kernel_variant, rows, first) -> None:
-    layer, step = make_layer(7, biases=True), make_step(rows, seed=rows)
+    layer, prev, step = make_layer(7, biases=True), None if first else make_layer(8, biases=True), make_step(rows, rows)
     fused_step, ref_step = clone(step), clone(step)
-    fused = run_fused(layer, fused_step, first)
-    residual = ref_step["x"] if first else ref_step["residual"]
-    want = decode_layer_attention_reference(
-        layer, EPS, Q_HEADS, SCALE, ref_step["x"], residual, ref_step["cos"], ref_step["signed_sin"], ref_step["loc"],
-        ref_step["k_buf"], ref_step["v_buf"], ref_step["req_to_token"], ref_step["req_pool_indices"],
-        ref_step["seq_lens"],
-    )
+    fused = run_fused(layer, fused_step, prev)
+    want = decode_layer_reference(layer, EPS, Q_HEADS, SCALE, ref_step["residual"], ref_step, prev, ref_step["act"])
     torch.testing.assert_close(fused, want, rtol=1e-4, atol=1e-4)
     for name in ("residual", "k_buf", "v_buf"):
         torch.testing.assert_close(fused_step[name], ref_step[name], rtol=1e-5, atol=1e-5)
 
 
+def test_layers_in_turn_equal_the_separate_kernels() -> None:
+    """decode_layers_cpu: each layer's call fed the previous one's SiLU(gate) * up."""
+    layers, step = [make_layer(20 + i, biases=True) for i in range(3)], make_step(3, seed=4)
+    weights = [layer_weights(layer) for layer in layers]
+    fused_step, unfused_step = clone(step), clone(step)
+    kv = [(fused_step["k_buf"], fused_step["v_buf"])] * 3  # one cache for the three layers: each reads what the last wrote
+    act, residual = decode_layers_cpu(weights, shared_step(weights[0], fused_step), fused_step["residual"], kv)
+    prev = None
+    for layer in layers:
+        gate, up = run_unfused(layer, unfused_step, prev).chunk(2, dim=-1)
+        unfused_step["act"], prev = torch.nn.functional.silu(gate).mul_(up), layer
+    assert torch.equal(act, unfused_step["act"]) and torch.equal(residual, unfused_step["residual"])
+    assert residual is fused_step["residual"]
+
+
 def test_rows_do_not_depend_on_the_batch() -> None:
-    layer, step = make_layer(3, biases=False), make_step(4, seed=5)
-    batched = run_fused(layer, clone(step), first=False)
+    layer, prev, step = make_layer(3, biases=False), make_layer(4, biases=False), make_step(4, seed=5)
+    batched = run_fused(layer, clone(step), prev)
     for r in range(4):
         alone = {k: (v if k in ("k_buf", "v_buf", "req_to_token") else v[r : r + 1]).clone() for k, v in step.items()}
-        assert torch.equal(run_fused(layer, alone, first=False)[0], batched[r])
+        assert torch.equal(run_fused(layer, alone, prev)[0], batched[r])
 
 
 @pytest.mark.parametrize(
@@ -161,17 +188,18 @@ def test_rows_do_not_depend_on_the_batch() -> None:
         (lambda s: s["loc"].fill_(SLOTS), "out_cache_loc must lie inside the KV cache"),
         (lambda s: s["seq_lens"].fill_(CONTEXT + 1), "seq_lens must lie in"),
         (lambda s: s["req_pool_indices"].fill_(TABLE_ROWS), "req_pool_indices must lie inside req_to_token"),
-        (lambda s: s.update(k_buf=s["k_buf"][:, :1].clone()), "k_buf must be a contiguous float32 tensor"),
-        (lambda s: s.update(x=s["x"][:, :32].clone()), "x must be a contiguous float32 tensor"),
+        (lambda s: s.update(k_buf=s["k_buf"][:, :1].clone()), "k_buf must be a contiguous"),
+        (lambda s: s.update(residual=s["residual"][:, :32].clone()), "residual must be a contiguous"),
+        (lambda s: s.update(act=s["act"][:, :32].clone()), "act must be a contiguous"),
         (lambda s: s.update(loc=s["loc"].int()), "loc must be a contiguous torch.int64"),
     ],
-    ids=["slot", "length", "table-row", "cache-shape", "x-shape", "loc-dtype"],
+    ids=["slot", "length", "table-row", "cache-shape", "residual-shape", "act-shape", "loc-dtype"],
 )
 def test_what_it_cannot_read_is_refused(change, message) -> None:
-    layer, step = make_layer(1, biases=False), make_step(2, seed=1)
+    layer, prev, step = make_layer(1, biases=False), make_layer(2, biases=False), make_step(2, seed=1)
     change(step)
     with pytest.raises(ValueError, match=message):
-        run_fused(layer, step, first=False)
+        run_fused(layer, step, prev)
 
 
 # ------------------------------------------------------------------ in the embedded model
@@ -185,13 +213,13 @@ def runners(gguf_path):
 @pytest.mark.parametrize("batch", [1, 3, 7])  # 7 rows: the block kernel's buffered path inside the fused call
 def test_model_logits_equal_the_op_by_op_path(runners, monkeypatch, batch) -> None:
     calls = []
-    fused_call = llama.decode_layer_attention_cpu
+    fused_layers = llama.decode_layers_cpu
 
     def counting(*args):
         calls.append(1)
-        return fused_call(*args)
+        return fused_layers(*args)
 
-    monkeypatch.setattr(llama, "decode_layer_attention_cpu", counting)
+    monkeypatch.setattr(llama, "decode_layers_cpu", counting)
     op_by_op = llama.LlamaModel._cpu_decode_step
     drivers = [Driver(r) for r in runners]
     reqs = [[d.new_req() for _ in range(batch)] for d in drivers]
@@ -208,4 +236,4 @@ def test_model_logits_equal_the_op_by_op_path(runners, monkeypatch, batch) -> No
             assert torch.equal(fused, unfused), i
     for d in drivers:
         d.release()
-    assert len(calls) == 4 * len(runners[0].model.model.layers)
+    assert len(calls) == 4  # every decode step of the first runner took the fused path

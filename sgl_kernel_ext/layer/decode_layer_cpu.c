@@ -1,10 +1,13 @@
-/* The attention half of a Llama decoder layer at decode, in one call on CPU, float32:
- *   residual += x (unless x is the embedding, which becomes the residual), h = RMSNorm(residual),
- *   qkv = h Wqkv^T (+ b), RoPE on q/k, k/v into the cache, attention over the paged cache,
- *   residual += attn Wo^T (+ b), h = RMSNorm(residual), gate_up = h Wgu^T.
- * At a decode-sized batch these ~8 steps cost more in Python, ctypes and torch dispatch than in
- * arithmetic; here they are the same C functions the separate kernels run, called in the same
- * order on the same buffers, so every value is the same bits as on the unfused path.
+/* A Llama decoder layer at decode, in one call on CPU, float32, all but its SiLU:
+ *   [x = act Wdown^T (+ b) of the previous layer], residual += x (the first layer's residual is the
+ *   embedding itself), h = RMSNorm(residual), qkv = h Wqkv^T (+ b), RoPE on q/k, k/v into the
+ *   cache, attention over the paged cache, residual += attn Wo^T (+ b), h = RMSNorm(residual),
+ *   gate_up = h Wgu^T.
+ * The caller computes act = SiLU(gate) * up with torch and passes it to the next layer's call (a
+ * C SiLU would round differently from torch's). At a decode-sized batch these steps cost more in
+ * Python, ctypes and torch dispatch than in arithmetic; here they are the same C functions the
+ * separate kernels run, called in the same order on the same values, so every value is the same
+ * bits as on the op-by-op path.
  *
  * The kernels are compiled into this one translation unit (sgl_kernel_ext/cpu_build.py hashes
  * the included sources into the library's cache key).
@@ -27,6 +30,9 @@ typedef struct {
     int64_t o_bits;
     const uint8_t *gate_up;
     int64_t gate_up_out, gate_up_bits;
+    const uint8_t *down;
+    const float *down_bias; /* [hidden] or NULL */
+    int64_t down_in, down_bits;
 } layer_weights;
 
 /* What every layer of one decode step shares. */
@@ -39,6 +45,7 @@ typedef struct {
     int64_t table_rows, table_stride;
     const int64_t *req_pool_indices, *seq_lens; /* [rows] */
     float *qkv, *attn, *o, *normed;             /* scratch: [rows, qkv_out], [rows, Hq D], [rows, hidden] x 2 */
+    float *gate_up;                             /* out: [rows, gate_up_out] */
     int64_t num_threads;
 } decode_step;
 
@@ -49,32 +56,41 @@ typedef struct {
 #define BAD_TABLE_ROW 4
 #define NO_MEMORY 5
 
-/* x: [rows, hidden], this layer's input (the embedding when residual == x, else the previous
- * layer's MLP output); residual: [rows, hidden], updated in place; k_buf, v_buf: this layer's
- * cache [slots, kv_heads, head_dim]; gate_up: [rows, gate_up_out] out. */
-int decode_layer_attention_f32(const layer_weights *w, const decode_step *s, float *x, float *residual, float *k_buf,
-                               float *v_buf, float *gate_up) {
+/* out[r] = x[r] W^T, then + bias: RowParallelLinear adds its bias after the projection. */
+static int project(const float *x, int64_t rows, int64_t in, const uint8_t *packed, int64_t bits, int64_t out_features,
+                   const float *bias, float *out, int64_t threads) {
+    if (block_quant_linear_f32(x, rows, in, packed, (int)bits, out_features, NULL, out, (int)threads)) return NO_MEMORY;
+    if (bias != NULL)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < out_features; i++) out[r * out_features + i] += bias[i];
+    return 0;
+}
+
+/* residual: [rows, hidden], the embedding when prev is NULL (the first layer), else the residual
+ * stream, to which prev's down projection of act ([rows, prev->down_in]) is added; updated in
+ * place. k_buf, v_buf: this layer's cache [slots, kv_heads, head_dim]. Writes s->gate_up. */
+int decode_layer_f32(const layer_weights *w, const decode_step *s, const layer_weights *prev, const float *act,
+                     float *residual, float *k_buf, float *v_buf) {
     const int64_t rows = s->rows, threads = s->num_threads, q_width = w->q_heads * w->head_dim;
-    if (residual == x)
-        rmsnorm_f32(x, NULL, NULL, w->input_norm, w->eps, rows, w->hidden, s->normed, threads);
-    else
-        rmsnorm_f32(x, residual, residual, w->input_norm, w->eps, rows, w->hidden, s->normed, threads);
-    if (block_quant_linear_f32(s->normed, rows, w->hidden, w->qkv, w->qkv_bits, w->qkv_out, w->qkv_bias, s->qkv, threads))
+    int failed;
+    if (prev == NULL) {
+        rmsnorm_f32(residual, NULL, NULL, w->input_norm, w->eps, rows, w->hidden, s->normed, (int)threads);
+    } else {
+        if ((failed = project(act, rows, prev->down_in, prev->down, prev->down_bits, w->hidden, prev->down_bias, s->o, threads)))
+            return failed;
+        rmsnorm_f32(s->o, residual, residual, w->input_norm, w->eps, rows, w->hidden, s->normed, (int)threads);
+    }
+    if (block_quant_linear_f32(s->normed, rows, w->hidden, w->qkv, (int)w->qkv_bits, w->qkv_out, w->qkv_bias, s->qkv,
+                               (int)threads))
         return NO_MEMORY;
     const int rope = rope_store_f32(s->qkv, rows, w->qkv_out, w->q_heads, w->kv_heads, w->head_dim, s->cos,
-                                    s->signed_sin, s->loc, s->slots, k_buf, v_buf, threads);
+                                    s->signed_sin, s->loc, s->slots, k_buf, v_buf, (int)threads);
     if (rope) return rope == 2 ? BAD_SLOT : BAD_HEAD_DIM;
     const int attn = decode_attention_f32(s->qkv, w->qkv_out, k_buf, v_buf, s->req_to_token, s->table_rows,
                                           s->table_stride, s->req_pool_indices, s->seq_lens, rows, w->kv_heads,
-                                          w->q_heads / w->kv_heads, w->head_dim, w->scale, s->attn, threads);
+                                          w->q_heads / w->kv_heads, w->head_dim, w->scale, s->attn, (int)threads);
     if (attn) return attn == BAD_SEQ_LEN ? BAD_LENGTH : attn == BAD_REQ_INDEX ? BAD_TABLE_ROW : NO_MEMORY;
-    if (block_quant_linear_f32(s->attn, rows, q_width, w->o, w->o_bits, w->hidden, NULL, s->o, threads)) return NO_MEMORY;
-    if (w->o_bias != NULL) /* after the projection, as RowParallelLinear adds it */
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t i = 0; i < w->hidden; i++) s->o[r * w->hidden + i] += w->o_bias[i];
-    rmsnorm_f32(s->o, residual, residual, w->post_norm, w->eps, rows, w->hidden, s->normed, threads);
-    if (block_quant_linear_f32(s->normed, rows, w->hidden, w->gate_up, w->gate_up_bits, w->gate_up_out, NULL, gate_up,
-                               threads))
-        return NO_MEMORY;
-    return 0;
+    if ((failed = project(s->attn, rows, q_width, w->o, w->o_bits, w->hidden, w->o_bias, s->o, threads))) return failed;
+    rmsnorm_f32(s->o, residual, residual, w->post_norm, w->eps, rows, w->hidden, s->normed, (int)threads);
+    return project(s->normed, rows, w->hidden, w->gate_up, w->gate_up_bits, w->gate_up_out, NULL, s->gate_up, threads);
 }

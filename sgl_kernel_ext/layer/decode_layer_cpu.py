@@ -1,22 +1,23 @@
-"""The attention half of a Llama decoder layer at decode in one C call on CPU (decode_layer_cpu.c):
-RMSNorm (+ residual), qkv, RoPE + KV store, attention, o + residual, RMSNorm, gate_up. It runs the
-separate kernels' C functions in their order, so its results are those of the unfused path bit
-for bit; `decode_layer_attention_reference` is the same function from the plain-torch references."""
+"""A Llama decoder layer at decode in one C call on CPU (decode_layer_cpu.c), all but its SiLU:
+the previous layer's down projection, RMSNorm (+ residual), qkv, RoPE + KV store, attention,
+o + residual, RMSNorm, gate_up. It runs the separate kernels' C functions in their order, so its
+results are those of the op-by-op path bit for bit; `decode_layer_reference` is the same function
+from the plain-torch references."""
 
 from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from sgl_kernel_ext.attention.reference import decode_attention_reference
 from sgl_kernel_ext.cpu_build import I64, PTR, load_kernel
 from sgl_kernel_ext.gemm.block_quant_linear import BlockQuantWeight, block_quant_linear_reference
 from sgl_kernel_ext.norm.rmsnorm_cpu import rmsnorm_reference
 from sgl_kernel_ext.rotary.rope_store_cpu import rope_store_reference
-
 
 class _LayerWeights(ctypes.Structure):
     """layer_weights in decode_layer_cpu.c."""
@@ -27,6 +28,7 @@ class _LayerWeights(ctypes.Structure):
         ("qkv", PTR), ("qkv_bias", PTR), ("qkv_out", I64), ("qkv_bits", I64),
         ("o", PTR), ("o_bias", PTR), ("o_bits", I64),
         ("gate_up", PTR), ("gate_up_out", I64), ("gate_up_bits", I64),
+        ("down", PTR), ("down_bias", PTR), ("down_in", I64), ("down_bits", I64),
     ]
 
 
@@ -37,13 +39,13 @@ class _DecodeStep(ctypes.Structure):
         ("rows", I64), ("cos", PTR), ("signed_sin", PTR), ("loc", PTR), ("slots", I64),
         ("req_to_token", PTR), ("table_rows", I64), ("table_stride", I64),
         ("req_pool_indices", PTR), ("seq_lens", PTR),
-        ("qkv", PTR), ("attn", PTR), ("o", PTR), ("normed", PTR), ("num_threads", I64),
+        ("qkv", PTR), ("attn", PTR), ("o", PTR), ("normed", PTR), ("gate_up", PTR), ("num_threads", I64),
     ]
 
 
 _ARGTYPES = (PTR, PTR, PTR, PTR, PTR, PTR, PTR)
 # (source, C function, argument types, result type): also built with -DPORTABLE_ONLY by the tests.
-_KERNEL = ("layer/decode_layer_cpu.c", "decode_layer_attention_f32", _ARGTYPES, ctypes.c_int)
+_KERNEL = ("layer/decode_layer_cpu.c", "decode_layer_f32", _ARGTYPES, ctypes.c_int)
 _ERRORS = {
     1: "head_dim must be even and at most 1024",
     2: "out_cache_loc must lie inside the KV cache",
@@ -64,9 +66,9 @@ def _ptr(t: Optional[torch.Tensor]) -> Optional[int]:
     return None if t is None else t.data_ptr()
 
 
-def _float32_vector(name: str, t: Optional[torch.Tensor], size: int) -> None:
-    if t is not None and (t.dtype != torch.float32 or t.device.type != "cpu" or t.shape != (size,) or not t.is_contiguous()):
-        raise ValueError(f"{name} must be a contiguous float32 CPU tensor [{size}].")
+def _check(name: str, t: Optional[torch.Tensor], dtype: torch.dtype, shape: tuple) -> None:
+    if t is not None and (t.dtype != dtype or t.device.type != "cpu" or tuple(t.shape) != shape or not t.is_contiguous()):
+        raise ValueError(f"{name} must be a contiguous {dtype} CPU tensor {list(shape)}.")
 
 
 @dataclass
@@ -75,44 +77,44 @@ class DecodeLayerWeights:
 
     struct: _LayerWeights
     tensors: tuple
-    hidden: int
-    qkv_out: int
-    q_width: int  # q heads * head_dim: the attention output's width
-    gate_up_out: int
+    widths: tuple[int, int, int, int]  # (hidden, qkv_out, q_width, gate_up_out): what a step's scratch must hold
     kv_shape: tuple[int, int]  # (kv_heads, head_dim) of the cache rows
+    down_in: int
 
 
 def decode_layer_weights(
-    input_norm: torch.Tensor,
-    post_norm: torch.Tensor,
+    norms: tuple[torch.Tensor, torch.Tensor],
     eps: float,
-    qkv: BlockQuantWeight,
-    qkv_bias: Optional[torch.Tensor],
-    o: BlockQuantWeight,
-    o_bias: Optional[torch.Tensor],
-    gate_up: BlockQuantWeight,
-    q_heads: int,
-    kv_heads: int,
-    head_dim: int,
+    projections: Mapping[str, BlockQuantWeight],
+    biases: Mapping[str, Optional[torch.Tensor]],
+    heads: tuple[int, int, int],
     scale: float,
 ) -> DecodeLayerWeights:
-    hidden = input_norm.shape[0]
-    q_width = q_heads * head_dim
-    if qkv.in_features != hidden or qkv.out_features < (q_heads + 2 * kv_heads) * head_dim:
+    """norms: (input, post-attention) RMSNorm weights [H]; projections: qkv, o, gate_up, down;
+    biases: qkv, o, down (tensors or None); heads: (q heads, KV heads, head_dim)."""
+    (input_norm, post_norm), (q_heads, kv_heads, head_dim) = norms, heads
+    qkv, o, gate_up, down = (projections[name] for name in ("qkv", "o", "gate_up", "down"))
+    hidden, q_width = input_norm.shape[0], q_heads * head_dim
+    if qkv.in_features != hidden or qkv.out_features < (q_heads + 2 * kv_heads) * head_dim or q_heads % kv_heads:
         raise ValueError(f"qkv [{qkv.out_features}, {qkv.in_features}] does not fit hidden {hidden} and the heads.")
-    if (o.out_features, o.in_features) != (hidden, q_width) or gate_up.in_features != hidden or q_heads % kv_heads:
-        raise ValueError("o and gate_up must map the attention output and the hidden size.")
+    if (o.out_features, o.in_features) != (hidden, q_width) or gate_up.in_features != hidden or down.out_features != hidden:
+        raise ValueError("o, gate_up and down must map the attention output and the hidden size.")
+    if gate_up.out_features != 2 * down.in_features:
+        raise ValueError(f"gate_up's {gate_up.out_features} outputs must be gate and up for down's {down.in_features} inputs.")
     for name, t, size in (("input_norm", input_norm, hidden), ("post_norm", post_norm, hidden),
-                          ("qkv_bias", qkv_bias, qkv.out_features), ("o_bias", o_bias, hidden)):
-        _float32_vector(name, t, size)
+                          ("qkv_bias", biases["qkv"], qkv.out_features), ("o_bias", biases["o"], hidden),
+                          ("down_bias", biases["down"], hidden)):
+        _check(name, t, torch.float32, (size,))
     struct = _LayerWeights(
         _ptr(input_norm), _ptr(post_norm), eps, scale, hidden, q_heads, kv_heads, head_dim,
-        _ptr(qkv.packed), _ptr(qkv_bias), qkv.out_features, qkv.bits,
-        _ptr(o.packed), _ptr(o_bias), o.bits,
+        _ptr(qkv.packed), _ptr(biases["qkv"]), qkv.out_features, qkv.bits,
+        _ptr(o.packed), _ptr(biases["o"]), o.bits,
         _ptr(gate_up.packed), gate_up.out_features, gate_up.bits,
+        _ptr(down.packed), _ptr(biases["down"]), down.in_features, down.bits,
     )
-    tensors = (input_norm, post_norm, qkv.packed, qkv_bias, o.packed, o_bias, gate_up.packed)
-    return DecodeLayerWeights(struct, tensors, hidden, qkv.out_features, q_width, gate_up.out_features, (kv_heads, head_dim))
+    tensors = (input_norm, post_norm, qkv.packed, o.packed, gate_up.packed, down.packed, *biases.values())
+    widths = (hidden, qkv.out_features, q_width, gate_up.out_features)
+    return DecodeLayerWeights(struct, tensors, widths, (kv_heads, head_dim), down.in_features)
 
 
 @dataclass
@@ -123,7 +125,8 @@ class DecodeLayerStep:
     tensors: tuple
     rows: int
     slots: int
-    widths: tuple[int, int, int]  # (qkv_out, q_width, hidden) its scratch is sized for
+    widths: tuple[int, int, int, int]  # as DecodeLayerWeights.widths
+    gate_up: torch.Tensor  # [B, 2 I]: each call's output
 
 
 def decode_layer_step(
@@ -137,88 +140,116 @@ def decode_layer_step(
     seq_lens: torch.Tensor,
 ) -> DecodeLayerStep:
     """cos, signed_sin [B, 1, D] or [B, D] float32; loc, req_pool_indices, seq_lens [B] int64;
-    req_to_token [R, C] int64; slots: the KV cache's rows."""
+    req_to_token [R, C] int64; slots: the KV cache's rows. Scratch sized for `weights`' widths."""
     rows, head_dim = loc.shape[0], weights.kv_shape[1]
     cos, signed_sin = cos.reshape(rows, head_dim).contiguous(), signed_sin.reshape(rows, head_dim).contiguous()
     for name, t, dtype, shape in (
         ("cos", cos, torch.float32, (rows, head_dim)), ("signed_sin", signed_sin, torch.float32, (rows, head_dim)),
         ("loc", loc, torch.int64, (rows,)), ("req_pool_indices", req_pool_indices, torch.int64, (rows,)),
-        ("seq_lens", seq_lens, torch.int64, (rows,)), ("req_to_token", req_to_token, torch.int64, req_to_token.shape),
+        ("seq_lens", seq_lens, torch.int64, (rows,)), ("req_to_token", req_to_token, torch.int64, tuple(req_to_token.shape)),
     ):
-        if t.dtype != dtype or t.device.type != "cpu" or t.shape != shape or not t.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous {dtype} CPU tensor {list(shape)}.")
-    widths = (weights.qkv_out, weights.q_width, weights.hidden, weights.hidden)
-    scratch = torch.empty((rows, sum(widths)), dtype=torch.float32)  # [B, qkv | attn | o | normed]
-    parts = [p.contiguous() for p in scratch.split(widths, dim=1)]
+        _check(name, t, dtype, shape)
+    hidden, qkv_out, q_width, gate_up_out = weights.widths
+    sizes = (qkv_out, q_width, hidden, hidden, gate_up_out)
+    scratch = torch.empty((sum(sizes) * rows,), dtype=torch.float32)
+    qkv, attn, o, normed, gate_up = (part.view(rows, -1) for part in scratch.split([n * rows for n in sizes]))
     struct = _DecodeStep(
         rows, _ptr(cos), _ptr(signed_sin), _ptr(loc), slots, _ptr(req_to_token), req_to_token.shape[0],
-        req_to_token.stride(0), _ptr(req_pool_indices), _ptr(seq_lens), *(_ptr(p) for p in parts),
-        torch.get_num_threads(),
+        req_to_token.stride(0), _ptr(req_pool_indices), _ptr(seq_lens),
+        _ptr(qkv), _ptr(attn), _ptr(o), _ptr(normed), _ptr(gate_up), torch.get_num_threads(),
     )
-    tensors = (cos, signed_sin, loc, req_to_token, req_pool_indices, seq_lens, *parts)
-    return DecodeLayerStep(struct, tensors, rows, slots, widths[:3])
+    tensors = (cos, signed_sin, loc, req_to_token, req_pool_indices, seq_lens, scratch)
+    return DecodeLayerStep(struct, tensors, rows, slots, weights.widths, gate_up)
 
 
-def decode_layer_attention_cpu(
+def decode_layer_cpu(
     weights: DecodeLayerWeights,
     step: DecodeLayerStep,
-    x: torch.Tensor,
     residual: torch.Tensor,
     k_buf: torch.Tensor,
     v_buf: torch.Tensor,
+    prev: Optional[DecodeLayerWeights] = None,
+    act: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """x [B, H]: the embedding (pass residual=x) or the previous MLP output; residual [B, H],
-    updated in place; k_buf, v_buf [S, Hk, D]. -> gate_up [B, 2 I] float32."""
-    if step.widths != (weights.qkv_out, weights.q_width, weights.hidden):
-        raise ValueError(f"This layer's widths differ from those the step's scratch holds ({step.widths}).")
-    shape = (step.rows, weights.hidden)
-    for name, t in (("x", x), ("residual", residual)):
-        if t.shape != shape or t.dtype != torch.float32 or not t.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous float32 tensor {list(shape)}.")
+    """One layer. residual [B, H]: the embedding for the first layer (prev None), else the residual
+    stream, to which prev's down projection of act [B, I] is added first; updated in place.
+    k_buf, v_buf [S, Hk, D]: this layer's cache. -> gate_up [B, 2 I] (step.gate_up, overwritten by
+    the next call)."""
+    _check_call(weights, step, residual, k_buf, v_buf, prev, act)
+    return _run(weights, step, residual, k_buf, v_buf, prev, act)
+
+
+def decode_layers_cpu(
+    weights: Sequence[DecodeLayerWeights],
+    step: DecodeLayerStep,
+    embedding: torch.Tensor,
+    kv_buffers: Sequence[tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every layer in turn, SiLU(gate) * up between them (torch's SiLU, as the op-by-op path).
+    embedding [B, H] becomes the residual stream (in place). -> (the last layer's MLP activation
+    [B, I], for its down projection; the residual stream before that projection is added)."""
+    act, prev = None, None
+    for w, (k_buf, v_buf) in zip(weights, kv_buffers, strict=True):
+        _check_call(w, step, embedding, k_buf, v_buf, prev, act)
+        gate_up = _run(w, step, embedding, k_buf, v_buf, prev, act)
+        gate, up = gate_up.chunk(2, dim=-1)  # [B, I] each
+        act, prev = F.silu(gate).mul_(up), w
+    return act, embedding
+
+
+def _check_call(weights, step, residual, k_buf, v_buf, prev, act) -> None:
+    """The kernel walks raw pointers: every buffer it reads or writes must have the shape it assumes."""
+    if step.widths != weights.widths:
+        raise ValueError(f"This layer's widths {weights.widths} differ from those the step's scratch holds ({step.widths}).")
+    _check("residual", residual, torch.float32, (step.rows, weights.widths[0]))
     kv_shape = (step.slots, *weights.kv_shape)
-    for name, t in (("k_buf", k_buf), ("v_buf", v_buf)):
-        if t.shape != kv_shape or t.dtype != torch.float32 or not t.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous float32 tensor {list(kv_shape)}.")
-    gate_up = torch.empty((step.rows, weights.gate_up_out), dtype=torch.float32)  # [B, 2 I]
+    _check("k_buf", k_buf, torch.float32, kv_shape)
+    _check("v_buf", v_buf, torch.float32, kv_shape)
+    if (prev is None) != (act is None):
+        raise ValueError("prev and act go together: the previous layer's down projection of act.")
+    if prev is not None:
+        _check("act", act, torch.float32, (step.rows, prev.down_in))
+
+
+def _run(weights, step, residual, k_buf, v_buf, prev, act) -> torch.Tensor:
     failed = _kernel()(
-        ctypes.addressof(weights.struct), ctypes.addressof(step.struct), x.data_ptr(), residual.data_ptr(),
-        k_buf.data_ptr(), v_buf.data_ptr(), gate_up.data_ptr(),
+        ctypes.addressof(weights.struct), ctypes.addressof(step.struct), None if prev is None else ctypes.addressof(prev.struct),
+        _ptr(act), residual.data_ptr(), k_buf.data_ptr(), v_buf.data_ptr(),
     )
     if failed in _ERRORS:
         raise ValueError(_ERRORS[failed] + ".")
     if failed:
         raise MemoryError("the decode layer kernel could not allocate its buffers")
-    return gate_up
+    return step.gate_up
 
 
-def decode_layer_attention_reference(
+def decode_layer_reference(
     layer: Mapping[str, Any],
     eps: float,
     q_heads: int,
     scale: float,
-    x: torch.Tensor,
     residual: torch.Tensor,
-    cos: torch.Tensor,
-    signed_sin: torch.Tensor,
-    loc: torch.Tensor,
-    k_buf: torch.Tensor,
-    v_buf: torch.Tensor,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
+    step: Mapping[str, torch.Tensor],
+    prev: Optional[Mapping[str, Any]] = None,
+    act: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """The same function from the plain-torch references. layer: input_norm, post_norm (tensors),
-    qkv, o, gate_up (BlockQuantWeight), qkv_bias, o_bias (tensors or None)."""
-    rows = x.shape[0]
-    if residual is x:
-        h = rmsnorm_reference(x, layer["input_norm"], eps)
+    """The same function from the plain-torch references. layer, prev: input_norm, post_norm
+    (tensors), qkv, o, gate_up, down (BlockQuantWeight), qkv_bias, o_bias, down_bias (tensors or
+    None); step: cos, signed_sin, loc, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens."""
+    rows = residual.shape[0]
+    if prev is None:
+        h = rmsnorm_reference(residual, layer["input_norm"], eps)
     else:
-        h = rmsnorm_reference(x, layer["input_norm"], eps, residual)
+        h = rmsnorm_reference(_project(act, prev["down"], prev["down_bias"]), layer["input_norm"], eps, residual)
     qkv = block_quant_linear_reference(h, layer["qkv"], layer["qkv_bias"])  # [B, (Hq + 2 Hk) D]
-    q = rope_store_reference(qkv, q_heads, cos, signed_sin, loc, k_buf, v_buf)  # [B, Hq, D]
-    attn = decode_attention_reference(q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, scale)
-    out = block_quant_linear_reference(attn.reshape(rows, -1), layer["o"])  # [B, H]
-    if layer["o_bias"] is not None:
-        out = out + layer["o_bias"]
-    h = rmsnorm_reference(out, layer["post_norm"], eps, residual)
+    q = rope_store_reference(qkv, q_heads, step["cos"], step["signed_sin"], step["loc"], step["k_buf"], step["v_buf"])
+    attn = decode_attention_reference(
+        q, step["k_buf"], step["v_buf"], step["req_to_token"], step["req_pool_indices"], step["seq_lens"], scale
+    )  # [B, Hq, D]
+    h = rmsnorm_reference(_project(attn.reshape(rows, -1), layer["o"], layer["o_bias"]), layer["post_norm"], eps, residual)
     return block_quant_linear_reference(h, layer["gate_up"])
+
+
+def _project(x: torch.Tensor, weight: BlockQuantWeight, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    out = block_quant_linear_reference(x, weight)
+    return out if bias is None else out + bias

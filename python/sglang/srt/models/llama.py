@@ -14,10 +14,10 @@ from torch import nn
 from sgl_kernel_ext.layer.decode_layer_cpu import (
     DecodeLayerStep,
     DecodeLayerWeights,
-    decode_layer_attention_cpu,
     decode_layer_kernel_available,
     decode_layer_step,
     decode_layer_weights,
+    decode_layers_cpu,
 )
 from sgl_kernel_ext.rotary.rope_store_cpu import rope_store_cpu, rope_store_cpu_applies
 from sglang.srt.configs.model_config import ModelConfig
@@ -166,28 +166,17 @@ class LlamaDecoderLayer(nn.Module):
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
-    def forward_cpu_decode(
-        self, step: DecodeLayerStep, x: torch.Tensor, residual: Optional[torch.Tensor], forward_batch: ForwardBatch
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """forward() at a CPU decode step: norms, qkv, RoPE, attention, o and gate_up in one C call
-        (the same functions in the same order, so the same bits), then SiLU and down as forward()."""
-        if residual is None:
-            residual = x  # the embedding, as forward() keeps it
-        k_buf, v_buf = forward_batch.kv_cache.get_kv(self.self_attn.attn.layer_id)
-        gate_up = decode_layer_attention_cpu(self.cpu_decode_weights(), step, x, residual, k_buf, v_buf)  # [B, 2 I]
-        gate, up = gate_up.chunk(2, dim=-1)  # [B, I] each
-        return self.mlp.down_proj(F.silu(gate).mul_(up)), residual
-
     def cpu_decode_weights(self) -> Optional[DecodeLayerWeights]:
         """This layer's weights for the one-call CPU decode, or None where it cannot take them:
         a projection without integer blocks, a bias on gate_up, q/k norms, tensor parallelism."""
         attn, mlp = self.self_attn, self.mlp
-        blocks = (attn.qkv_proj.block_weight, attn.o_proj.block_weight, mlp.gate_up_proj.block_weight)
+        linears = {"qkv": attn.qkv_proj, "o": attn.o_proj, "gate_up": mlp.gate_up_proj, "down": mlp.down_proj}
+        blocks = {name: linear.block_weight for name, linear in linears.items()}
         cached = getattr(self, "_cpu_decode", None)
-        if cached is not None and all(a is b for a, b in zip(cached[0], blocks)):
+        if cached is not None and all(cached[0][name] is b for name, b in blocks.items()):
             return cached[1]
         usable = (
-            all(b is not None for b in blocks)
+            all(b is not None for b in blocks.values())
             and attn.q_norm is None
             and mlp.gate_up_proj.bias is None
             and attn.o_proj.tp_size == 1
@@ -196,10 +185,10 @@ class LlamaDecoderLayer(nn.Module):
         weights = None
         if usable:
             weights = decode_layer_weights(
-                self.input_layernorm.weight.detach(), self.post_attention_layernorm.weight.detach(),
-                self.input_layernorm.eps, blocks[0], _detached(attn.qkv_proj.bias), blocks[1],
-                _detached(attn.o_proj.bias), blocks[2], attn.num_heads, attn.num_kv_heads, attn.attn.head_dim,
-                attn.attn.scaling,
+                (self.input_layernorm.weight.detach(), self.post_attention_layernorm.weight.detach()),
+                self.input_layernorm.eps, blocks,
+                {name: _detached(linears[name].bias) for name in ("qkv", "o", "down")},
+                (attn.num_heads, attn.num_kv_heads, attn.attn.head_dim), attn.attn.scaling,
             )
         self._cpu_decode = (blocks, weights)  # rebuilt if the weights are reloaded
         return weights
@@ -225,16 +214,22 @@ class LlamaModel(nn.Module):
         """-> [N, H] final hidden states of every new token."""
         x, residual = self.embed_tokens(forward_batch.input_ids), None  # [N, H]
         rope = self._step_rope(forward_batch, x)
-        step = self._cpu_decode_step(forward_batch, x, rope)
-        for layer in self.layers:
-            if step is not None:
-                x, residual = layer.forward_cpu_decode(step, x, residual, forward_batch)
-            else:
+        fused = self._cpu_decode_step(forward_batch, x, rope)
+        if fused is not None:
+            # Each layer but its SiLU in one C call: the same functions in the same order as the
+            # loop below, so the same bits, without ~10 Python-level calls per layer.
+            kv_buffers = [forward_batch.kv_cache.get_kv(layer.self_attn.attn.layer_id) for layer in self.layers]
+            act, residual = decode_layers_cpu(*fused, x, kv_buffers)
+            x = self.layers[-1].mlp.down_proj(act)
+        else:
+            for layer in self.layers:
                 x, residual = layer(rope, x, residual, forward_batch)
         x, _ = self.norm(x, residual)
         return x
 
-    def _cpu_decode_step(self, forward_batch: ForwardBatch, x: torch.Tensor, rope: Rope) -> Optional[DecodeLayerStep]:
+    def _cpu_decode_step(
+        self, forward_batch: ForwardBatch, x: torch.Tensor, rope: Rope
+    ) -> Optional[tuple[list[DecodeLayerWeights], DecodeLayerStep]]:
         """The step every layer's one-call CPU decode reads, or None where the layers run op by op:
         not a decode step, not the C attention kernel, a batch the block kernel does not serve as
         the op-by-op path would (more than BLOCK_QUANT_MAX_ROWS rows outside batch-invariant mode,
@@ -255,10 +250,11 @@ class LlamaModel(nn.Module):
             return None
         k_buf, _ = forward_batch.kv_cache.get_kv(0)
         cos, signed_sin = rope
-        return decode_layer_step(
+        step = decode_layer_step(
             weights[0], cos, signed_sin, forward_batch.out_cache_loc, k_buf.shape[0], backend.req_to_token,
             forward_batch.req_pool_indices, forward_batch.seq_lens,
         )
+        return weights, step
 
     def _step_rope(self, forward_batch: ForwardBatch, x: torch.Tensor) -> Rope:
         if x.is_cuda and _triton_kernels("rotary.rope_store_triton") is not None:
