@@ -172,26 +172,20 @@ class LlamaDecoderLayer(nn.Module):
         attn, mlp = self.self_attn, self.mlp
         linears = {"qkv": attn.qkv_proj, "o": attn.o_proj, "gate_up": mlp.gate_up_proj, "down": mlp.down_proj}
         blocks = {name: linear.block_weight for name, linear in linears.items()}
-        cached = getattr(self, "_cpu_decode", None)
-        if cached is not None and all(cached[0][name] is b for name, b in blocks.items()):
-            return cached[1]
-        usable = (
-            all(b is not None for b in blocks.values())
-            and attn.q_norm is None
-            and mlp.gate_up_proj.bias is None
-            and attn.o_proj.tp_size == 1
-            and decode_layer_kernel_available()
+        if (
+            any(b is None for b in blocks.values())
+            or attn.q_norm is not None
+            or mlp.gate_up_proj.bias is not None
+            or attn.o_proj.tp_size > 1
+            or not decode_layer_kernel_available()
+        ):
+            return None
+        return decode_layer_weights(
+            (self.input_layernorm.weight.detach(), self.post_attention_layernorm.weight.detach()),
+            self.input_layernorm.eps, blocks,
+            {name: _detached(linears[name].bias) for name in ("qkv", "o", "down")},
+            (attn.num_heads, attn.num_kv_heads, attn.attn.head_dim), attn.attn.scaling,
         )
-        weights = None
-        if usable:
-            weights = decode_layer_weights(
-                (self.input_layernorm.weight.detach(), self.post_attention_layernorm.weight.detach()),
-                self.input_layernorm.eps, blocks,
-                {name: _detached(linears[name].bias) for name in ("qkv", "o", "down")},
-                (attn.num_heads, attn.num_kv_heads, attn.attn.head_dim), attn.attn.scaling,
-            )
-        self._cpu_decode = (blocks, weights)  # rebuilt if the weights are reloaded
-        return weights
 
 
 def _detached(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -209,6 +203,8 @@ class LlamaModel(nn.Module):
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, params_dtype=dtype)
+        # Every layer's weights for the one-call CPU decode; [] where some layer cannot take it.
+        self._cpu_decode_weights: Optional[list[DecodeLayerWeights]] = None
 
     def forward(self, forward_batch: ForwardBatch) -> torch.Tensor:
         """-> [N, H] final hidden states of every new token."""
@@ -218,7 +214,7 @@ class LlamaModel(nn.Module):
         if fused is not None:
             # Each layer but its SiLU in one C call: the same functions in the same order as the
             # loop below, so the same bits, without ~10 Python-level calls per layer.
-            kv_buffers = [forward_batch.kv_cache.get_kv(layer.self_attn.attn.layer_id) for layer in self.layers]
+            kv_buffers = [forward_batch.kv_cache.get_kv(i) for i in range(len(self.layers))]
             act, residual = decode_layers_cpu(*fused, x, kv_buffers)
             x = self.layers[-1].mlp.down_proj(act)
         else:
@@ -245,8 +241,13 @@ class LlamaModel(nn.Module):
             or (x.shape[0] > BLOCK_QUANT_MAX_ROWS and not is_batch_invariant())
         ):
             return None
-        weights = [layer.cpu_decode_weights() for layer in self.layers]
-        if any(w is None for w in weights):
+        if self._cpu_decode_weights is None:
+            # Built once, from the weights as loaded (the engine never reloads them in place); they
+            # hold the packed tensors they point into.
+            weights = [layer.cpu_decode_weights() for layer in self.layers]
+            self._cpu_decode_weights = [] if any(w is None for w in weights) else weights
+        weights = self._cpu_decode_weights
+        if not weights:
             return None
         k_buf, _ = forward_batch.kv_cache.get_kv(0)
         cos, signed_sin = rope
