@@ -1,0 +1,115 @@
+"""Micro-benchmark of a bare CPU decode step of the embedded model (SmolLM2-135M, no scheduler,
+no sampling): every decoder layer in one C call (sgl_kernel_ext/layer/decode_layer_cpu.c, what
+serves) against the op-by-op path (the same kernels called one by one from the modules), in the
+same run. Two runners fed the same tokens; the two paths alternate step by step, and their logits
+are compared at every step (they must be equal: the one-call layer runs the same functions in the
+same order). Median and minimum ms per step, the CPU other processes took meanwhile, JSON and a
+plot under benchmark/results/.
+
+    .venv/bin/python benchmark/bench_decode_step_cpu.py [--batch 1 3 16] [--steps 80] [--tag cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from bench_serving import RESULTS_DIR, OutsideLoad, run_header
+from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.models import llama
+from sglang.srt.utils.embedded_model import embedded_model_path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "test"))
+from runner_utils import Driver  # noqa: E402  (the tests' stand-in for the scheduler's part of a step)
+
+PROMPT_LEN = 8
+WARMUP_STEPS = 10
+PATHS = ("one call per layer", "op by op")
+
+
+def measure(batch: int, steps: int) -> list[dict[str, Any]]:
+    fused_step = llama.LlamaModel._cpu_decode_step
+    runners = [ModelRunner(embedded_model_path(), max_running_requests=batch, max_total_tokens=4096) for _ in PATHS]
+    drivers = [Driver(r) for r in runners]
+    reqs = [[d.new_req() for _ in range(batch)] for d in drivers]
+    times: dict[str, list[float]] = {path: [] for path in PATHS}
+    try:
+        with torch.inference_mode(), OutsideLoad() as outside:
+            for d, rq in zip(drivers, reqs):
+                d.extend(rq, [[1 + b + i for i in range(PROMPT_LEN)] for b in range(batch)])
+            for i in tqdm(range(WARMUP_STEPS + steps), desc=f"decode step B={batch}", unit="step"):
+                tokens = [100 + i + b for b in range(batch)]
+                logits = []
+                for path, d, rq in zip(PATHS, drivers, reqs):
+                    llama.LlamaModel._cpu_decode_step = fused_step if path == PATHS[0] else lambda *a: None
+                    start = time.perf_counter()
+                    logits.append(d.decode(rq, tokens))
+                    if i >= WARMUP_STEPS:
+                        times[path].append((time.perf_counter() - start) * 1e3)
+                if not torch.equal(logits[0], logits[1]):
+                    raise AssertionError(f"B={batch} step {i}: the two paths' logits differ")
+    finally:
+        llama.LlamaModel._cpu_decode_step = fused_step
+    return [
+        {"batch": batch, "path": path, "median_ms": round(statistics.median(t), 2), "min_ms": round(min(t), 2),
+         "steps": len(t), "logits_equal": True, "outside_load_cpu_s": round(outside.cpu_s, 2)}
+        for path, t in times.items()
+    ]
+
+
+def markdown_table(records: list[dict]) -> str:
+    lines = ["| B | op by op median (min) ms | one call per layer median (min) ms | speed-up (medians) |", "|---|---|---|---|"]
+    by_key = {(r["batch"], r["path"]): r for r in records}
+    for batch in dict.fromkeys(r["batch"] for r in records):
+        fused, plain = by_key[(batch, PATHS[0])], by_key[(batch, PATHS[1])]
+        lines.append(f"| {batch} | {plain['median_ms']} ({plain['min_ms']}) | {fused['median_ms']} ({fused['min_ms']}) | "
+                     f"{plain['median_ms'] / fused['median_ms']:.2f}x |")
+    return "\n".join(lines)
+
+
+def plot(records: list[dict], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    batches = list(dict.fromkeys(r["batch"] for r in records))
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    width = 0.38
+    for j, (name, colour) in enumerate(zip(PATHS, ("tab:green", "tab:grey"))):
+        medians = [next(r["median_ms"] for r in records if r["batch"] == b and r["path"] == name) for b in batches]
+        ax.bar([i + (j - 0.5) * width for i in range(len(batches))], medians, width, color=colour, label=name)
+    ax.set_xticks(range(len(batches)), [f"B={b}" for b in batches])
+    ax.set_ylabel("ms per decode step (lower is better)")
+    ax.set_title("Bare CPU decode step, embedded model", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 3, 16])
+    parser.add_argument("--steps", type=int, default=80, help="Timed steps per path and batch.")
+    parser.add_argument("--tag", default="cpu", help="Results go to benchmark/results/decode_step_<tag>.json/.png.")
+    args = parser.parse_args()
+    started = datetime.datetime.now(datetime.timezone.utc)
+    records = [r for batch in args.batch for r in measure(batch, args.steps)]
+    result = {**run_header(started), "torch_threads": torch.get_num_threads(), "records": records}
+    RESULTS_DIR.mkdir(exist_ok=True)
+    out = RESULTS_DIR / f"decode_step_{args.tag}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    plot(records, out.with_suffix(".png"))
+    print(f"{result['date']} | {result['machine']} | torch {result['torch']} | {result['git']}")
+    print(markdown_table(records))
+    print(f"wrote {out} and .png")
+
+
+if __name__ == "__main__":
+    main()
