@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import statistics
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
-from bench_serving import RESULTS_DIR, OutsideLoad, run_header
+from bench_serving import OutsideLoad, header_line, run_header, write_results
 from sglang.srt.layers.linear import dense_matmul
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.utils.embedded_model import embedded_model_path
@@ -126,11 +125,8 @@ def main() -> None:
     started = datetime.datetime.now(datetime.timezone.utc)
     records = measure(model_weights(), args.rows, args.threads)
     result = {**run_header(started), "records": records}
-    RESULTS_DIR.mkdir(exist_ok=True)
-    out = RESULTS_DIR / f"block_quant_{args.tag}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    plot(records, out.with_suffix(".png"))
-    print(f"{result['date']} | {result['machine']} | torch {result['torch']} | {result['git']}")
+    out = write_results(result, f"block_quant_{args.tag}", plot)
+    print(header_line(result))
     print(markdown_table(records))
     print(f"wrote {out} and .png")
 

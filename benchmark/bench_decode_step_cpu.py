@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import statistics
 import sys
 import time
@@ -23,7 +22,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from bench_serving import RESULTS_DIR, OutsideLoad, run_header
+from bench_serving import OutsideLoad, header_line, run_header, write_results
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.models import llama
 from sglang.srt.utils.embedded_model import embedded_model_path
@@ -102,11 +101,8 @@ def main() -> None:
     started = datetime.datetime.now(datetime.timezone.utc)
     records = [r for batch in args.batch for r in measure(batch, args.steps)]
     result = {**run_header(started), "torch_threads": torch.get_num_threads(), "records": records}
-    RESULTS_DIR.mkdir(exist_ok=True)
-    out = RESULTS_DIR / f"decode_step_{args.tag}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    plot(records, out.with_suffix(".png"))
-    print(f"{result['date']} | {result['machine']} | torch {result['torch']} | {result['git']}")
+    out = write_results(result, f"decode_step_{args.tag}", plot)
+    print(header_line(result))
     print(markdown_table(records))
     print(f"wrote {out} and .png")
 

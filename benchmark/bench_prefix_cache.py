@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import shlex
 import statistics
 import threading
@@ -31,10 +30,9 @@ from typing import Any
 import requests
 from tqdm import tqdm
 
-from bench_serving import OutsideLoad, free_port, percentile, run_header  # this folder is on sys.path when run as a script
+from bench_serving import OutsideLoad, free_port, percentile, run_header, write_results  # this folder is on sys.path when run as a script
 from llama_server import sse_chunks
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SYSTEM_TOKENS = 1000
 NEW_TOKENS = 32
 TARGET_RATIO = 5.0
@@ -192,10 +190,7 @@ def main() -> None:
         "target_ratio": TARGET_RATIO,
         "records": records,
     }
-    RESULTS_DIR.mkdir(exist_ok=True)
-    out = RESULTS_DIR / f"prefix_cache_{args.tag}.json"
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    plot(records, out.with_suffix(".png"))
+    out = write_results(result, f"prefix_cache_{args.tag}", plot)
     print(markdown_table(records))
     verdict = "meets" if ratio >= TARGET_RATIO else "MISSES"
     print(f"mean TTFT without / with the cache: {ratio:.1f}x ({verdict} the {TARGET_RATIO:.0f}x target); wrote {out}")

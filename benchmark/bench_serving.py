@@ -40,7 +40,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import requests
 import torch
@@ -405,6 +405,20 @@ def run_header(started: datetime.datetime) -> dict:
         "command": shlex.join([Path(sys.executable).name, *sys.argv]),
         "git": git_revision(),
     }
+
+
+def write_results(result: dict, name: str, plot: Callable[[list[dict], Path], None]) -> Path:
+    """benchmark/results/<name>.json and the plot of result["records"] beside it (.png); -> the
+    JSON's path."""
+    RESULTS_DIR.mkdir(exist_ok=True)
+    out = RESULTS_DIR / f"{name}.json"
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    plot(result["records"], out.with_suffix(".png"))
+    return out
+
+
+def header_line(result: dict) -> str:
+    return f"{result['date']} | {result['machine']} | torch {result['torch']} | {result['git']}"
 
 
 def header(started: datetime.datetime, args: argparse.Namespace) -> dict:
