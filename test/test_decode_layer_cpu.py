@@ -5,6 +5,7 @@ op-by-op path, at decode batches on both of the block kernel's paths."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import pytest
@@ -37,7 +38,7 @@ if not layer_kernel.decode_layer_kernel_available():
     pytest.skip("no working C compiler: the CPU kernel is not built", allow_module_level=True)
 
 HIDDEN, Q_HEADS, KV_HEADS, HEAD_DIM, INTER = 64, 4, 2, 16, 96
-SLOTS, TABLE_ROWS, CONTEXT, EPS = 48, 6, 12, 1e-5
+SLOTS, TABLE_ROWS, CONTEXT, EPS, POST_EPS = 48, 6, 12, 1e-5, 1e-3  # two epsilons: each norm must use its own
 SCALE = HEAD_DIM**-0.5
 
 
@@ -88,7 +89,7 @@ def make_step(rows: int, seed: int) -> dict:
 
 def layer_weights(layer: dict):
     return decode_layer_weights(
-        (layer["input_norm"], layer["post_norm"]), EPS,
+        (layer["input_norm"], layer["post_norm"]), (EPS, POST_EPS),
         {name: layer[name] for name in ("qkv", "o", "gate_up", "down")},
         {name: layer[f"{name}_bias"] for name in ("qkv", "o", "down")}, (Q_HEADS, KV_HEADS, HEAD_DIM), SCALE,
     )
@@ -129,7 +130,7 @@ def run_unfused(layer: dict, step: dict, prev: Optional[dict]) -> torch.Tensor:
     attn = decode_attention_cpu(q, step["k_buf"], step["v_buf"], step["req_to_token"], step["req_pool_indices"],
                                 step["seq_lens"], SCALE)
     out = project(attn.reshape(rows, -1), layer["o"], layer["o_bias"])
-    return block_quant_linear(rmsnorm_cpu(out, layer["post_norm"], EPS, residual), layer["gate_up"])
+    return block_quant_linear(rmsnorm_cpu(out, layer["post_norm"], POST_EPS, residual), layer["gate_up"])
 
 
 def clone(step: dict) -> dict:
@@ -153,7 +154,7 @@ def test_matches_the_reference(kernel_variant, rows, first) -> None:
     layer, prev, step = make_layer(7, biases=True), None if first else make_layer(8, biases=True), make_step(rows, rows)
     fused_step, ref_step = clone(step), clone(step)
     fused = run_fused(layer, fused_step, prev)
-    want = decode_layer_reference(layer, EPS, Q_HEADS, SCALE, ref_step["residual"], ref_step, prev, ref_step["act"])
+    want = decode_layer_reference(layer, (EPS, POST_EPS), Q_HEADS, SCALE, ref_step["residual"], ref_step, prev, ref_step["act"])
     torch.testing.assert_close(fused, want, rtol=1e-4, atol=1e-4)
     for name in ("residual", "k_buf", "v_buf"):
         torch.testing.assert_close(fused_step[name], ref_step[name], rtol=1e-5, atol=1e-5)
@@ -175,9 +176,10 @@ def test_layers_in_turn_equal_the_separate_kernels() -> None:
 
 
 def test_rows_do_not_depend_on_the_batch() -> None:
-    layer, prev, step = make_layer(3, biases=False), make_layer(4, biases=False), make_step(4, seed=5)
+    """6 rows take the block kernel's buffered path, each row alone its GEMV path."""
+    layer, prev, step = make_layer(3, biases=False), make_layer(4, biases=False), make_step(6, seed=5)
     batched = run_fused(layer, clone(step), prev)
-    for r in range(4):
+    for r in range(6):
         alone = {k: (v if k in ("k_buf", "v_buf", "req_to_token") else v[r : r + 1]).clone() for k, v in step.items()}
         assert torch.equal(run_fused(layer, alone, prev)[0], batched[r])
 
@@ -200,6 +202,18 @@ def test_what_it_cannot_read_is_refused(change, message) -> None:
     change(step)
     with pytest.raises(ValueError, match=message):
         run_fused(layer, step, prev)
+
+
+def test_layers_of_other_widths_are_refused() -> None:
+    layer, step = make_layer(1, biases=False), make_step(2, seed=1)
+    weights = layer_weights(layer)
+    shared = shared_step(weights, step)
+    narrower = dataclasses.replace(weights, widths=(HIDDEN // 2, *weights.widths[1:]))
+    with pytest.raises(ValueError, match="prev's down projection gives 32 values, this layer takes 64"):
+        decode_layer_cpu(weights, shared, step["residual"], step["k_buf"], step["v_buf"], narrower, step["act"])
+    other_heads = dataclasses.replace(weights, kv_shape=(KV_HEADS, HEAD_DIM // 2))
+    with pytest.raises(ValueError, match="head_dim 8 differ"):
+        decode_layer_cpu(other_heads, shared, step["residual"], step["k_buf"], step["v_buf"])
 
 
 # ------------------------------------------------------------------ in the embedded model

@@ -20,7 +20,7 @@
 /* A layer's weights, fixed once loaded (decode_layer_cpu.py builds it). */
 typedef struct {
     const float *input_norm, *post_norm; /* [hidden] */
-    float eps, scale;
+    float input_eps, post_eps, scale;
     int64_t hidden, q_heads, kv_heads, head_dim;
     const uint8_t *qkv;
     const float *qkv_bias; /* [qkv_out] or NULL */
@@ -74,11 +74,11 @@ int decode_layer_f32(const layer_weights *w, const decode_step *s, const layer_w
     const int64_t rows = s->rows, threads = s->num_threads, q_width = w->q_heads * w->head_dim;
     int failed;
     if (prev == NULL) {
-        rmsnorm_f32(residual, NULL, NULL, w->input_norm, w->eps, rows, w->hidden, s->normed, (int)threads);
+        rmsnorm_f32(residual, NULL, NULL, w->input_norm, w->input_eps, rows, w->hidden, s->normed, (int)threads);
     } else {
         if ((failed = project(act, rows, prev->down_in, prev->down, prev->down_bits, w->hidden, prev->down_bias, s->o, threads)))
             return failed;
-        rmsnorm_f32(s->o, residual, residual, w->input_norm, w->eps, rows, w->hidden, s->normed, (int)threads);
+        rmsnorm_f32(s->o, residual, residual, w->input_norm, w->input_eps, rows, w->hidden, s->normed, (int)threads);
     }
     if (block_quant_linear_f32(s->normed, rows, w->hidden, w->qkv, (int)w->qkv_bits, w->qkv_out, w->qkv_bias, s->qkv,
                                (int)threads))
@@ -91,6 +91,6 @@ int decode_layer_f32(const layer_weights *w, const decode_step *s, const layer_w
                                           w->q_heads / w->kv_heads, w->head_dim, w->scale, s->attn, (int)threads);
     if (attn) return attn == BAD_SEQ_LEN ? BAD_LENGTH : attn == BAD_REQ_INDEX ? BAD_TABLE_ROW : NO_MEMORY;
     if ((failed = project(s->attn, rows, q_width, w->o, w->o_bits, w->hidden, w->o_bias, s->o, threads))) return failed;
-    rmsnorm_f32(s->o, residual, residual, w->post_norm, w->eps, rows, w->hidden, s->normed, (int)threads);
+    rmsnorm_f32(s->o, residual, residual, w->post_norm, w->post_eps, rows, w->hidden, s->normed, (int)threads);
     return project(s->normed, rows, w->hidden, w->gate_up, w->gate_up_bits, w->gate_up_out, NULL, s->gate_up, threads);
 }

@@ -23,7 +23,8 @@ class _LayerWeights(ctypes.Structure):
     """layer_weights in decode_layer_cpu.c."""
 
     _fields_ = [
-        ("input_norm", PTR), ("post_norm", PTR), ("eps", ctypes.c_float), ("scale", ctypes.c_float),
+        ("input_norm", PTR), ("post_norm", PTR), ("input_eps", ctypes.c_float), ("post_eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
         ("hidden", I64), ("q_heads", I64), ("kv_heads", I64), ("head_dim", I64),
         ("qkv", PTR), ("qkv_bias", PTR), ("qkv_out", I64), ("qkv_bits", I64),
         ("o", PTR), ("o_bias", PTR), ("o_bits", I64),
@@ -84,13 +85,13 @@ class DecodeLayerWeights:
 
 def decode_layer_weights(
     norms: tuple[torch.Tensor, torch.Tensor],
-    eps: float,
+    eps: tuple[float, float],
     projections: Mapping[str, BlockQuantWeight],
     biases: Mapping[str, Optional[torch.Tensor]],
     heads: tuple[int, int, int],
     scale: float,
 ) -> DecodeLayerWeights:
-    """norms: (input, post-attention) RMSNorm weights [H]; projections: qkv, o, gate_up, down;
+    """norms, eps: the (input, post-attention) RMSNorms' weights [H] and epsilons; projections: qkv, o, gate_up, down;
     biases: qkv, o, down (tensors or None); heads: (q heads, KV heads, head_dim)."""
     (input_norm, post_norm), (q_heads, kv_heads, head_dim) = norms, heads
     qkv, o, gate_up, down = (projections[name] for name in ("qkv", "o", "gate_up", "down"))
@@ -106,7 +107,7 @@ def decode_layer_weights(
                           ("down_bias", biases["down"], hidden)):
         _check(name, t, torch.float32, (size,))
     struct = _LayerWeights(
-        _ptr(input_norm), _ptr(post_norm), eps, scale, hidden, q_heads, kv_heads, head_dim,
+        _ptr(input_norm), _ptr(post_norm), *eps, scale, hidden, q_heads, kv_heads, head_dim,
         _ptr(qkv.packed), _ptr(biases["qkv"]), qkv.out_features, qkv.bits,
         _ptr(o.packed), _ptr(biases["o"]), o.bits,
         _ptr(gate_up.packed), gate_up.out_features, gate_up.bits,
@@ -126,6 +127,7 @@ class DecodeLayerStep:
     rows: int
     slots: int
     widths: tuple[int, int, int, int]  # as DecodeLayerWeights.widths
+    head_dim: int  # of its RoPE rows
     gate_up: torch.Tensor  # [B, 2 I]: each call's output
 
 
@@ -159,7 +161,7 @@ def decode_layer_step(
         _ptr(qkv), _ptr(attn), _ptr(o), _ptr(normed), _ptr(gate_up), torch.get_num_threads(),
     )
     tensors = (cos, signed_sin, loc, req_to_token, req_pool_indices, seq_lens, scratch)
-    return DecodeLayerStep(struct, tensors, rows, slots, weights.widths, gate_up)
+    return DecodeLayerStep(struct, tensors, rows, slots, weights.widths, head_dim, gate_up)
 
 
 def decode_layer_cpu(
@@ -199,8 +201,9 @@ def decode_layers_cpu(
 
 def _check_call(weights, step, residual, k_buf, v_buf, prev, act) -> None:
     """The kernel walks raw pointers: every buffer it reads or writes must have the shape it assumes."""
-    if step.widths != weights.widths:
-        raise ValueError(f"This layer's widths {weights.widths} differ from those the step's scratch holds ({step.widths}).")
+    if step.widths != weights.widths or step.head_dim != weights.kv_shape[1]:
+        raise ValueError(f"This layer's widths {weights.widths} and head_dim {weights.kv_shape[1]} differ from those "
+                         f"the step holds ({step.widths}, {step.head_dim}).")
     _check("residual", residual, torch.float32, (step.rows, weights.widths[0]))
     kv_shape = (step.slots, *weights.kv_shape)
     _check("k_buf", k_buf, torch.float32, kv_shape)
@@ -208,6 +211,8 @@ def _check_call(weights, step, residual, k_buf, v_buf, prev, act) -> None:
     if (prev is None) != (act is None):
         raise ValueError("prev and act go together: the previous layer's down projection of act.")
     if prev is not None:
+        if prev.widths[0] != weights.widths[0]:
+            raise ValueError(f"prev's down projection gives {prev.widths[0]} values, this layer takes {weights.widths[0]}.")
         _check("act", act, torch.float32, (step.rows, prev.down_in))
 
 
@@ -225,7 +230,7 @@ def _run(weights, step, residual, k_buf, v_buf, prev, act) -> torch.Tensor:
 
 def decode_layer_reference(
     layer: Mapping[str, Any],
-    eps: float,
+    eps: tuple[float, float],
     q_heads: int,
     scale: float,
     residual: torch.Tensor,
@@ -233,20 +238,21 @@ def decode_layer_reference(
     prev: Optional[Mapping[str, Any]] = None,
     act: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """The same function from the plain-torch references. layer, prev: input_norm, post_norm
+    """The same function from the plain-torch references. eps: (input, post-attention) RMSNorms';
+    layer, prev: input_norm, post_norm
     (tensors), qkv, o, gate_up, down (BlockQuantWeight), qkv_bias, o_bias, down_bias (tensors or
     None); step: cos, signed_sin, loc, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens."""
     rows = residual.shape[0]
     if prev is None:
-        h = rmsnorm_reference(residual, layer["input_norm"], eps)
+        h = rmsnorm_reference(residual, layer["input_norm"], eps[0])
     else:
-        h = rmsnorm_reference(_project(act, prev["down"], prev["down_bias"]), layer["input_norm"], eps, residual)
+        h = rmsnorm_reference(_project(act, prev["down"], prev["down_bias"]), layer["input_norm"], eps[0], residual)
     qkv = block_quant_linear_reference(h, layer["qkv"], layer["qkv_bias"])  # [B, (Hq + 2 Hk) D]
     q = rope_store_reference(qkv, q_heads, step["cos"], step["signed_sin"], step["loc"], step["k_buf"], step["v_buf"])
     attn = decode_attention_reference(
         q, step["k_buf"], step["v_buf"], step["req_to_token"], step["req_pool_indices"], step["seq_lens"], scale
     )  # [B, Hq, D]
-    h = rmsnorm_reference(_project(attn.reshape(rows, -1), layer["o"], layer["o_bias"]), layer["post_norm"], eps, residual)
+    h = rmsnorm_reference(_project(attn.reshape(rows, -1), layer["o"], layer["o_bias"]), layer["post_norm"], eps[1], residual)
     return block_quant_linear_reference(h, layer["gate_up"])
 
 

@@ -45,6 +45,11 @@ CPU_PACK_BATCH_HINT = 16
 BLOCK_QUANT_MAX_ROWS = 32
 
 
+def block_kernel_serves(rows: int) -> bool:
+    """Whether a matmul of `rows` rows goes to the block kernel where the weight has blocks."""
+    return rows <= BLOCK_QUANT_MAX_ROWS or is_batch_invariant()
+
+
 def find_block_quant(weight: torch.Tensor) -> Optional[BlockQuantWeight]:
     """The integer blocks a float32 CPU weight is exactly made of, if any and if the kernel builds."""
     if weight.device.type != "cpu" or weight.dtype != torch.float32 or not block_quant_kernel_available():
@@ -88,7 +93,7 @@ def dense_matmul(
     block_weight: the same weight as integer blocks, if it has them."""
     # The block kernel sums every output in one fixed order whatever the row count, so it also
     # serves batch-invariant mode at any size.
-    if block_weight is not None and (x.shape[0] <= BLOCK_QUANT_MAX_ROWS or is_batch_invariant()):
+    if block_weight is not None and block_kernel_serves(x.shape[0]):
         return block_quant_linear(x, block_weight, bias)
     if weight.is_mkldnn:
         def matmul(rows: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from sgl_kernel_ext.attention.decode_attention_cpu import cpu_decode_attention_available
+from sgl_kernel_ext.layer.decode_layer_cpu import decode_layer_kernel_available
 from sgl_kernel_ext.norm.rmsnorm_cpu import rmsnorm_cpu_applies
 from sgl_kernel_ext.rotary.rope_store_cpu import rope_store_cpu_applies
 from sglang.srt.configs.model_config import ModelConfig
@@ -286,6 +287,7 @@ def _build_cpu_kernels() -> None:
     cpu_decode_attention_available()
     rmsnorm_cpu_applies(probe, torch.zeros(2))
     rope_store_cpu_applies(probe, torch.zeros(1, 1, 2))
+    decode_layer_kernel_available()
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:

@@ -23,13 +23,12 @@ from sgl_kernel_ext.rotary.rope_store_cpu import rope_store_cpu, rope_store_cpu_
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.attention import Attention
 from sglang.srt.layers.attention.cpu_backend import CpuAttnBackend
-from sglang.srt.layers.batch_invariant import is_batch_invariant
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import (
-    BLOCK_QUANT_MAX_ROWS,
     MergedColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
+    block_kernel_serves,
 )
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.layers.rotary import RotaryEmbedding, apply_rotary_emb
@@ -182,7 +181,7 @@ class LlamaDecoderLayer(nn.Module):
             return None
         return decode_layer_weights(
             (self.input_layernorm.weight.detach(), self.post_attention_layernorm.weight.detach()),
-            self.input_layernorm.eps, blocks,
+            (self.input_layernorm.eps, self.post_attention_layernorm.eps), blocks,
             {name: _detached(linears[name].bias) for name in ("qkv", "o", "down")},
             (attn.num_heads, attn.num_kv_heads, attn.attn.head_dim), attn.attn.scaling,
         )
@@ -206,6 +205,9 @@ class LlamaModel(nn.Module):
         # Every layer's weights for the one-call CPU decode; [] where some layer cannot take it.
         self._cpu_decode_weights: Optional[list[DecodeLayerWeights]] = None
 
+    def process_weights_after_loading(self) -> None:
+        self._cpu_decode_weights = None  # described again from the new weights at the next decode step
+
     def forward(self, forward_batch: ForwardBatch) -> torch.Tensor:
         """-> [N, H] final hidden states of every new token."""
         x, residual = self.embed_tokens(forward_batch.input_ids), None  # [N, H]
@@ -227,9 +229,8 @@ class LlamaModel(nn.Module):
         self, forward_batch: ForwardBatch, x: torch.Tensor, rope: Rope
     ) -> Optional[tuple[list[DecodeLayerWeights], DecodeLayerStep]]:
         """The step every layer's one-call CPU decode reads, or None where the layers run op by op:
-        not a decode step, not the C attention kernel, a batch the block kernel does not serve as
-        the op-by-op path would (more than BLOCK_QUANT_MAX_ROWS rows outside batch-invariant mode,
-        where oneDNN's float32 matmul takes over), or a layer that cannot take it."""
+        not a decode step, not the C attention kernel, a batch the op-by-op path would not give to
+        the block kernel (block_kernel_serves), or a layer that cannot take it."""
         backend = forward_batch.attn_backend
         if (
             x.device.type != "cpu"
@@ -238,12 +239,12 @@ class LlamaModel(nn.Module):
             or forward_batch.attention_split is not None
             or not isinstance(backend, CpuAttnBackend)
             or not backend.use_kernel
-            or (x.shape[0] > BLOCK_QUANT_MAX_ROWS and not is_batch_invariant())
+            or not block_kernel_serves(x.shape[0])
         ):
             return None
         if self._cpu_decode_weights is None:
-            # Built once, from the weights as loaded (the engine never reloads them in place); they
-            # hold the packed tensors they point into.
+            # Built once per load (process_weights_after_loading resets it); they hold the packed
+            # tensors they point into.
             weights = [layer.cpu_decode_weights() for layer in self.layers]
             self._cpu_decode_weights = [] if any(w is None for w in weights) else weights
         weights = self._cpu_decode_weights
