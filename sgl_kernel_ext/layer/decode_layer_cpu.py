@@ -191,10 +191,10 @@ def decode_layers_cpu(
     embedding [B, H] becomes the residual stream (in place). -> (the last layer's MLP activation
     [B, I], for its down projection; the residual stream before that projection is added)."""
     act, prev = None, None
+    gate, up = step.gate_up.chunk(2, dim=-1)  # [B, I] each: views of the buffer every call writes
     for w, (k_buf, v_buf) in zip(weights, kv_buffers, strict=True):
         _check_call(w, step, embedding, k_buf, v_buf, prev, act)
-        gate_up = _run(w, step, embedding, k_buf, v_buf, prev, act)
-        gate, up = gate_up.chunk(2, dim=-1)  # [B, I] each
+        _run(w, step, embedding, k_buf, v_buf, prev, act)
         act, prev = F.silu(gate).mul_(up), w
     return act, embedding
 
