@@ -295,12 +295,15 @@ def bench_llama_server(binary: str, concurrencies: list[int], rounds: int) -> li
         server.stop()
 
 
-def bench_anchor_pairs(binary: str, concurrencies: list[int], rounds: int, pairs: int) -> list[dict]:
-    """Ours and llama-server one after the other, `pairs` times, the order alternating; each
-    record says its pair."""
+def bench_anchor_pairs(
+    binary: str, concurrencies: list[int], rounds: int, pairs: int, flags: tuple[str, ...] = ()
+) -> list[dict]:
+    """Ours (with `flags`) and llama-server one after the other, `pairs` times, the order
+    alternating; each record says its pair."""
     records = []
+    ours_flags = (*server_argv(concurrencies), *flags)
     for pair in range(pairs):
-        ours = lambda: bench_launched(concurrencies, rounds, tuple(server_argv(concurrencies)), OPENAI_SYSTEM, "completions")
+        ours = lambda: bench_launched(concurrencies, rounds, ours_flags, OPENAI_SYSTEM, "completions")
         theirs = lambda: bench_llama_server(binary, concurrencies, rounds)
         for run in (ours, theirs) if pair % 2 == 0 else (theirs, ours):
             records += [{**r, "pair": pair} for r in run()]
@@ -428,7 +431,7 @@ def header(started: datetime.datetime, args: argparse.Namespace) -> dict:
         **run_header(started),
         "torch_threads": torch.get_num_threads(),
         "transformers": transformers.__version__,
-        "server": args.url or "launched: python -m sglang.launch_server (default flags, embedded model)",
+        "server": args.url or f"launched: python -m sglang.launch_server {' '.join(args.ours_flags) or '(default flags)'}, embedded model",
         "new_tokens": NEW_TOKENS,
         "sampling_ours": SAMPLING,
         "sampling_hf": {**ANCHOR, "do_sample": True, "min_new_tokens": NEW_TOKENS},
@@ -594,6 +597,10 @@ def parse_args() -> argparse.Namespace:
         "other (skipped with a message when PATH is not an executable)",
     )
     parser.add_argument("--pairs", type=int, default=2, help="ours / llama-server runs, order alternating (default 2)")
+    parser.add_argument(
+        "--ours-flags", nargs="+", default=[], metavar="FLAG",
+        help="extra flags for every server this benchmark launches, e.g. --ours-flags=--cpu-int8-activations",
+    )
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     return parser.parse_args()
 
@@ -606,14 +613,15 @@ def main() -> None:
     if args.url:
         records += bench_ours(args.url.rstrip("/"), args.concurrency, args.rounds)
     else:
-        records += bench_launched(args.concurrency, args.rounds)
+        flags = tuple(args.ours_flags)
+        records += bench_launched(args.concurrency, args.rounds, flags)
         if args.deterministic:
-            records += bench_launched(args.concurrency, args.rounds, DETERMINISTIC_FLAGS, "ours-deterministic")
+            records += bench_launched(args.concurrency, args.rounds, (*flags, *DETERMINISTIC_FLAGS), "ours-deterministic")
     anchor = args.llama_server and missing_binary(args.llama_server) is None
     if args.llama_server and not anchor:
         print(f"skipping the llama.cpp anchor: {missing_binary(args.llama_server)}", flush=True)
     if anchor:
-        records += bench_anchor_pairs(args.llama_server, args.concurrency, args.rounds, args.pairs)
+        records += bench_anchor_pairs(args.llama_server, args.concurrency, args.rounds, args.pairs, tuple(args.ours_flags))
     head = header(started, args)
     if anchor:
         head["llama_server"] = {"binary": args.llama_server, "version": LlamaServerProcess.version(args.llama_server)}

@@ -161,3 +161,10 @@ def test_help_lists_our_flags_in_groups_then_the_ignored_ones() -> None:
     assert positions == sorted(positions)
     assert text.index("--skip-tokenizer-init") < text.index("\nMemory and scheduling:")
     assert text.index("--log-requests-level") < text.index(f"\n{COMPAT_GROUP}:")
+
+
+def test_cpu_int8_activations_is_refused_off_the_cpu() -> None:
+    ServerArgs(cpu_int8_activations=True, device="cpu").validate()
+    with pytest.raises(ValueError, match="--cpu-int8-activations applies to the CPU engine only, got --device cuda"):
+        ServerArgs(cpu_int8_activations=True, device="cuda").validate()
+    assert prepare_server_args(["--cpu-int8-activations"]).cpu_int8_activations

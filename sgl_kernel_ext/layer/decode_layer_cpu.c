@@ -14,6 +14,7 @@
  */
 #include "../norm/rmsnorm_cpu.c"
 #include "../gemm/block_quant_linear.c"
+#include "../gemm/block_quant_linear_q8.c"
 #include "../rotary/rope_store_cpu.c"
 #include "../attention/decode_attention_cpu.c"
 
@@ -33,6 +34,7 @@ typedef struct {
     const uint8_t *down;
     const float *down_bias; /* [hidden] or NULL */
     int64_t down_in, down_bits;
+    int64_t int8_activations; /* every projection packed for block_quant_linear_q8.c */
 } layer_weights;
 
 /* What every layer of one decode step shares. */
@@ -56,10 +58,19 @@ typedef struct {
 #define BAD_TABLE_ROW 4
 #define NO_MEMORY 5
 
+/* out = x W^T (+ bias inside the kernel's sums, as QKVParallelLinear adds it). */
+static int linear(const layer_weights *w, const float *x, int64_t rows, int64_t in, const uint8_t *packed, int64_t bits,
+                  int64_t out_features, const float *bias, float *out, int64_t threads) {
+    const int failed = w->int8_activations
+                           ? block_quant_linear_q8_f32(x, rows, in, packed, (int)bits, out_features, bias, out, (int)threads)
+                           : block_quant_linear_f32(x, rows, in, packed, (int)bits, out_features, bias, out, (int)threads);
+    return failed ? NO_MEMORY : 0;
+}
+
 /* out[r] = x[r] W^T, then + bias: RowParallelLinear adds its bias after the projection. */
-static int project(const float *x, int64_t rows, int64_t in, const uint8_t *packed, int64_t bits, int64_t out_features,
-                   const float *bias, float *out, int64_t threads) {
-    if (block_quant_linear_f32(x, rows, in, packed, (int)bits, out_features, NULL, out, (int)threads)) return NO_MEMORY;
+static int project(const layer_weights *w, const float *x, int64_t rows, int64_t in, const uint8_t *packed, int64_t bits,
+                   int64_t out_features, const float *bias, float *out, int64_t threads) {
+    if (linear(w, x, rows, in, packed, bits, out_features, NULL, out, threads)) return NO_MEMORY;
     if (bias != NULL)
         for (int64_t r = 0; r < rows; r++)
             for (int64_t i = 0; i < out_features; i++) out[r * out_features + i] += bias[i];
@@ -76,13 +87,13 @@ int decode_layer_f32(const layer_weights *w, const decode_step *s, const layer_w
     if (prev == NULL) {
         rmsnorm_f32(residual, NULL, NULL, w->input_norm, w->input_eps, rows, w->hidden, s->normed, (int)threads);
     } else {
-        if ((failed = project(act, rows, prev->down_in, prev->down, prev->down_bits, w->hidden, prev->down_bias, s->o, threads)))
+        if ((failed = project(prev, act, rows, prev->down_in, prev->down, prev->down_bits, w->hidden, prev->down_bias, s->o,
+                              threads)))
             return failed;
         rmsnorm_f32(s->o, residual, residual, w->input_norm, w->input_eps, rows, w->hidden, s->normed, (int)threads);
     }
-    if (block_quant_linear_f32(s->normed, rows, w->hidden, w->qkv, (int)w->qkv_bits, w->qkv_out, w->qkv_bias, s->qkv,
-                               (int)threads))
-        return NO_MEMORY;
+    if ((failed = linear(w, s->normed, rows, w->hidden, w->qkv, w->qkv_bits, w->qkv_out, w->qkv_bias, s->qkv, threads)))
+        return failed;
     const int rope = rope_store_f32(s->qkv, rows, w->qkv_out, w->q_heads, w->kv_heads, w->head_dim, s->cos,
                                     s->signed_sin, s->loc, s->slots, k_buf, v_buf, (int)threads);
     if (rope) return rope == 2 ? BAD_SLOT : BAD_HEAD_DIM;
@@ -90,7 +101,7 @@ int decode_layer_f32(const layer_weights *w, const decode_step *s, const layer_w
                                           s->table_stride, s->req_pool_indices, s->seq_lens, rows, w->kv_heads,
                                           w->q_heads / w->kv_heads, w->head_dim, w->scale, s->attn, (int)threads);
     if (attn) return attn == BAD_SEQ_LEN ? BAD_LENGTH : attn == BAD_REQ_INDEX ? BAD_TABLE_ROW : NO_MEMORY;
-    if ((failed = project(s->attn, rows, q_width, w->o, w->o_bits, w->hidden, w->o_bias, s->o, threads))) return failed;
+    if ((failed = project(w, s->attn, rows, q_width, w->o, w->o_bits, w->hidden, w->o_bias, s->o, threads))) return failed;
     rmsnorm_f32(s->o, residual, residual, w->post_norm, w->post_eps, rows, w->hidden, s->normed, (int)threads);
-    return project(s->normed, rows, w->hidden, w->gate_up, w->gate_up_bits, w->gate_up_out, NULL, s->gate_up, threads);
+    return project(w, s->normed, rows, w->hidden, w->gate_up, w->gate_up_bits, w->gate_up_out, NULL, s->gate_up, threads);
 }

@@ -30,6 +30,7 @@ class _LayerWeights(ctypes.Structure):
         ("o", PTR), ("o_bias", PTR), ("o_bits", I64),
         ("gate_up", PTR), ("gate_up_out", I64), ("gate_up_bits", I64),
         ("down", PTR), ("down_bias", PTR), ("down_in", I64), ("down_bits", I64),
+        ("int8_activations", I64),
     ]
 
 
@@ -100,6 +101,9 @@ def decode_layer_weights(
         raise ValueError(f"qkv [{qkv.out_features}, {qkv.in_features}] does not fit hidden {hidden} and the heads.")
     if (o.out_features, o.in_features) != (hidden, q_width) or gate_up.in_features != hidden or down.out_features != hidden:
         raise ValueError("o, gate_up and down must map the attention output and the hidden size.")
+    int8_activations = {p.int8_activations for p in (qkv, o, gate_up, down)}
+    if len(int8_activations) != 1:
+        raise ValueError("qkv, o, gate_up and down must all be packed for int8 activations, or none.")
     if gate_up.out_features != 2 * down.in_features:
         raise ValueError(f"gate_up's {gate_up.out_features} outputs must be gate and up for down's {down.in_features} inputs.")
     for name, t, size in (("input_norm", input_norm, hidden), ("post_norm", post_norm, hidden),
@@ -111,7 +115,7 @@ def decode_layer_weights(
         _ptr(qkv.packed), _ptr(biases["qkv"]), qkv.out_features, qkv.bits,
         _ptr(o.packed), _ptr(biases["o"]), o.bits,
         _ptr(gate_up.packed), gate_up.out_features, gate_up.bits,
-        _ptr(down.packed), _ptr(biases["down"]), down.in_features, down.bits,
+        _ptr(down.packed), _ptr(biases["down"]), down.in_features, down.bits, int(down.int8_activations),
     )
     tensors = (input_norm, post_norm, qkv.packed, o.packed, gate_up.packed, down.packed, *biases.values())
     widths = (hidden, qkv.out_features, q_width, gate_up.out_features)

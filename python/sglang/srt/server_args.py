@@ -56,6 +56,7 @@ class ServerArgs:
     logits_processors: Optional[list[str]] = None
     thinking_markers: tuple[str, str] = ("<think>", "</think>")
     enable_deterministic_inference: bool = False
+    cpu_int8_activations: bool = False
     disable_overlap_schedule: bool = False
     attention_backend: Optional[str] = None
     disable_cuda_graph: bool = False
@@ -163,6 +164,8 @@ class ServerArgs:
             raise ValueError(f"--mem-fraction-static must be in (0, 1], got {self.mem_fraction_static}.")
         if self.graceful_shutdown_timeout < 0:
             raise ValueError(f"--graceful-shutdown-timeout must be >= 0, got {self.graceful_shutdown_timeout}.")
+        if self.cpu_int8_activations and self.device not in (None, "cpu"):
+            raise ValueError(f"--cpu-int8-activations applies to the CPU engine only, got --device {self.device}.")
         if self.max_top_logprobs_num < 0:
             raise ValueError(f"--max-top-logprobs-num must be >= 0, got {self.max_top_logprobs_num}.")
         self.preferred_sampling_params_dict()
@@ -332,6 +335,9 @@ class ServerArgs:
         add("--attention-backend", default=d.attention_backend, choices=["triton", "torch_native", "cpu", "flashinfer"],
             help="Attention kernels: triton (CUDA default: paged split-KV decode, paged extend), torch_native (SDPA over "
             "gathered K/V), cpu (CPU default: C decode kernel), flashinfer (not shipped in this build).")
+        add("--cpu-int8-activations", action="store_true",
+            help="CPU, GGUF Q4_1/Q8_0 weights: round each linear's input to 8 bits per block of 32 and multiply in "
+            "integers, as llama.cpp does (faster decode; no longer the exact float32 result, see docs/cpu_kernels.md).")
         add("--disable-cuda-graph", action="store_true", help="Run decode steps eagerly instead of replaying CUDA graphs.")
         add("--cuda-graph-max-bs", type=int, default=d.cuda_graph_max_bs,
             help="Largest decode batch captured in a CUDA graph (default: min(max running requests, 256)).")

@@ -6,7 +6,8 @@ this rank's slice, so loaders always hand over the unsharded checkpoint tensor.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -50,11 +51,30 @@ def block_kernel_serves(rows: int) -> bool:
     return rows <= BLOCK_QUANT_MAX_ROWS or is_batch_invariant()
 
 
+# --cpu-int8-activations, while a model's weights are processed after loading.
+_int8_activations = False
+
+
+@contextmanager
+def block_quant_int8_activations(enabled: bool) -> Iterator[None]:
+    """Inside the block, find_block_quant packs blocks for the kernel that rounds activations to 8 bits."""
+    global _int8_activations
+    previous, _int8_activations = _int8_activations, enabled
+    try:
+        yield
+    finally:
+        _int8_activations = previous
+
+
 def find_block_quant(weight: torch.Tensor) -> Optional[BlockQuantWeight]:
     """The integer blocks a float32 CPU weight is exactly made of, if any and if the kernel builds."""
-    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not block_quant_kernel_available():
+    if (
+        weight.device.type != "cpu"
+        or weight.dtype != torch.float32
+        or not block_quant_kernel_available(_int8_activations)
+    ):
         return None
-    return decompose_block_quant(weight.detach())
+    return decompose_block_quant(weight.detach(), _int8_activations)
 
 
 def cpu_pack_supported(weight: torch.Tensor) -> bool:

@@ -108,6 +108,7 @@ class Scheduler:
             tp_rank=tp_rank,
             tp_size=server_args.tp_size,
             deterministic=server_args.enable_deterministic_inference,
+            cpu_int8_activations=server_args.cpu_int8_activations,
             attention_backend=server_args.attention_backend,
             disable_cuda_graph=server_args.disable_cuda_graph,
             cuda_graph_max_bs=server_args.cuda_graph_max_bs,

@@ -71,6 +71,7 @@ class ModelRunner:
         tp_rank: int = 0,
         tp_size: int = 1,
         deterministic: bool = False,
+        cpu_int8_activations: bool = False,
         attention_backend: Optional[str] = None,
         disable_cuda_graph: bool = False,
         cuda_graph_max_bs: Optional[int] = None,
@@ -88,9 +89,13 @@ class ModelRunner:
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.model_config = ModelConfig.from_path(model_path, context_length)
         self.vocab_size = self.model_config.vocab_size
+        if cpu_int8_activations and self.device.type != "cpu":
+            raise ValueError(f"cpu_int8_activations applies to the CPU engine only, got device {self.device.type}.")
         if self.device.type == "cpu":
             _build_cpu_kernels()
-        self.model = load_model(self.model_config, model_path, self.dtype, self.device, tp_rank, tp_size)
+        self.model = load_model(
+            self.model_config, model_path, self.dtype, self.device, tp_rank, tp_size, int8_activations=cpu_int8_activations
+        )
         self.mem_fraction_static = mem_fraction_static
         self._init_pools(max_total_tokens, max_running_requests)
         attn = self.model.model.layers[0].self_attn

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers.linear import block_quant_int8_activations
 from sglang.srt.model_loader.gguf_loader import iter_gguf_weights
 from sglang.srt.model_loader.safetensors_loader import iter_safetensors_weights
 from sglang.srt.models.registry import get_model_class
@@ -20,8 +21,10 @@ def load_model(
     device: Union[str, torch.device],
     tp_rank: int = 0,
     tp_size: int = 1,
+    int8_activations: bool = False,
 ) -> nn.Module:
-    """The model on `device` in `dtype`, holding this TP rank's shard of every weight."""
+    """The model on `device` in `dtype`, holding this TP rank's shard of every weight.
+    int8_activations: CPU linears with GGUF integer blocks round their inputs to 8 bits."""
     with torch.device(device):
         model = get_model_class(config.arch)(config, dtype=dtype, tp_rank=tp_rank, tp_size=tp_size)
     if config.format == "gguf":
@@ -29,7 +32,8 @@ def load_model(
     else:
         weights = iter_safetensors_weights(model_path)
     model.load_weights(weights)
-    for module in model.modules():
-        if hasattr(module, "process_weights_after_loading"):
-            module.process_weights_after_loading()
+    with block_quant_int8_activations(int8_activations):
+        for module in model.modules():
+            if hasattr(module, "process_weights_after_loading"):
+                module.process_weights_after_loading()
     return model.eval()
