@@ -301,3 +301,43 @@ def test_int8_activations_stay_close_to_the_exact_logits(runners, int8_runners) 
         assert not torch.equal(exact, int8)
         relative = (exact - int8).norm(dim=-1) / exact.norm(dim=-1)
         assert (relative < 0.05).all(), relative
+
+
+def test_one_token_extend_is_served_as_a_decode_step(runners, monkeypatch) -> None:
+    """A prompt cached but for its last token extends by one token: the one-call layer serves it,
+    with the bits of the op-by-op decode of that token; several such requests batch together."""
+    calls = []
+    fused_layers = llama.decode_layers_cpu
+    monkeypatch.setattr(llama, "decode_layers_cpu", lambda *args: calls.append(1) or fused_layers(*args))
+    drivers = [Driver(r) for r in runners]
+    reqs = [[d.new_req() for _ in range(2)] for d in drivers]
+    prefixes, last = [[1, 504, 3458, 282], [1, 1830, 314, 253, 1345]], [260, 28]
+    with torch.inference_mode():
+        for d, rq in zip(drivers, reqs):
+            d.extend(rq, prefixes)
+        calls.clear()
+        extended = drivers[0].extend(reqs[0], [[t] for t in last]).next_token_logits
+        assert len(calls) == 1
+        monkeypatch.setattr(llama.LlamaModel, "_cpu_decode_step", lambda *a: None)
+        decoded = drivers[1].decode(reqs[1], last)
+    for d in drivers:
+        d.release()
+    assert torch.equal(extended, decoded)
+
+
+def test_batch_invariant_mode_keeps_one_token_extends_on_the_extend_path(runners, monkeypatch) -> None:
+    """Deterministic mode: a prompt's cached and uncached runs must agree to the bit, so the
+    extend path may not change with how much of the prompt was cached."""
+    calls = []
+    fused_layers = llama.decode_layers_cpu
+    monkeypatch.setattr(llama, "decode_layers_cpu", lambda *args: calls.append(1) or fused_layers(*args))
+    monkeypatch.setattr(runners[0], "deterministic", True)  # what --enable-deterministic-inference sets
+    driver = Driver(runners[0])
+    req = [driver.new_req()]
+    with torch.inference_mode():
+        driver.extend(req, [[1, 504, 3458]])
+        driver.extend(req, [[282]])
+        assert calls == []
+        driver.decode(req, [260])
+        assert calls == [1]  # decode steps still take it
+    driver.release()

@@ -23,6 +23,7 @@ from sgl_kernel_ext.rotary.rope_store_cpu import rope_store_cpu, rope_store_cpu_
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.attention import Attention
 from sglang.srt.layers.attention.cpu_backend import CpuAttnBackend
+from sglang.srt.layers.batch_invariant import is_batch_invariant
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import (
     MergedColumnParallelLinear,
@@ -229,13 +230,13 @@ class LlamaModel(nn.Module):
         self, forward_batch: ForwardBatch, x: torch.Tensor, rope: Rope
     ) -> Optional[tuple[list[DecodeLayerWeights], DecodeLayerStep]]:
         """The step every layer's one-call CPU decode reads, or None where the layers run op by op:
-        not a decode step, not the C attention kernel, a batch the op-by-op path would not give to
-        the block kernel (block_kernel_serves), or a layer that cannot take it."""
+        not one new token per request, not the C attention kernel, a batch the op-by-op path would
+        not give to the block kernel (block_kernel_serves), or a layer that cannot take it."""
         backend = forward_batch.attn_backend
         if (
             x.device.type != "cpu"
             or x.dtype != torch.float32
-            or not forward_batch.forward_mode.is_decode()
+            or not _one_new_token_each(forward_batch)
             or forward_batch.attention_split is not None
             or not isinstance(backend, CpuAttnBackend)
             or not backend.use_kernel
@@ -262,6 +263,22 @@ class LlamaModel(nn.Module):
         if x.is_cuda and _triton_kernels("rotary.rope_store_triton") is not None:
             return FusedRope(forward_batch.positions, self.rotary_emb)
         return self.rotary_emb(forward_batch.positions, x.dtype)
+
+
+def _one_new_token_each(forward_batch: ForwardBatch) -> bool:
+    """A decode step, or an extend of one token per request after its cached prefix (a prompt
+    the radix cache holds but for its last token: the first token of a repeated prompt). Such
+    an extend is a decode step in all but name, and the one-call layer serves it several times
+    faster than the op-by-op extend. Not in batch-invariant mode, which keeps a prompt's cached
+    and uncached results equal to the bit: there the extend's attention path must not depend on
+    how much of the prompt was cached."""
+    if forward_batch.forward_mode.is_decode():
+        return True
+    return (
+        not forward_batch.return_input_logits
+        and not is_batch_invariant()
+        and all(n == 1 for n in forward_batch.extend_seq_lens_cpu)
+    )
 
 
 class LlamaForCausalLM(nn.Module):
