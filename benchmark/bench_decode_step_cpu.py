@@ -1,10 +1,15 @@
 """Micro-benchmark of a bare CPU decode step of the embedded model (SmolLM2-135M, no scheduler,
-no sampling): every decoder layer in one C call (sgl_kernel_ext/layer/decode_layer_cpu.c, what
-serves) against the op-by-op path (the same kernels called one by one from the modules), in the
-same run. Two runners fed the same tokens; the two paths alternate step by step, and their logits
-are compared at every step (they must be equal: the one-call layer runs the same functions in the
-same order). Median and minimum ms per step, the CPU other processes took meanwhile, JSON and a
-plot under benchmark/results/.
+no sampling), three paths fed the same tokens, alternating step by step in one run:
+
+  op by op              the layers' kernels called one by one from the modules
+  one call per layer    every decoder layer in one C call (decode_layer_cpu.c): what serves;
+                        its logits must equal op by op's at every step (same functions, same order)
+  int8 activations      one call per layer with --cpu-int8-activations (block_quant_linear_q8.c):
+                        its distance from the exact logits is recorded at every step (max |diff|,
+                        relative L2 distance, share of rows whose argmax agrees)
+
+Median and minimum ms per step, the CPU other processes took meanwhile, JSON and a plot under
+benchmark/results/.
 
     .venv/bin/python benchmark/bench_decode_step_cpu.py [--batch 1 3 16] [--steps 80] [--tag cpu]
 """
@@ -32,46 +37,65 @@ from runner_utils import Driver  # noqa: E402  (the tests' stand-in for the sche
 
 PROMPT_LEN = 8
 WARMUP_STEPS = 10
-PATHS = ("one call per layer", "op by op")
+EXACT, OP_BY_OP, INT8 = "one call per layer", "op by op", "int8 activations"
+PATHS = (EXACT, OP_BY_OP, INT8)
 
 
 def measure(batch: int, steps: int) -> list[dict[str, Any]]:
     fused_step = llama.LlamaModel._cpu_decode_step
-    runners = [ModelRunner(embedded_model_path(), max_running_requests=batch, max_total_tokens=4096) for _ in PATHS]
+    runners = [
+        ModelRunner(embedded_model_path(), max_running_requests=batch, max_total_tokens=4096, cpu_int8_activations=path == INT8)
+        for path in PATHS
+    ]
     drivers = [Driver(r) for r in runners]
     reqs = [[d.new_req() for _ in range(batch)] for d in drivers]
     times: dict[str, list[float]] = {path: [] for path in PATHS}
+    max_diff, relative, agree = [], [], 0
     try:
         with torch.inference_mode(), OutsideLoad() as outside:
             for d, rq in zip(drivers, reqs):
                 d.extend(rq, [[1 + b + i for i in range(PROMPT_LEN)] for b in range(batch)])
             for i in tqdm(range(WARMUP_STEPS + steps), desc=f"decode step B={batch}", unit="step"):
                 tokens = [100 + i + b for b in range(batch)]
-                logits = []
+                logits = {}
                 for path, d, rq in zip(PATHS, drivers, reqs):
-                    llama.LlamaModel._cpu_decode_step = fused_step if path == PATHS[0] else lambda *a: None
+                    llama.LlamaModel._cpu_decode_step = (lambda *a: None) if path == OP_BY_OP else fused_step
                     start = time.perf_counter()
-                    logits.append(d.decode(rq, tokens))
+                    logits[path] = d.decode(rq, tokens)
                     if i >= WARMUP_STEPS:
                         times[path].append((time.perf_counter() - start) * 1e3)
-                if not torch.equal(logits[0], logits[1]):
-                    raise AssertionError(f"B={batch} step {i}: the two paths' logits differ")
+                if not torch.equal(logits[EXACT], logits[OP_BY_OP]):
+                    raise AssertionError(f"B={batch} step {i}: the two exact paths' logits differ")
+                diff = logits[INT8] - logits[EXACT]
+                max_diff.append(diff.abs().max().item())
+                relative += (diff.norm(dim=-1) / logits[EXACT].norm(dim=-1)).tolist()
+                agree += int((logits[INT8].argmax(-1) == logits[EXACT].argmax(-1)).sum())
     finally:
         llama.LlamaModel._cpu_decode_step = fused_step
+    error = {"int8_max_abs_logit_diff": round(max(max_diff), 4), "int8_relative_l2_median": round(statistics.median(relative), 5),
+             "int8_relative_l2_max": round(max(relative), 5), "int8_argmax_agreement": round(agree / len(relative), 4)}
     return [
         {"batch": batch, "path": path, "median_ms": round(statistics.median(t), 2), "min_ms": round(min(t), 2),
-         "steps": len(t), "logits_equal": True, "outside_load_cpu_s": round(outside.cpu_s, 2)}
+         "steps": len(t), "exact_logits_equal": True, "outside_load_cpu_s": round(outside.cpu_s, 2),
+         **(error if path == INT8 else {})}
         for path, t in times.items()
     ]
 
 
 def markdown_table(records: list[dict]) -> str:
-    lines = ["| B | op by op median (min) ms | one call per layer median (min) ms | speed-up (medians) |", "|---|---|---|---|"]
+    lines = [
+        "| B | op by op median (min) ms | one call per layer median (min) ms | int8 activations median (min) ms "
+        "| int8: max abs logit diff | int8: relative L2 (median / max) | int8: argmax agrees |",
+        "|---|---|---|---|---|---|---|",
+    ]
     by_key = {(r["batch"], r["path"]): r for r in records}
     for batch in dict.fromkeys(r["batch"] for r in records):
-        fused, plain = by_key[(batch, PATHS[0])], by_key[(batch, PATHS[1])]
-        lines.append(f"| {batch} | {plain['median_ms']} ({plain['min_ms']}) | {fused['median_ms']} ({fused['min_ms']}) | "
-                     f"{plain['median_ms'] / fused['median_ms']:.2f}x |")
+        fused, plain, int8 = (by_key[(batch, path)] for path in (EXACT, OP_BY_OP, INT8))
+        lines.append(
+            f"| {batch} | {plain['median_ms']} ({plain['min_ms']}) | {fused['median_ms']} ({fused['min_ms']}) | "
+            f"{int8['median_ms']} ({int8['min_ms']}) | {int8['int8_max_abs_logit_diff']} | "
+            f"{int8['int8_relative_l2_median']} / {int8['int8_relative_l2_max']} | {100 * int8['int8_argmax_agreement']:.1f}% |"
+        )
     return "\n".join(lines)
 
 
@@ -79,11 +103,11 @@ def plot(records: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     batches = list(dict.fromkeys(r["batch"] for r in records))
-    fig, ax = plt.subplots(figsize=(5, 3.4))
-    width = 0.38
-    for j, (name, colour) in enumerate(zip(PATHS, ("tab:green", "tab:grey"))):
+    fig, ax = plt.subplots(figsize=(5.6, 3.4))
+    width = 0.27
+    for j, (name, colour) in enumerate(zip((OP_BY_OP, EXACT, INT8), ("tab:grey", "tab:green", "tab:blue"))):
         medians = [next(r["median_ms"] for r in records if r["batch"] == b and r["path"] == name) for b in batches]
-        ax.bar([i + (j - 0.5) * width for i in range(len(batches))], medians, width, color=colour, label=name)
+        ax.bar([i + (j - 1) * width for i in range(len(batches))], medians, width, color=colour, label=name)
     ax.set_xticks(range(len(batches)), [f"B={b}" for b in batches])
     ax.set_ylabel("ms per decode step (lower is better)")
     ax.set_title("Bare CPU decode step, embedded model", fontsize=9)

@@ -35,19 +35,50 @@ static int64_t q8_block_bytes(int bits) {
     return Q8_TILE_N * 2 * (bits == 4 ? 2 : 1) + Q8_TILE_N * Q8_BLOCK_K * bits / 8;
 }
 
-/* Activations of one row, quantised per block: q [in], dx and sx [in / 32]. */
+/* Activations of one row, quantised per block: q [in], dx and sx [in / 32]. Both builds give the
+ * same values: max and the integer sum are exact, x / d rounds once, and the conversion rounds to
+ * even as nearbyintf does. */
 static void quantize_row(const float *x, int64_t in, int8_t *q, float *dx, float *sx) {
     for (int64_t b = 0; b < in / Q8_BLOCK_K; b++) {
         const float *xb = x + b * Q8_BLOCK_K;
-        float amax = 0.0f;
-        for (int k = 0; k < Q8_BLOCK_K; k++) amax = fmaxf(amax, fabsf(xb[k]));
-        const float d = amax / 127.0f;
+        int8_t *qb = q + b * Q8_BLOCK_K;
         int sum = 0;
+#ifdef Q8_HAVE_AVX2
+        const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) m = _mm256_max_ps(m, _mm256_and_ps(v[i] = _mm256_loadu_ps(xb + 8 * i), magnitude));
+        m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 1));
+        m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0x4E));
+        m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0xB1));
+        const float d = _mm256_cvtss_f32(m) / 127.0f;
+        if (d > 0.0f) {
+            const __m256 dv = _mm256_set1_ps(d);
+            __m256i i32[4];
+            for (int i = 0; i < 4; i++) i32[i] = _mm256_cvtps_epi32(_mm256_div_ps(v[i], dv));
+            /* pack to bytes: the packs interleave 128-bit lanes, the permute restores k order */
+            const __m256i i16 = _mm256_packs_epi32(i32[0], i32[1]), j16 = _mm256_packs_epi32(i32[2], i32[3]);
+            const __m256i i8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i16, j16), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)qb, i8);
+            const __m256i s32 = _mm256_add_epi32(_mm256_add_epi32(i32[0], i32[1]), _mm256_add_epi32(i32[2], i32[3]));
+            const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s32), _mm256_extracti128_si256(s32, 1));
+            const __m128i s2 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+            sum = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 0xB1)));
+        } else {
+            memset(qb, 0, Q8_BLOCK_K);
+        }
+#else
+        float amax = 0.0f;
+        for (int k = 0; k < Q8_BLOCK_K; k++) {
+            const float a = fabsf(xb[k]);
+            amax = a > amax ? a : amax;
+        }
+        const float d = amax / 127.0f;
         for (int k = 0; k < Q8_BLOCK_K; k++) {
             const int v = d > 0.0f ? (int)nearbyintf(xb[k] / d) : 0;
-            q[b * Q8_BLOCK_K + k] = (int8_t)v;
+            qb[k] = (int8_t)v;
             sum += v;
         }
+#endif
         dx[b] = d;
         sx[b] = d * (float)sum;
     }
