@@ -134,7 +134,7 @@ def stream_one(url: str, payload: dict[str, Any], start: threading.Barrier) -> R
 
 
 def completions_request(i: int, max_new_tokens: int = NEW_TOKENS) -> dict[str, Any]:
-    return completion_payload(PROMPTS[i % len(PROMPTS)], max_new_tokens)
+    return completion_payload(PROMPTS[i % len(PROMPTS)], max_new_tokens, embedded_model_path())
 
 
 # API -> (payload of request i, the client of one streamed request): /generate with the mixed
@@ -624,7 +624,10 @@ def main() -> None:
         records += bench_anchor_pairs(args.llama_server, args.concurrency, args.rounds, args.pairs, tuple(args.ours_flags))
     head = header(started, args)
     if anchor:
-        head["llama_server"] = {"binary": args.llama_server, "version": LlamaServerProcess.version(args.llama_server)}
+        head["llama_server"] = {
+            "binary": args.llama_server, "version": LlamaServerProcess.version(args.llama_server),
+            "payload": completions_request(0),  # what both servers got (prompts vary)
+        }
     head["elapsed_s"] = (datetime.datetime.now(datetime.timezone.utc) - started).total_seconds()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     (args.out_dir / "serving_cpu.json").write_text(json.dumps({"header": head, "records": records}, indent=1) + "\n")

@@ -2,8 +2,8 @@
 that drives it and our server alike.
 
 Both servers get the same streamed POST /v1/completions requests (the bench's prompts, 64 tokens
-with `ignore_eos`, T 0.7 / top_p 0.9 / top_k 50, usage in the last chunk), so only the server
-differs. llama-server runs on the same GGUF file with one slot per concurrent request and as many
+with `ignore_eos`, T 0.7 / top_p 0.9 / top_k 50, usage in the last chunk, end-of-generation tokens
+banned by `logit_bias`), so only the server differs. llama-server runs on the same GGUF file with one slot per concurrent request and as many
 threads as torch uses here.
 
 Build llama-server from the `llama-cpp-python` sdist's vendored llama.cpp: see docs/benchmarks.md.
@@ -11,6 +11,7 @@ Build llama-server from the `llama-cpp-python` sdist's vendored llama.cpp: see d
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -22,6 +23,17 @@ from typing import Any, Iterator, Optional, Sequence
 import requests
 
 COMPLETION_SAMPLING = {"temperature": 0.7, "top_p": 0.9, "top_k": 50}
+# llama.cpp's `ignore_eos` bans every end-of-generation token (a -inf logit bias, its
+# server-schema.cpp); SGLang's only keeps generating after one. A sampled EOS has no text, so
+# on ours it held back the first chunk by a decode step (TTFT counts the first chunk with
+# text). Both servers get the ban as a logit_bias, so they sample the same distribution: these
+# are the token names llama.cpp counts as end of generation (llama-vocab.cpp) that a chat GGUF
+# may have, plus its eos_token_id.
+EOG_TOKEN_NAMES = frozenset(
+    ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|eom_id|>", "<|end_of_text|>", "</s>",
+     "<eos>", "<EOT>")
+)
+BAN = -100.0  # OpenAI's lowest logit_bias
 CONTEXT_PER_SLOT = 512  # the bench's prompts (10-40 tokens) + 64 new tokens fit with room to spare
 
 
@@ -32,11 +44,26 @@ class CompletionTiming:
     tokens: int = 0
 
 
-def completion_payload(prompt: str, max_tokens: int) -> dict[str, Any]:
+def completion_payload(prompt: str, max_tokens: int, gguf_path: str) -> dict[str, Any]:
     return {
         "model": "default", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
-        "stream_options": {"include_usage": True}, **COMPLETION_SAMPLING,
+        "stream_options": {"include_usage": True}, "logit_bias": eog_logit_bias(gguf_path), **COMPLETION_SAMPLING,
     }
+
+
+@functools.cache
+def eog_logit_bias(gguf_path: str) -> dict[str, float]:
+    """{token id: -100} for the GGUF's end-of-generation tokens."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(gguf_path)
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    names = {bytes(tokens.parts[i]).decode(errors="replace"): n for n, i in enumerate(tokens.data)}
+    ids = {names[name] for name in EOG_TOKEN_NAMES if name in names}
+    eos = reader.fields.get("tokenizer.ggml.eos_token_id")
+    if eos is not None:
+        ids.add(int(eos.parts[-1][0]))
+    return {str(i): BAN for i in sorted(ids)}
 
 
 def sse_chunks(response: requests.Response) -> Iterator[dict[str, Any]]:
