@@ -8,6 +8,10 @@ no sampling), three paths fed the same tokens, alternating step by step in one r
                         its distance from the exact logits is recorded at every step (max |diff|,
                         relative L2 distance, share of rows whose argmax agrees)
 
+Then the text-level effect of int8 activations: each of the serving benchmark's prompts decoded
+greedily by the exact and the int8 runner, and how many tokens they agree on before the first
+difference.
+
 Median and minimum ms per step, the CPU other processes took meanwhile, JSON and a plot under
 benchmark/results/.
 
@@ -27,7 +31,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from bench_serving import OutsideLoad, header_line, run_header, write_results
+from bench_serving import PROMPTS, OutsideLoad, header_line, run_header, write_results
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.models import llama
 from sglang.srt.utils.embedded_model import embedded_model_path
@@ -82,6 +86,32 @@ def measure(batch: int, steps: int) -> list[dict[str, Any]]:
     ]
 
 
+def greedy_agreement(new_tokens: int) -> list[dict[str, Any]]:
+    """Per bench prompt: the tokens the exact and the int8 runner agree on, greedy, before the
+    first difference (new_tokens when they never differ)."""
+    from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+
+    tokenizer = get_tokenizer(embedded_model_path(), False)
+    runners = [ModelRunner(embedded_model_path(), max_running_requests=1, max_total_tokens=4096,
+                           cpu_int8_activations=int8) for int8 in (False, True)]
+    results = []
+    with torch.inference_mode():
+        for prompt in tqdm(PROMPTS, desc="greedy agreement", unit="prompt"):
+            outputs = [greedy(Driver(runner), tokenizer.encode(prompt), new_tokens) for runner in runners]
+            same = next((i for i, (a, b) in enumerate(zip(*outputs)) if a != b), new_tokens)
+            results.append({"prompt": prompt, "agreeing_tokens": same, "of": new_tokens})
+    return results
+
+
+def greedy(driver: Driver, prompt: list[int], new_tokens: int) -> list[int]:
+    req = [driver.new_req()]
+    tokens = [int(driver.extend(req, [prompt]).next_token_logits.argmax(-1)[0])]
+    for _ in range(new_tokens - 1):
+        tokens.append(int(driver.decode(req, tokens[-1:]).argmax(-1)[0]))
+    driver.release()
+    return tokens
+
+
 def markdown_table(records: list[dict]) -> str:
     lines = [
         "| B | op by op median (min) ms | one call per layer median (min) ms | int8 activations median (min) ms "
@@ -121,13 +151,19 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 3, 16])
     parser.add_argument("--steps", type=int, default=80, help="Timed steps per path and batch.")
     parser.add_argument("--tag", default="cpu", help="Results go to benchmark/results/decode_step_<tag>.json/.png.")
+    parser.add_argument("--greedy-tokens", type=int, default=32, help="Tokens per prompt for the greedy agreement.")
     args = parser.parse_args()
     started = datetime.datetime.now(datetime.timezone.utc)
     records = [r for batch in args.batch for r in measure(batch, args.steps)]
-    result = {**run_header(started), "torch_threads": torch.get_num_threads(), "records": records}
+    agreement = greedy_agreement(args.greedy_tokens)
+    result = {**run_header(started), "torch_threads": torch.get_num_threads(), "records": records,
+              "int8_greedy_agreement": agreement}
     out = write_results(result, f"decode_step_{args.tag}", plot)
     print(header_line(result))
     print(markdown_table(records))
+    full = sum(a["agreeing_tokens"] == a["of"] for a in agreement)
+    print(f"int8 activations, greedy: {full} of {len(agreement)} prompts give the exact path's {args.greedy_tokens} tokens; "
+          f"agreeing tokens per prompt: {[a['agreeing_tokens'] for a in agreement]}")
     print(f"wrote {out} and .png")
 
 

@@ -71,6 +71,12 @@ def test_weights_not_made_of_blocks_are_left_alone(weight) -> None:
     assert decompose_block_quant(weight) is None
 
 
+def linear_inputs(rows: int, k: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [rows, k] and a bias [n], standard normal."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, k, generator=gen), torch.randn(n, generator=gen)
+
+
 @pytest.fixture(params=["native", "portable"])
 def kernel_variant(request, monkeypatch):
     if request.param == "portable":
@@ -84,9 +90,7 @@ def kernel_variant(request, monkeypatch):
 @pytest.mark.parametrize("n,k", [(16, 32), (48, 288), (32, 576)])  # 288: a partial 256-wide chunk
 def test_kernel_matches_reference(kernel_variant, make, rows, n, k) -> None:
     blocks = decompose_block_quant(make(n, k, seed=rows))
-    gen = torch.Generator().manual_seed(rows)
-    x = torch.randn(rows, k, generator=gen)
-    bias = torch.randn(n, generator=gen)
+    x, bias = linear_inputs(rows, k, n, seed=rows)
     for b in (None, bias):
         got = block_quant_linear(x, blocks, b)
         want = block_quant_linear_reference(x, blocks, b)

@@ -18,7 +18,7 @@ from sgl_kernel_ext.gemm.block_quant_linear import (
     dequantize_block_quant,
     quantize_activations_reference,
 )
-from test_block_quant_linear import q4_1_weight, q8_0_weight
+from test_block_quant_linear import linear_inputs, q4_1_weight, q8_0_weight
 
 if not bq.block_quant_kernel_available(int8_activations=True):
     pytest.skip("no working C compiler: the CPU kernel is not built", allow_module_level=True)
@@ -65,9 +65,7 @@ def test_packing_keeps_the_weights_exactly(make, bits) -> None:
 def test_kernel_matches_reference_and_the_portable_build(monkeypatch, make, rows, n, k) -> None:
     weight = make(n, k, seed=rows)
     blocks = decompose_block_quant(weight, int8_activations=True)
-    gen = torch.Generator().manual_seed(rows)
-    x = torch.randn(rows, k, generator=gen)
-    bias = torch.randn(n, generator=gen)
+    x, bias = linear_inputs(rows, k, n, seed=rows)
     for b in (None, bias):
         got = block_quant_linear(x, blocks, b)
         want = block_quant_linear_reference(x, blocks, b)
