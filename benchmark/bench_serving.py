@@ -598,8 +598,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--pairs", type=int, default=2, help="ours / llama-server runs, order alternating (default 2)")
     parser.add_argument(
-        "--ours-flags", nargs="+", default=[], metavar="FLAG",
-        help="extra flags for every server this benchmark launches, e.g. --ours-flags=--cpu-int8-activations",
+        "--ours-flags", type=shlex.split, default=[], metavar="FLAGS",
+        help="extra flags for every server this benchmark launches, one quoted string, e.g. "
+        "--ours-flags='--cpu-int8-activations --max-queued-requests 64'",
     )
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     return parser.parse_args()

@@ -6,6 +6,9 @@ exact kernel stays inside the bound the rounding of x allows."""
 
 from __future__ import annotations
 
+import ctypes
+import logging
+
 import pytest
 import torch
 
@@ -18,6 +21,8 @@ from sgl_kernel_ext.gemm.block_quant_linear import (
     dequantize_block_quant,
     quantize_activations_reference,
 )
+from sglang.srt.layers import linear
+from sglang.srt.layers.linear import block_quant_int8_activations, find_block_quant
 from test_block_quant_linear import linear_inputs, q4_1_weight, q8_0_weight
 
 if not bq.block_quant_kernel_available(int8_activations=True):
@@ -102,6 +107,47 @@ def test_extreme_codes_and_activations_do_not_saturate(monkeypatch) -> None:
             assert ((got.double() - want).abs() <= tolerance).all()
 
 
+def test_native_build_multiplies_with_avx2_where_the_cpu_has_it() -> None:
+    """Else "portable equals native" below would compare the portable build with itself."""
+    with open("/proc/cpuinfo") as f:
+        flags = next((line.split() for line in f if line.startswith("flags")), [])
+    if not {"avx2", "fma", "f16c"} <= set(flags):
+        pytest.skip("this CPU has no AVX2 / FMA / F16C")
+    uses_avx2 = load_kernel(bq._Q8_KERNEL[0], "block_quant_linear_q8_uses_avx2", (), ctypes.c_int)
+    assert uses_avx2() == 1
+
+
+def test_subnormal_and_non_finite_blocks(monkeypatch) -> None:
+    """A row of subnormals, where max|x| / 127 rounds down so far that x / dx = 190: q must be
+    clamped to 127 and the block sum taken over the clamped q, in both builds as in the reference.
+    Scales and minimums of 1024 keep every product exact, so the outputs must be equal. A block
+    holding NaN or inf makes every output NaN, as the exact kernel would (the sampler then flags
+    the row), not finite noise."""
+    codes = torch.randint(0, 16, (16, 64), generator=torch.Generator().manual_seed(5)).float()
+    codes[:, 0::32], codes[:, 1::32] = 0, 15
+    blocks = decompose_block_quant(1024 * codes + 1024, int8_activations=True)  # Q4_1, d = m = 1024
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(5))
+    x[0] = torch.tensor(190, dtype=torch.int32).view(torch.float32)  # 2.7e-43: dx = 1.4e-45
+    x[1, 40] = float("nan")
+    x[2, 3] = float("inf")
+    got = block_quant_linear(x, blocks)
+    torch.testing.assert_close(portable_linear(monkeypatch, x, blocks), got, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(got[0], block_quant_linear_reference(x[:1], blocks)[0])
+    assert got[1:].isnan().all()
+    assert block_quant_linear_reference(x[1:], blocks).isnan().all()
+
+
+def test_constant_and_zero_weight_blocks_pack_exactly() -> None:
+    """A Q4_1 block with scale 0 (all weights equal) and an all-zero row, in the int8 layout."""
+    weight = q4_1_weight(16, 64)
+    weight[2] = 0.0
+    weight[5, :32] = weight[5, 0]
+    blocks = decompose_block_quant(weight, int8_activations=True)
+    assert torch.equal(dequantize_block_quant(blocks), weight)
+    x = torch.randn(2, 64, generator=torch.Generator().manual_seed(6))
+    torch.testing.assert_close(block_quant_linear(x, blocks), block_quant_linear_reference(x, blocks), rtol=1e-5, atol=1e-5)
+
+
 def test_zero_blocks_of_x_give_zero() -> None:
     blocks = q8_blocks(q4_1_weight, 16, 96)
     x = torch.randn(2, 96, generator=torch.Generator().manual_seed(1))
@@ -119,3 +165,23 @@ def test_rows_do_not_depend_on_the_batch() -> None:
     for r in (0, 5, 22):
         assert torch.equal(block_quant_linear(x[r : r + 1], blocks)[0], full[r])
     assert torch.equal(block_quant_linear(x.flip(0), blocks).flip(0), full)
+
+
+def test_a_load_with_the_flag_reports_what_it_packed(caplog, monkeypatch) -> None:
+    """--cpu-int8-activations says how many weights took it, warns when none could (no GGUF
+    blocks: the flag would do nothing), and keeps the exact kernel when its own did not build."""
+    caplog.set_level(logging.INFO, logger=linear.__name__)
+    with block_quant_int8_activations(True):
+        assert find_block_quant(torch.randn(32, 64)) is None
+    assert "has no effect on this model" in caplog.text
+    caplog.clear()
+    with block_quant_int8_activations(True):
+        assert find_block_quant(q4_1_weight(32, 64)).int8_activations
+        assert find_block_quant(q8_0_weight(16, 32)).int8_activations
+    assert "2 weights round their inputs to 8 bits" in caplog.text
+    assert not find_block_quant(q4_1_weight(32, 64)).int8_activations  # outside a load with the flag
+    caplog.clear()
+    monkeypatch.setattr(bq, "_q8_kernel", lambda: None)
+    with block_quant_int8_activations(True):
+        assert not find_block_quant(q4_1_weight(32, 64)).int8_activations
+    assert "its kernel did not build" in caplog.text

@@ -170,8 +170,9 @@ def test_matches_the_reference(kernel_variant, int8, rows, first) -> None:
     fused = run_fused(layer, fused_step, prev)
     want = decode_layer_reference(layer, (EPS, POST_EPS), Q_HEADS, SCALE, ref_step["residual"], ref_step, prev, ref_step["act"])
     # With int8 activations a projection's input that differs in its last bit from the
-    # reference's can round to the next 8-bit step: one step of x times a weight, ~1e-3 here.
-    tolerance = 5e-3 if int8 else 1e-4
+    # reference's can round to the next 8-bit step: one step of x (max|x| / 127, ~0.03 here)
+    # times a weight (~0.3), ~1e-2 on one output.
+    tolerance = 2e-2 if int8 else 1e-4
     torch.testing.assert_close(fused, want, rtol=tolerance, atol=tolerance)
     for name in ("residual", "k_buf", "v_buf"):
         torch.testing.assert_close(fused_step[name], ref_step[name], rtol=1e-5, atol=1e-5)
@@ -219,6 +220,13 @@ def test_what_it_cannot_read_is_refused(change, message) -> None:
     change(step)
     with pytest.raises(ValueError, match=message):
         run_fused(layer, step, prev)
+
+
+def test_a_layer_mixing_exact_and_int8_packing_is_refused() -> None:
+    layer = make_layer(1, biases=False)
+    layer["o"] = make_layer(1, biases=False, int8=True)["o"]
+    with pytest.raises(ValueError, match="must all be packed for int8 activations, or none"):
+        layer_weights(layer)
 
 
 def test_layers_of_other_widths_are_refused() -> None:

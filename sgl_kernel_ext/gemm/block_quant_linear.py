@@ -226,8 +226,10 @@ def block_quant_linear_reference(
 
 def quantize_activations_reference(x: torch.Tensor) -> torch.Tensor:
     """x [M, K] float32 rounded to 8 bits per block of 32 as block_quant_linear_q8.c rounds it:
-    dx = max|x| / 127, q = round(x / dx) to even -> dx * q, float64 [M, K]."""
+    dx = max|x| / 127 (NaN where the block is not finite), q = round(x / dx) to even, clamped to
+    [-127, 127] -> dx * q, float64 [M, K]."""
     blocks = x.reshape(x.shape[0], -1, BLOCK_K)  # [M, K / 32, 32]
     dx = blocks.abs().amax(-1, keepdim=True) / 127.0  # float32, as the kernel divides
-    q = torch.where(dx > 0, blocks / dx, torch.zeros_like(blocks)).round()
+    dx = torch.where(blocks.isfinite().all(-1, keepdim=True), dx, float("nan"))  # NaN / inf reach the outputs
+    q = torch.where(dx > 0, blocks / dx, torch.zeros_like(blocks)).round().clamp(-127, 127)
     return (dx.double() * q.double()).reshape(x.shape)

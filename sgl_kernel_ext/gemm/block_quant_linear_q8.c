@@ -36,8 +36,10 @@ static int64_t q8_block_bytes(int bits) {
 }
 
 /* Activations of one row, quantised per block: q [in], dx and sx [in / 32]. Both builds give the
- * same values: max and the integer sum are exact, x / d rounds once, and the conversion rounds to
- * even as nearbyintf does. */
+ * same values: max and the integer sum are exact, x / d rounds once, the conversion rounds to even
+ * as nearbyintf does, and q is clamped to [-127, 127] (x / d can pass 127 when d rounded down, as
+ * it does for subnormal blocks). A block holding NaN or +-inf gets dx = NaN, so that the outputs
+ * it feeds are NaN as the exact kernel's would be, and the sampler flags the row. */
 static void quantize_row(const float *x, int64_t in, int8_t *q, float *dx, float *sx) {
     for (int64_t b = 0; b < in / Q8_BLOCK_K; b++) {
         const float *xb = x + b * Q8_BLOCK_K;
@@ -45,16 +47,24 @@ static void quantize_row(const float *x, int64_t in, int8_t *q, float *dx, float
         int sum = 0;
 #ifdef Q8_HAVE_AVX2
         const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+        const __m256 inf = _mm256_set1_ps(INFINITY);
         __m256 v[4], m = _mm256_setzero_ps();
-        for (int i = 0; i < 4; i++) m = _mm256_max_ps(m, _mm256_and_ps(v[i] = _mm256_loadu_ps(xb + 8 * i), magnitude));
+        int not_finite = 0;
+        for (int i = 0; i < 4; i++) {
+            const __m256 a = _mm256_and_ps(v[i] = _mm256_loadu_ps(xb + 8 * i), magnitude);
+            not_finite |= _mm256_movemask_ps(_mm256_cmp_ps(a, inf, _CMP_NLT_UQ)); /* |x| >= inf, or NaN */
+            m = _mm256_max_ps(m, a);
+        }
         m = _mm256_max_ps(m, _mm256_permute2f128_ps(m, m, 1));
         m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0x4E));
         m = _mm256_max_ps(m, _mm256_shuffle_ps(m, m, 0xB1));
-        const float d = _mm256_cvtss_f32(m) / 127.0f;
+        const float d = not_finite ? NAN : _mm256_cvtss_f32(m) / 127.0f;
         if (d > 0.0f) {
             const __m256 dv = _mm256_set1_ps(d);
+            const __m256i high = _mm256_set1_epi32(127), low = _mm256_set1_epi32(-127);
             __m256i i32[4];
-            for (int i = 0; i < 4; i++) i32[i] = _mm256_cvtps_epi32(_mm256_div_ps(v[i], dv));
+            for (int i = 0; i < 4; i++)
+                i32[i] = _mm256_max_epi32(low, _mm256_min_epi32(high, _mm256_cvtps_epi32(_mm256_div_ps(v[i], dv))));
             /* pack to bytes: the packs interleave 128-bit lanes, the permute restores k order */
             const __m256i i16 = _mm256_packs_epi32(i32[0], i32[1]), j16 = _mm256_packs_epi32(i32[2], i32[3]);
             const __m256i i8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i16, j16), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
@@ -68,20 +78,32 @@ static void quantize_row(const float *x, int64_t in, int8_t *q, float *dx, float
         }
 #else
         float amax = 0.0f;
+        int not_finite = 0;
         for (int k = 0; k < Q8_BLOCK_K; k++) {
             const float a = fabsf(xb[k]);
+            not_finite |= !(a < INFINITY);
             amax = a > amax ? a : amax;
         }
-        const float d = amax / 127.0f;
+        const float d = not_finite ? NAN : amax / 127.0f;
         for (int k = 0; k < Q8_BLOCK_K; k++) {
-            const int v = d > 0.0f ? (int)nearbyintf(xb[k] / d) : 0;
+            float v = d > 0.0f ? nearbyintf(xb[k] / d) : 0.0f;
+            v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
             qb[k] = (int8_t)v;
-            sum += v;
+            sum += (int)v;
         }
 #endif
         dx[b] = d;
         sx[b] = d * (float)sum;
     }
+}
+
+/* 1 where this build multiplies with AVX2 (the tests check that the native build does). */
+int block_quant_linear_q8_uses_avx2(void) {
+#ifdef Q8_HAVE_AVX2
+    return 1;
+#else
+    return 0;
+#endif
 }
 
 /* Code of column c (0..7), k (0..31) in a block's codes (see the layout above). */

@@ -6,6 +6,7 @@ this rank's slice, so loaders always hand over the unsharded checkpoint tensor.
 
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
 
@@ -20,6 +21,8 @@ from sgl_kernel_ext.gemm.block_quant_linear import (
     decompose_block_quant,
 )
 from sglang.srt.layers.batch_invariant import is_batch_invariant, row_blocked
+
+logger = logging.getLogger(__name__)
 
 
 def make_param(shape: tuple[int, ...], dtype: torch.dtype, loader: Callable) -> nn.Parameter:
@@ -51,30 +54,48 @@ def block_kernel_serves(rows: int) -> bool:
     return rows <= BLOCK_QUANT_MAX_ROWS or is_batch_invariant()
 
 
-# --cpu-int8-activations, while a model's weights are processed after loading.
-_int8_activations = False
+# --cpu-int8-activations, while a model's weights are processed after loading: how many weights
+# were packed for the int8 kernel so far (None outside such a load).
+_int8_packed: Optional[list[int]] = None
 
 
 @contextmanager
 def block_quant_int8_activations(enabled: bool) -> Iterator[None]:
-    """Inside the block, find_block_quant packs blocks for the kernel that rounds activations to 8 bits."""
-    global _int8_activations
-    previous, _int8_activations = _int8_activations, enabled
+    """Inside the block, find_block_quant packs blocks for the kernel that rounds activations to
+    8 bits; at its end, the log says how many linears that is (a warning when none)."""
+    global _int8_packed
+    previous, _int8_packed = _int8_packed, [0] if enabled else None
     try:
         yield
+        if enabled:
+            _report_int8_packing(_int8_packed[0])
     finally:
-        _int8_activations = previous
+        _int8_packed = previous
+
+
+def _report_int8_packing(count: int) -> None:
+    if not block_quant_kernel_available(int8_activations=True):
+        logger.warning("--cpu-int8-activations: its kernel did not build (see the warning above); the linears keep "
+                       "the exact block kernel.")
+    elif count == 0:
+        logger.warning("--cpu-int8-activations has no effect on this model: none of its weights is made of GGUF "
+                       "Q4_1 / Q8_0 blocks, so every matmul stays float32.")
+    else:
+        logger.info("--cpu-int8-activations: %d weights round their inputs to 8 bits.", count)
 
 
 def find_block_quant(weight: torch.Tensor) -> Optional[BlockQuantWeight]:
-    """The integer blocks a float32 CPU weight is exactly made of, if any and if the kernel builds."""
-    if (
-        weight.device.type != "cpu"
-        or weight.dtype != torch.float32
-        or not block_quant_kernel_available(_int8_activations)
-    ):
+    """The integer blocks a float32 CPU weight is exactly made of, if any and if the kernel builds;
+    packed for int8 activations inside block_quant_int8_activations(True) when that kernel builds."""
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
         return None
-    return decompose_block_quant(weight.detach(), _int8_activations)
+    int8 = _int8_packed is not None and block_quant_kernel_available(int8_activations=True)
+    if not block_quant_kernel_available(int8):
+        return None
+    blocks = decompose_block_quant(weight.detach(), int8)
+    if blocks is not None and int8:
+        _int8_packed[0] += 1
+    return blocks
 
 
 def cpu_pack_supported(weight: torch.Tensor) -> bool:
