@@ -11,6 +11,7 @@ from typing import Optional
 import pytest
 import torch
 
+import sgl_kernel_ext.activation.silu_mul_cpu as cpu_silu
 import sgl_kernel_ext.attention.decode_attention_cpu as cpu_attention
 import sgl_kernel_ext.gemm.block_quant_linear as bq
 import sgl_kernel_ext.layer.decode_layer_cpu as layer_kernel
@@ -20,7 +21,10 @@ from runner_utils import Driver
 from sgl_kernel_ext.attention.decode_attention_cpu import decode_attention_cpu
 from sgl_kernel_ext.cpu_build import load_kernel
 from sgl_kernel_ext.gemm.block_quant_linear import block_quant_linear, decompose_block_quant
+from sgl_kernel_ext.activation.reference import silu_mul_reference
+from sgl_kernel_ext.activation.silu_mul_cpu import silu_mul_cpu
 from sgl_kernel_ext.layer.decode_layer_cpu import (
+    DecodeLayers,
     decode_layer_cpu,
     decode_layer_reference,
     decode_layer_step,
@@ -46,11 +50,13 @@ SCALE = HEAD_DIM**-0.5
 def kernel_variant(request, monkeypatch):
     """The fused kernel and the separate ones it is compared with, from the same kind of build."""
     if request.param == "portable":
-        for module in (layer_kernel, bq, cpu_attention, cpu_norm, cpu_rope):
+        for module in (layer_kernel, bq, cpu_attention, cpu_norm, cpu_rope, cpu_silu):
             portable = load_kernel(*module._KERNEL, defines=("PORTABLE_ONLY",))
             monkeypatch.setattr(module, "_kernel", lambda portable=portable: portable)
-        portable = load_kernel(*bq._Q8_KERNEL, defines=("PORTABLE_ONLY",))
-        monkeypatch.setattr(bq, "_q8_kernel", lambda: portable)
+        for module, name, kernel in ((layer_kernel, "_layers_kernel", layer_kernel._LAYERS_KERNEL),
+                                     (bq, "_q8_kernel", bq._Q8_KERNEL)):
+            portable = load_kernel(*kernel, defines=("PORTABLE_ONLY",))
+            monkeypatch.setattr(module, name, lambda portable=portable: portable)
     return request.param
 
 
@@ -178,19 +184,58 @@ def test_matches_the_reference(kernel_variant, int8, rows, first) -> None:
         torch.testing.assert_close(fused_step[name], ref_step[name], rtol=1e-5, atol=1e-5)
 
 
-def test_layers_in_turn_equal_the_separate_kernels() -> None:
-    """decode_layers_cpu: each layer's call fed the previous one's SiLU(gate) * up."""
-    layers, step = [make_layer(20 + i, biases=True) for i in range(3)], make_step(3, seed=4)
+@pytest.mark.parametrize("rows", [1, 3])
+def test_layers_in_turn_equal_the_separate_kernels(kernel_variant, int8, rows) -> None:
+    """decode_layers_cpu: each layer's call fed the previous one's SiLU(gate) * up: torch's SiLU
+    between Python-level calls for exact packing, the C SiLU inside one call for int8 activations."""
+    layers, step = [make_layer(20 + i, biases=True, int8=int8) for i in range(3)], make_step(rows, seed=4)
     weights = [layer_weights(layer) for layer in layers]
     fused_step, unfused_step = clone(step), clone(step)
     kv = [(fused_step["k_buf"], fused_step["v_buf"])] * 3  # one cache for the three layers: each reads what the last wrote
     act, residual = decode_layers_cpu(weights, shared_step(weights[0], fused_step), fused_step["residual"], kv)
     prev = None
     for layer in layers:
-        gate, up = run_unfused(layer, unfused_step, prev).chunk(2, dim=-1)
-        unfused_step["act"], prev = torch.nn.functional.silu(gate).mul_(up), layer
+        gate_up = run_unfused(layer, unfused_step, prev)
+        unfused_step["act"], prev = silu_mul_cpu(gate_up) if int8 else silu_mul_reference(gate_up), layer
     assert torch.equal(act, unfused_step["act"]) and torch.equal(residual, unfused_step["residual"])
     assert residual is fused_step["residual"]
+
+
+def test_layers_stay_close_to_the_reference_with_int8_activations() -> None:
+    """The one int8 call over three layers against the plain-torch references (activations rounded
+    as the kernel rounds them, torch's SiLU): within the rounding of activations to 8 bits."""
+    layers, step = [make_layer(40 + i, biases=False, int8=True) for i in range(3)], make_step(2, seed=6)
+    weights = [layer_weights(layer) for layer in layers]
+    fused_step, ref_step = clone(step), clone(step)
+    kv = [(fused_step["k_buf"], fused_step["v_buf"])] * 3
+    act, _ = decode_layers_cpu(weights, shared_step(weights[0], fused_step), fused_step["residual"], kv)
+    prev, want = None, None
+    for layer in layers:
+        gate_up = decode_layer_reference(
+            layer, (EPS, POST_EPS), Q_HEADS, SCALE, ref_step["residual"], ref_step, prev, want
+        )
+        want, prev = silu_mul_reference(gate_up), layer
+    assert (act - want).norm() / want.norm() < 0.05
+
+
+def test_decode_layers_check_their_layers_once() -> None:
+    """Layers of other shapes or packings are refused when the model's layers are gathered; the KV
+    buffers are checked again whenever a step passes other tensors than the last one."""
+    exact, other = make_layer(1, biases=False), make_layer(2, biases=False, int8=True)
+    with pytest.raises(ValueError, match="packed for int8 activations, or none"):
+        DecodeLayers([layer_weights(exact), layer_weights(other)])
+    narrower = dataclasses.replace(layer_weights(exact), down_in=INTER // 2)
+    with pytest.raises(ValueError, match="MLP width 96; one has"):
+        DecodeLayers([layer_weights(exact), narrower])
+    layers, step = DecodeLayers([layer_weights(exact)] * 2), make_step(2, seed=1)
+    shared = shared_step(layers.weights[0], step)
+    kv = [(step["k_buf"], step["v_buf"])] * 2
+    layers.run(shared, step["residual"], kv)
+    with pytest.raises(ValueError, match="2 KV buffer pairs for 3 layers"):
+        DecodeLayers([layer_weights(exact)] * 3).run(shared, step["residual"], kv)
+    short_v = step["v_buf"][: SLOTS - 1].clone()
+    with pytest.raises(ValueError, match="v_buf must be a contiguous"):
+        layers.run(shared, step["residual"], [kv[0], (step["k_buf"], short_v)])
 
 
 def test_rows_do_not_depend_on_the_batch() -> None:

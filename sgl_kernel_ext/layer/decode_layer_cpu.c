@@ -9,6 +9,9 @@
  * separate kernels run, called in the same order on the same values, so every value is the same
  * bits as on the op-by-op path.
  *
+ * decode_layers_f32 runs every layer of a step in one call, SiLU included (silu_mul_cpu.c): the
+ * int8-activation mode's, whose SiLU is that kernel on every path.
+ *
  * The kernels are compiled into this one translation unit (sgl_kernel_ext/cpu_build.py hashes
  * the included sources into the library's cache key).
  */
@@ -17,6 +20,7 @@
 #include "../gemm/block_quant_linear_q8.c"
 #include "../rotary/rope_store_cpu.c"
 #include "../attention/decode_attention_cpu.c"
+#include "../activation/silu_mul_cpu.c"
 
 /* A layer's weights, fixed once loaded (decode_layer_cpu.py builds it). */
 typedef struct {
@@ -104,4 +108,18 @@ int decode_layer_f32(const layer_weights *w, const decode_step *s, const layer_w
     if ((failed = project(w, s->attn, rows, q_width, w->o, w->o_bits, w->hidden, w->o_bias, s->o, threads))) return failed;
     rmsnorm_f32(s->o, residual, residual, w->post_norm, w->post_eps, rows, w->hidden, s->normed, (int)threads);
     return project(w, s->normed, rows, w->hidden, w->gate_up, w->gate_up_bits, w->gate_up_out, NULL, s->gate_up, threads);
+}
+
+/* Every layer of a decode step in turn, act = SiLU(gate) * up (silu_mul_f32) after each: layers[l]
+ * reads k_bufs[l], v_bufs[l]. residual as for decode_layer_f32 (the embedding in, the residual
+ * stream before the last down projection out); act: [rows, down_in], the last layer's activation. */
+int decode_layers_f32(const layer_weights *const *layers, int64_t count, const decode_step *s, float *residual,
+                      float *const *k_bufs, float *const *v_bufs, float *act) {
+    for (int64_t l = 0; l < count; l++) {
+        const int failed = decode_layer_f32(layers[l], s, l ? layers[l - 1] : NULL, l ? act : NULL, residual, k_bufs[l],
+                                            v_bufs[l]);
+        if (failed) return failed;
+        silu_mul_f32(s->gate_up, s->rows, layers[l]->down_in, act);
+    }
+    return 0;
 }

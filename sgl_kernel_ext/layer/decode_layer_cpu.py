@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +48,7 @@ class _DecodeStep(ctypes.Structure):
 _ARGTYPES = (PTR, PTR, PTR, PTR, PTR, PTR, PTR)
 # (source, C function, argument types, result type): also built with -DPORTABLE_ONLY by the tests.
 _KERNEL = ("layer/decode_layer_cpu.c", "decode_layer_f32", _ARGTYPES, ctypes.c_int)
+_LAYERS_KERNEL = ("layer/decode_layer_cpu.c", "decode_layers_f32", (PTR, I64, PTR, PTR, PTR, PTR, PTR), ctypes.c_int)
 _ERRORS = {
     1: "head_dim must be even and at most 1024",
     2: "out_cache_loc must lie inside the KV cache",
@@ -58,6 +59,10 @@ _ERRORS = {
 
 def _kernel() -> Optional[ctypes._CFuncPtr]:
     return load_kernel(*_KERNEL)
+
+
+def _layers_kernel() -> Optional[ctypes._CFuncPtr]:
+    return load_kernel(*_LAYERS_KERNEL)
 
 
 def decode_layer_kernel_available() -> bool:
@@ -185,22 +190,80 @@ def decode_layer_cpu(
     return _run(weights, step, residual, k_buf, v_buf, prev, act)
 
 
+class DecodeLayers:
+    """A model's layers for the one-call decode, checked against each other once. The KV buffers
+    a step passes are checked when they are not the tensors of the last step (the cache's own
+    buffers, the same at every step), so a step costs no per-layer Python checks."""
+
+    def __init__(self, weights: Sequence[DecodeLayerWeights]) -> None:
+        self.weights = list(weights)
+        if not self.weights:
+            raise ValueError("DecodeLayers takes at least one layer.")
+        first = self.weights[0]
+        for w in self.weights[1:]:
+            if (w.widths, w.kv_shape, w.down_in) != (first.widths, first.kv_shape, first.down_in):
+                raise ValueError(f"Every layer must have the first one's widths {first.widths}, KV rows {first.kv_shape} "
+                                 f"and MLP width {first.down_in}; one has {w.widths}, {w.kv_shape}, {w.down_in}.")
+        # Packing is per model: int8-activation layers run with the C SiLU, all in one call.
+        self.int8_activations = bool(first.struct.int8_activations)
+        if any(bool(w.struct.int8_activations) != self.int8_activations for w in self.weights):
+            raise ValueError("Every layer must be packed for int8 activations, or none.")
+        self._structs = (PTR * len(self.weights))(*(ctypes.addressof(w.struct) for w in self.weights))
+        self._kv: Optional[tuple[list, ctypes.Array, ctypes.Array]] = None  # (buffers, k pointers, v pointers)
+
+    def run(
+        self, step: DecodeLayerStep, embedding: torch.Tensor, kv_buffers: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As decode_layers_cpu."""
+        first = self.weights[0]
+        _check_call(first, step, embedding, *kv_buffers[0], None, None)
+        k_ptrs, v_ptrs = self._kv_pointers(step, kv_buffers)
+        if self.int8_activations:
+            act = torch.empty(step.rows, first.down_in, dtype=torch.float32)  # [B, I]
+            failed = _layers_kernel()(
+                self._structs, len(self.weights), ctypes.addressof(step.struct), embedding.data_ptr(), k_ptrs, v_ptrs,
+                act.data_ptr(),
+            )
+            _raise_on(failed)
+            return act, embedding
+        act, prev = None, None
+        gate, up = step.gate_up.chunk(2, dim=-1)  # [B, I] each: views of the buffer every call writes
+        for w, (k_buf, v_buf) in zip(self.weights, kv_buffers):
+            _run(w, step, embedding, k_buf, v_buf, prev, act)
+            act, prev = F.silu(gate).mul_(up), w
+        return act, embedding
+
+    def _kv_pointers(self, step: DecodeLayerStep, kv_buffers) -> tuple[ctypes.Array, ctypes.Array]:
+        cached = self._kv
+        if cached is not None and len(cached[0]) == len(kv_buffers) and all(
+            k is ck and v is cv for (k, v), (ck, cv) in zip(kv_buffers, cached[0])
+        ):
+            return cached[1], cached[2]
+        if len(kv_buffers) != len(self.weights):
+            raise ValueError(f"{len(kv_buffers)} KV buffer pairs for {len(self.weights)} layers.")
+        kv_shape = (step.slots, *self.weights[0].kv_shape)
+        for k_buf, v_buf in kv_buffers:
+            _check("k_buf", k_buf, torch.float32, kv_shape)
+            _check("v_buf", v_buf, torch.float32, kv_shape)
+        buffers = [tuple(pair) for pair in kv_buffers]
+        k_ptrs = (PTR * len(buffers))(*(k.data_ptr() for k, _ in buffers))
+        v_ptrs = (PTR * len(buffers))(*(v.data_ptr() for _, v in buffers))
+        self._kv = (buffers, k_ptrs, v_ptrs)
+        return k_ptrs, v_ptrs
+
+
 def decode_layers_cpu(
-    weights: Sequence[DecodeLayerWeights],
+    layers: Union[DecodeLayers, Sequence[DecodeLayerWeights]],
     step: DecodeLayerStep,
     embedding: torch.Tensor,
     kv_buffers: Sequence[tuple[torch.Tensor, torch.Tensor]],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every layer in turn, SiLU(gate) * up between them (torch's SiLU, as the op-by-op path).
+    """Every layer in turn, SiLU(gate) * up between them: torch's SiLU, as the op-by-op path, for
+    exact packing; all layers in one C call with the C SiLU (silu_mul_cpu.c) for int8 activations.
     embedding [B, H] becomes the residual stream (in place). -> (the last layer's MLP activation
     [B, I], for its down projection; the residual stream before that projection is added)."""
-    act, prev = None, None
-    gate, up = step.gate_up.chunk(2, dim=-1)  # [B, I] each: views of the buffer every call writes
-    for w, (k_buf, v_buf) in zip(weights, kv_buffers, strict=True):
-        _check_call(w, step, embedding, k_buf, v_buf, prev, act)
-        _run(w, step, embedding, k_buf, v_buf, prev, act)
-        act, prev = F.silu(gate).mul_(up), w
-    return act, embedding
+    layers = layers if isinstance(layers, DecodeLayers) else DecodeLayers(layers)
+    return layers.run(step, embedding, kv_buffers)
 
 
 def _check_call(weights, step, residual, k_buf, v_buf, prev, act) -> None:
@@ -225,11 +288,15 @@ def _run(weights, step, residual, k_buf, v_buf, prev, act) -> torch.Tensor:
         ctypes.addressof(weights.struct), ctypes.addressof(step.struct), None if prev is None else ctypes.addressof(prev.struct),
         _ptr(act), residual.data_ptr(), k_buf.data_ptr(), v_buf.data_ptr(),
     )
+    _raise_on(failed)
+    return step.gate_up
+
+
+def _raise_on(failed: int) -> None:
     if failed in _ERRORS:
         raise ValueError(_ERRORS[failed] + ".")
     if failed:
         raise MemoryError("the decode layer kernel could not allocate its buffers")
-    return step.gate_up
 
 
 def decode_layer_reference(

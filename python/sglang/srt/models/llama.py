@@ -11,7 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sgl_kernel_ext.activation.silu_mul_cpu import silu_mul_cpu, silu_mul_cpu_available
 from sgl_kernel_ext.layer.decode_layer_cpu import (
+    DecodeLayers,
     DecodeLayerStep,
     DecodeLayerWeights,
     decode_layer_kernel_available,
@@ -72,8 +74,17 @@ class LlamaMLP(nn.Module):
         kernels = _triton_kernels("activation.silu_mul_triton") if gate_up.is_cuda else None
         if kernels is not None and kernels.silu_mul_triton_applies(gate_up):
             return self.down_proj(kernels.silu_mul_triton(gate_up))  # one launch, no silu temporary
+        if self.c_silu():
+            # The int8-activation mode's SiLU on every path, so that its decode step, all in C,
+            # gives the op-by-op path's bits.
+            return self.down_proj(silu_mul_cpu(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)  # [N, I / tp] each
         return self.down_proj(F.silu(gate).mul_(up))
+
+    def c_silu(self) -> bool:
+        """Whether SiLU runs in silu_mul_cpu.c: with projections packed for int8 activations."""
+        block = self.down_proj.block_weight
+        return block is not None and block.int8_activations and silu_mul_cpu_available()
 
 
 class LlamaAttention(nn.Module):
@@ -203,11 +214,11 @@ class LlamaModel(nn.Module):
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, params_dtype=dtype)
-        # Every layer's weights for the one-call CPU decode; [] where some layer cannot take it.
-        self._cpu_decode_weights: Optional[list[DecodeLayerWeights]] = None
+        # Every layer's weights for the one-call CPU decode; False where some layer cannot take it.
+        self._cpu_decode_layers: Union[DecodeLayers, None, bool] = None
 
     def process_weights_after_loading(self) -> None:
-        self._cpu_decode_weights = None  # described again from the new weights at the next decode step
+        self._cpu_decode_layers = None  # described again from the new weights at the next decode step
 
     def forward(self, forward_batch: ForwardBatch) -> torch.Tensor:
         """-> [N, H] final hidden states of every new token."""
@@ -228,7 +239,7 @@ class LlamaModel(nn.Module):
 
     def _cpu_decode_step(
         self, forward_batch: ForwardBatch, x: torch.Tensor, rope: Rope
-    ) -> Optional[tuple[list[DecodeLayerWeights], DecodeLayerStep]]:
+    ) -> Optional[tuple[DecodeLayers, DecodeLayerStep]]:
         """The step every layer's one-call CPU decode reads, or None where the layers run op by op:
         not one new token per request, not the C attention kernel, a batch the op-by-op path would
         not give to the block kernel (block_kernel_serves), or a layer that cannot take it."""
@@ -243,21 +254,21 @@ class LlamaModel(nn.Module):
             or not block_kernel_serves(x.shape[0])
         ):
             return None
-        if self._cpu_decode_weights is None:
+        if self._cpu_decode_layers is None:
             # Built once per load (process_weights_after_loading resets it); they hold the packed
             # tensors they point into.
             weights = [layer.cpu_decode_weights() for layer in self.layers]
-            self._cpu_decode_weights = [] if any(w is None for w in weights) else weights
-        weights = self._cpu_decode_weights
-        if not weights:
+            self._cpu_decode_layers = False if any(w is None for w in weights) else DecodeLayers(weights)
+        layers = self._cpu_decode_layers
+        if not layers:
             return None
         k_buf, _ = forward_batch.kv_cache.get_kv(0)
         cos, signed_sin = rope
         step = decode_layer_step(
-            weights[0], cos, signed_sin, forward_batch.out_cache_loc, k_buf.shape[0], backend.req_to_token,
+            layers.weights[0], cos, signed_sin, forward_batch.out_cache_loc, k_buf.shape[0], backend.req_to_token,
             forward_batch.req_pool_indices, forward_batch.seq_lens,
         )
-        return weights, step
+        return layers, step
 
     def _step_rope(self, forward_batch: ForwardBatch, x: torch.Tensor) -> Rope:
         if x.is_cuda and _triton_kernels("rotary.rope_store_triton") is not None:
