@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 
 from sgl_kernel_ext.sampling.murmur_reference import hash_gumbel
+from sgl_kernel_ext.sampling.topk_cpu import topk_cpu, topk_cpu_applies
 
 NEG_INF = float("-inf")
 
@@ -86,14 +87,14 @@ def compute_support(
     vocab = scaled.shape[1]
     if window is not None and window + 1 < vocab:
         # One extra column shows whether ties with the k-th value run past the window.
-        return _support_in(scaled, *torch.topk(scaled, window + 1, dim=-1), *rule)[0]
+        return _support_in(scaled, *_descending_window(scaled, window + 1), *rule)[0]
     if need_min_p and not need_top_p and not scaled.is_cuda:
         # Min-p alone keeps the tokens >= its threshold: a window as wide as the largest kept
         # set holds every row's support.
         floor = min_p_threshold(scaled.amax(dim=-1, keepdim=True), log_min_ps)  # [B, 1]
         width = int((scaled >= floor).sum(dim=-1).max())
         if width + 1 < vocab:
-            support, exact = _support_in(scaled, *torch.topk(scaled, width + 1, dim=-1), *rule)
+            support, exact = _support_in(scaled, *_descending_window(scaled, width + 1), *rule)
             if bool(exact.all()):  # rows with a top_k beyond the window need a wider one
                 return support
     if (need_top_p or need_min_p) and not scaled.is_cuda:
@@ -104,13 +105,21 @@ def compute_support(
         for width in _CPU_NUCLEUS_WINDOWS:
             if width + 1 >= vocab:
                 break
-            support, exact = _support_in(scaled, *torch.topk(scaled, width + 1, dim=-1), *rule)
+            support, exact = _support_in(scaled, *_descending_window(scaled, width + 1), *rule)
             if bool(exact.all()):
                 return support
     return _support_in(scaled, *torch.sort(scaled, dim=-1, descending=True), *rule)[0]
 
 
 _CPU_NUCLEUS_WINDOWS = (512, 4096)
+
+
+def _descending_window(scaled: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `width` largest values of each row, descending, and their token ids: the C kernel on
+    the CPU (ties ordered by token id, where torch.topk leaves their order open), torch.topk elsewhere."""
+    if topk_cpu_applies(scaled):
+        return topk_cpu(scaled, width)
+    return torch.topk(scaled, width, dim=-1)
 
 
 def min_p_threshold(row_max: torch.Tensor, log_min_ps: torch.Tensor) -> torch.Tensor:
