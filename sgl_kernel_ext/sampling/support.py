@@ -26,6 +26,7 @@ import torch
 
 from sgl_kernel_ext.sampling.murmur_reference import hash_gumbel
 from sgl_kernel_ext.sampling.topk_cpu import topk_cpu, topk_cpu_applies
+from sgl_kernel_ext.sampling.window_cpu import window_cpu_applies, window_thresholds_cpu
 
 NEG_INF = float("-inf")
 
@@ -138,7 +139,28 @@ def _support_in(
     need_min_p: bool,
 ) -> tuple[Support, torch.Tensor]:
     """Thresholds from the descending window (vals, idx), and per row whether they are exact:
-    the k-th value and the top-p boundary both fall inside the window."""
+    the k-th value and the top-p boundary both fall inside the window. On the CPU two C calls
+    (window_cpu.c) compute what _support_in_torch computes, to the bit."""
+    if window_cpu_applies(vals):
+        probs = _softmax_at(scaled, idx) if need_top_p else None  # [B, W]
+        threshold, exact = window_thresholds_cpu(
+            vals, probs, scaled.shape[1], top_ks, top_ps if need_top_p else None, log_min_ps if need_min_p else None
+        )
+        return Support(threshold=threshold, vals=vals, idx=idx, vocab_size=scaled.shape[1]), exact
+    return _support_in_torch(scaled, vals, idx, top_ks, top_ps, log_min_ps, need_top_p, need_min_p)
+
+
+def _support_in_torch(
+    scaled: torch.Tensor,
+    vals: torch.Tensor,
+    idx: torch.Tensor,
+    top_ks: torch.Tensor,
+    top_ps: torch.Tensor,
+    log_min_ps: Optional[torch.Tensor],
+    need_top_p: bool,
+    need_min_p: bool,
+) -> tuple[Support, torch.Tensor]:
+    """_support_in in torch ops: the CUDA path, and the C kernels' reference."""
     vocab, width = scaled.shape[1], vals.shape[1]
     threshold = _top_k_threshold(vals, top_ks, vocab)
     exact = (top_ks >= vocab) | (top_ks <= width)  # [B] bool

@@ -20,6 +20,7 @@ from sgl_kernel_ext.sampling.support import (
     draw_seeded_in_window,
     min_p_threshold,
 )
+from sgl_kernel_ext.sampling.window_cpu import window_cpu_applies, window_draw_cpu
 
 __all__ = [
     "NEG_INF",
@@ -30,6 +31,7 @@ __all__ = [
     "draw_unseeded",
     "draw_unseeded_in_window",
     "inverse_cdf_draw",
+    "inverse_cdf_draw_torch",
     "min_p_threshold",
     "uniform_open_closed",
 ]
@@ -41,7 +43,15 @@ def uniform_open_closed(rows: int, device: torch.device, generator: Optional[tor
 
 
 def inverse_cdf_draw(values: torch.Tensor, threshold: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Column index [B] drawn with probability ∝ exp(value) among columns with value >= threshold."""
+    """Column index [B] drawn with probability ∝ exp(value) among columns with value >= threshold
+    (values [B, N], threshold and u [B, 1]); on the CPU the C kernel, with the same columns."""
+    if window_cpu_applies(values):
+        return window_draw_cpu(values, threshold, u)
+    return inverse_cdf_draw_torch(values, threshold, u)
+
+
+def inverse_cdf_draw_torch(values: torch.Tensor, threshold: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """inverse_cdf_draw in torch ops: the CUDA path, and the C kernel's reference."""
     vmax = values.amax(dim=-1, keepdim=True)
     weights = torch.where(values >= threshold, torch.exp(values - vmax), torch.zeros_like(values))
     cdf = torch.cumsum(weights, dim=-1)  # [B, N], non-decreasing
