@@ -236,6 +236,10 @@ def test_decode_layers_check_their_layers_once() -> None:
     short_v = step["v_buf"][: SLOTS - 1].clone()
     with pytest.raises(ValueError, match="v_buf must be a contiguous"):
         layers.run(shared, step["residual"], [kv[0], (step["k_buf"], short_v)])
+    layers.run(shared, step["residual"], kv)
+    step["k_buf"].set_(torch.empty(SLOTS - 1, KV_HEADS, HEAD_DIM))  # the same tensor object, new storage
+    with pytest.raises(ValueError, match="k_buf must be a contiguous"):
+        layers.run(shared, step["residual"], kv)
 
 
 def test_rows_do_not_depend_on_the_batch() -> None:

@@ -22,7 +22,7 @@ PORTABLE = load_kernel(*cpu_silu._KERNEL, defines=("PORTABLE_ONLY",))
 
 def portable(gate_up: torch.Tensor) -> torch.Tensor:
     act = torch.empty(gate_up.shape[0], gate_up.shape[1] // 2)
-    PORTABLE(gate_up.data_ptr(), gate_up.shape[0], gate_up.shape[1] // 2, act.data_ptr())
+    PORTABLE(gate_up.contiguous().data_ptr(), gate_up.shape[0], gate_up.shape[1] // 2, act.data_ptr(), 1)
     return act
 
 
@@ -37,9 +37,14 @@ def test_within_a_few_ulp_of_silu() -> None:
     exact = g.double() * torch.sigmoid(g.double())
     ulp = (torch.nextafter(exact.float(), torch.tensor(float("inf"))).double() - exact.float().double()).abs()
     assert ((got - exact).abs() <= 2.5 * ulp).all()
-    # Below the clamp the result is still SiLU to within its own tiny size.
-    deep = torch.linspace(-200.0, -87.0, 1001)
+    # Down to where exp(-g) overflows the result is SiLU within its own tiny size (from -88.4 it
+    # is -0 already); beyond, -0 as torch's (its exp overflows to inf there), -inf gives NaN.
+    deep = torch.linspace(-88.72, -87.0, 1001)
     assert (silu_mul_cpu(gates(deep)).abs() < 1e-35).all()
+    beyond = torch.tensor([-89.0, -100.0, -2000.0, -1e30, -3e38, float("-inf")])
+    for got in (silu_mul_cpu(gates(beyond)), portable(gates(beyond))):
+        torch.testing.assert_close(got[0], torch.nn.functional.silu(beyond), rtol=0, atol=0, equal_nan=True)
+        assert torch.equal(torch.signbit(got[0, :5]), torch.ones(5, dtype=torch.bool))
 
 
 def test_gate_times_up_and_torch_close() -> None:
@@ -47,9 +52,9 @@ def test_gate_times_up_and_torch_close() -> None:
     torch.testing.assert_close(silu_mul_cpu(gate_up), silu_mul_reference(gate_up.clone()), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("width", [1, 8, 13, 1536])
-def test_portable_build_gives_the_same_bits(width) -> None:
-    gate_up = torch.randn(3, 2 * width, generator=torch.Generator().manual_seed(width)) * 10
+@pytest.mark.parametrize("rows,width", [(3, 1), (3, 8), (3, 13), (3, 1536), (50, 1536)])  # 50 rows: threaded
+def test_portable_build_gives_the_same_bits(rows, width) -> None:
+    gate_up = torch.randn(rows, 2 * width, generator=torch.Generator().manual_seed(width)) * 10
     assert torch.equal(silu_mul_cpu(gate_up), portable(gate_up))
 
 

@@ -70,7 +70,7 @@ def test_refuses_what_it_cannot_read() -> None:
         topk_cpu(torch.zeros(2, 5, dtype=torch.float64), 2)
 
 
-def test_support_thresholds_are_those_of_a_full_sort(monkeypatch) -> None:
+def test_support_thresholds_are_those_of_a_full_sort() -> None:
     """The sampler's thresholds from the kernel's window equal those of the full sort path."""
     gen = torch.Generator().manual_seed(3)
     scaled = torch.randn(6, 2000, generator=gen) * 2

@@ -2,14 +2,15 @@
  *   act[r, i] = g / (1 + exp(-g)) * u,  g = gate_up[r, i], u = gate_up[r, I + i].
  * The exact mode keeps torch's SiLU, whose bits come from its own vectorised exp; this mode already
  * rounds every projection's input to 8 bits, so its SiLU may be ours, and then the whole decode
- * step runs in C (decode_layers_f32). Within 2.3 ulp of SiLU for g >= -87; below, where the
- * clamp bites, result and SiLU are both under 1e-35 in magnitude.
+ * step runs in C (decode_layers_f32). Within 2.3 ulp of SiLU for g >= -87.
  *
- * exp(t): t clamped to [-87, 88] (a finite result in normal range; NaN gates stay NaN through
- * g / ...), n = round(t log2 e), r = t - n ln2 in two parts, exp(r) by its degree-7 Taylor
- * polynomial (|r| <= 0.347: truncation below 1e-8), times 2^n from the exponent bits. Every
- * multiply-add is an explicit fma and nothing else could be contracted, so the AVX2 and
- * portable builds give the same bits.
+ * exp(t), t = -g: t clamped to [-87, 89] (NaN gates stay NaN through g / ...), n = round(t log2 e),
+ * r = t - n ln2 in two parts, exp(r) by its degree-7 Taylor polynomial (|r| <= 0.347: truncation
+ * below 1e-8), times 2^n from the exponent bits. From t >= 88.4, n = 128 and 2^n is +inf: SiLU is
+ * -0 there (torch's from t > 88.72, where its exp overflows; between, it is under 1e-36), and -inf
+ * gives NaN as torch's does; n never passes 128, so the bits never reach the sign. Every
+ * multiply-add is an explicit fma and nothing else could be contracted, so the AVX2 and portable
+ * builds give the same bits.
  */
 #include <math.h>
 #include <stdint.h>
@@ -20,7 +21,7 @@
 #endif
 
 #define EXP_MIN (-87.0f)
-#define EXP_MAX 88.0f
+#define EXP_MAX 89.0f
 #define LOG2E 1.44269504f
 #define ROUND_MAGIC 12582912.0f /* 1.5 * 2^23: adding it rounds to an integer, to nearest even */
 #define LN2_HI 0.693359375f     /* few bits: n * LN2_HI is exact */
@@ -81,9 +82,12 @@ int silu_mul_uses_avx2(void) {
 #endif
 }
 
-/* gate_up: [rows, 2 inter] contiguous (gate | up); act: [rows, inter] contiguous. A few thousand
- * values at decode: one thread. */
-void silu_mul_f32(const float *gate_up, int64_t rows, int64_t inter, float *act) {
+/* Below this many values one thread does it all (a decode step's few thousand). */
+#define SILU_PARALLEL_MIN (1 << 16)
+
+/* gate_up: [rows, 2 inter] contiguous (gate | up); act: [rows, inter] contiguous. */
+void silu_mul_f32(const float *gate_up, int64_t rows, int64_t inter, float *act, int num_threads) {
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (rows * inter >= SILU_PARALLEL_MIN)
     for (int64_t row = 0; row < rows; row++) {
         const float *g = gate_up + row * 2 * inter, *u = g + inter;
         float *out = act + row * inter;

@@ -12,7 +12,7 @@ import torch
 from sgl_kernel_ext.cpu_build import I64, PTR, load_kernel
 
 # (source, C function, argument types, result type): also built with -DPORTABLE_ONLY by the tests.
-_KERNEL = ("activation/silu_mul_cpu.c", "silu_mul_f32", (PTR, I64, I64, PTR), None)
+_KERNEL = ("activation/silu_mul_cpu.c", "silu_mul_f32", (PTR, I64, I64, PTR, ctypes.c_int), None)
 
 
 def _kernel() -> Optional[ctypes._CFuncPtr]:
@@ -30,5 +30,5 @@ def silu_mul_cpu(gate_up: torch.Tensor) -> torch.Tensor:
     gate_up = gate_up.contiguous()
     rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
     act = torch.empty(rows, inter, dtype=torch.float32)
-    _kernel()(gate_up.data_ptr(), rows, inter, act.data_ptr())
+    _kernel()(gate_up.data_ptr(), rows, inter, act.data_ptr(), torch.get_num_threads())
     return act

@@ -3,8 +3,8 @@
  *   embedding itself), h = RMSNorm(residual), qkv = h Wqkv^T (+ b), RoPE on q/k, k/v into the
  *   cache, attention over the paged cache, residual += attn Wo^T (+ b), h = RMSNorm(residual),
  *   gate_up = h Wgu^T.
- * The caller computes act = SiLU(gate) * up with torch and passes it to the next layer's call (a
- * C SiLU would round differently from torch's). At a decode-sized batch these steps cost more in
+ * On the exact path the caller computes act = SiLU(gate) * up with torch and passes it to the next
+ * layer's call (a C SiLU would round differently from torch's). At a decode-sized batch these steps cost more in
  * Python, ctypes and torch dispatch than in arithmetic; here they are the same C functions the
  * separate kernels run, called in the same order on the same values, so every value is the same
  * bits as on the op-by-op path.
@@ -119,7 +119,7 @@ int decode_layers_f32(const layer_weights *const *layers, int64_t count, const d
         const int failed = decode_layer_f32(layers[l], s, l ? layers[l - 1] : NULL, l ? act : NULL, residual, k_bufs[l],
                                             v_bufs[l]);
         if (failed) return failed;
-        silu_mul_f32(s->gate_up, s->rows, layers[l]->down_in, act);
+        silu_mul_f32(s->gate_up, s->rows, layers[l]->down_in, act, (int)s->num_threads);
     }
     return 0;
 }

@@ -192,8 +192,8 @@ def decode_layer_cpu(
 
 class DecodeLayers:
     """A model's layers for the one-call decode, checked against each other once. The KV buffers
-    a step passes are checked when they are not the tensors of the last step (the cache's own
-    buffers, the same at every step), so a step costs no per-layer Python checks."""
+    a step passes are checked when they are not the tensors (and storage) of the last step (the
+    cache's own buffers, the same at every step), so a step costs no per-layer Python checks."""
 
     def __init__(self, weights: Sequence[DecodeLayerWeights]) -> None:
         self.weights = list(weights)
@@ -236,7 +236,8 @@ class DecodeLayers:
     def _kv_pointers(self, step: DecodeLayerStep, kv_buffers) -> tuple[ctypes.Array, ctypes.Array]:
         cached = self._kv
         if cached is not None and len(cached[0]) == len(kv_buffers) and all(
-            k is ck and v is cv for (k, v), (ck, cv) in zip(kv_buffers, cached[0])
+            k is ck and v is cv and k.data_ptr() == kp and v.data_ptr() == vp
+            for (k, v), (ck, cv), kp, vp in zip(kv_buffers, cached[0], cached[1], cached[2])
         ):
             return cached[1], cached[2]
         if len(kv_buffers) != len(self.weights):

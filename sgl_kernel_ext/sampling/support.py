@@ -20,7 +20,7 @@ A seeded row draws argmax(scaled + gumbel(hash(seed, position, token id))) over 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -84,18 +84,18 @@ def compute_support(
     """
     if need_min_p and log_min_ps is None:
         log_min_ps = torch.log(min_ps)
-    rule = (top_ks, top_ps, log_min_ps, need_top_p, need_min_p)
+    rule = Rule(top_ks, top_ps, log_min_ps, need_top_p, need_min_p)
     vocab = scaled.shape[1]
     if window is not None and window + 1 < vocab:
         # One extra column shows whether ties with the k-th value run past the window.
-        return _support_in(scaled, *_descending_window(scaled, window + 1), *rule)[0]
+        return _support_in(scaled, *_descending_window(scaled, window + 1), rule)[0]
     if need_min_p and not need_top_p and not scaled.is_cuda:
         # Min-p alone keeps the tokens >= its threshold: a window as wide as the largest kept
         # set holds every row's support.
         floor = min_p_threshold(scaled.amax(dim=-1, keepdim=True), log_min_ps)  # [B, 1]
         width = int((scaled >= floor).sum(dim=-1).max())
         if width + 1 < vocab:
-            support, exact = _support_in(scaled, *_descending_window(scaled, width + 1), *rule)
+            support, exact = _support_in(scaled, *_descending_window(scaled, width + 1), rule)
             if bool(exact.all()):  # rows with a top_k beyond the window need a wider one
                 return support
     if (need_top_p or need_min_p) and not scaled.is_cuda:
@@ -106,10 +106,10 @@ def compute_support(
         for width in _CPU_NUCLEUS_WINDOWS:
             if width + 1 >= vocab:
                 break
-            support, exact = _support_in(scaled, *_descending_window(scaled, width + 1), *rule)
+            support, exact = _support_in(scaled, *_descending_window(scaled, width + 1), rule)
             if bool(exact.all()):
                 return support
-    return _support_in(scaled, *torch.sort(scaled, dim=-1, descending=True), *rule)[0]
+    return _support_in(scaled, *torch.sort(scaled, dim=-1, descending=True), rule)[0]
 
 
 _CPU_NUCLEUS_WINDOWS = (512, 4096)
@@ -128,39 +128,35 @@ def min_p_threshold(row_max: torch.Tensor, log_min_ps: torch.Tensor) -> torch.Te
     return row_max + log_min_ps.unsqueeze(1)
 
 
-def _support_in(
-    scaled: torch.Tensor,
-    vals: torch.Tensor,
-    idx: torch.Tensor,
-    top_ks: torch.Tensor,
-    top_ps: torch.Tensor,
-    log_min_ps: Optional[torch.Tensor],
-    need_top_p: bool,
-    need_min_p: bool,
-) -> tuple[Support, torch.Tensor]:
+class Rule(NamedTuple):
+    """The filters of a batch's rows, as compute_support takes them."""
+
+    top_ks: torch.Tensor  # [B]; >= V: none
+    top_ps: torch.Tensor  # [B]
+    log_min_ps: Optional[torch.Tensor]  # [B], -inf: none
+    need_top_p: bool
+    need_min_p: bool
+
+
+def _support_in(scaled: torch.Tensor, vals: torch.Tensor, idx: torch.Tensor, rule: Rule) -> tuple[Support, torch.Tensor]:
     """Thresholds from the descending window (vals, idx), and per row whether they are exact:
     the k-th value and the top-p boundary both fall inside the window. On the CPU two C calls
-    (window_cpu.c) compute what _support_in_torch computes, to the bit."""
+    (window_cpu.c) compute the values _support_in_torch computes."""
     if window_cpu_applies(vals):
-        probs = _softmax_at(scaled, idx) if need_top_p else None  # [B, W]
+        probs = _softmax_at(scaled, idx) if rule.need_top_p else None  # [B, W]
         threshold, exact = window_thresholds_cpu(
-            vals, probs, scaled.shape[1], top_ks, top_ps if need_top_p else None, log_min_ps if need_min_p else None
+            vals, probs, scaled.shape[1], rule.top_ks, rule.top_ps if rule.need_top_p else None,
+            rule.log_min_ps if rule.need_min_p else None,
         )
         return Support(threshold=threshold, vals=vals, idx=idx, vocab_size=scaled.shape[1]), exact
-    return _support_in_torch(scaled, vals, idx, top_ks, top_ps, log_min_ps, need_top_p, need_min_p)
+    return _support_in_torch(scaled, vals, idx, rule)
 
 
 def _support_in_torch(
-    scaled: torch.Tensor,
-    vals: torch.Tensor,
-    idx: torch.Tensor,
-    top_ks: torch.Tensor,
-    top_ps: torch.Tensor,
-    log_min_ps: Optional[torch.Tensor],
-    need_top_p: bool,
-    need_min_p: bool,
+    scaled: torch.Tensor, vals: torch.Tensor, idx: torch.Tensor, rule: Rule
 ) -> tuple[Support, torch.Tensor]:
     """_support_in in torch ops: the CUDA path, and the C kernels' reference."""
+    top_ks, top_ps, log_min_ps, need_top_p, need_min_p = rule
     vocab, width = scaled.shape[1], vals.shape[1]
     threshold = _top_k_threshold(vals, top_ks, vocab)
     exact = (top_ks >= vocab) | (top_ks <= width)  # [B] bool

@@ -1,6 +1,8 @@
 /* The CPU sampler's per-row work on a descending top-W window, in two calls instead of ~60 small
  * torch ops (sgl_kernel_ext/sampling/support.py, whose torch code is the reference; these give
- * the same values bit for bit, so both CPU sampling paths keep drawing the same tokens).
+ * the same values (NaN payloads and the sign of a zero threshold aside, which torch's own
+ * maximum sets differently with the batch size), so both CPU sampling paths keep drawing the
+ * same tokens).
  *
  * window_thresholds_f32: the top-k / top-p / min-p threshold of each row (support.py's
  * _support_in): the k-th value; the top-p boundary, from the full-vocabulary mass of each window

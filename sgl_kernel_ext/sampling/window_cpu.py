@@ -1,5 +1,5 @@
 """The CPU sampler's thresholds and inverse-CDF draw on a descending top-W window with the C
-kernels in window_cpu.c: the same values, bit for bit, as the torch code they replace
+kernels in window_cpu.c: the same values (NaN payloads and zero signs aside) as the torch code they replace
 (support._support_in_torch and sampling_ops.inverse_cdf_draw_torch, their references), in two
 calls instead of ~60 small ops."""
 

@@ -226,8 +226,9 @@ class LlamaModel(nn.Module):
         rope = self._step_rope(forward_batch, x)
         fused = self._cpu_decode_step(forward_batch, x, rope)
         if fused is not None:
-            # Each layer but its SiLU in one C call: the same functions in the same order as the
-            # loop below, so the same bits, without ~10 Python-level calls per layer.
+            # Each layer but its SiLU in one C call (with int8 activations, the whole step and
+            # its C SiLU): the same functions in the same order as the loop below, so the same
+            # bits, without ~10 Python-level calls per layer.
             kv_buffers = [forward_batch.kv_cache.get_kv(i) for i in range(len(self.layers))]
             act, residual = decode_layers_cpu(*fused, x, kv_buffers)
             x = self.layers[-1].mlp.down_proj(act)
