@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import concurrent.futures
 
+import requests
+
 from engine_utils import generate_ok, running_server
 
 FLAGS = ("--chunked-prefill-size", "48", "--max-running-requests", "12")
@@ -47,3 +49,19 @@ def test_overlap_on_and_off_give_identical_tokens():
     assert len(overlap) == 32 and all(overlap)
     for i, (a, b) in enumerate(zip(overlap, plain)):
         assert a == b, f"request {i}: overlap {a} != plain {b}"
+
+
+def _steps(server) -> int:
+    return requests.get(server.url + "/get_server_info", timeout=60).json()["load"]["num_steps"]
+
+
+def test_no_step_after_a_last_token_known_in_advance():
+    """A request that ends by max_new_tokens runs one prefill and max_new_tokens - 1 decode steps
+    under the overlap schedule too: no extra step whose token would be dropped (on the CPU it
+    would hold the cores while the next request arrives)."""
+    with running_server() as server:
+        for _ in range(2):  # the second time the prompt is cached: the same count
+            before = _steps(server)
+            out = generate_ok(server, "Count to ten:", sampling_params={"temperature": 0.0, "max_new_tokens": 5, "ignore_eos": True})
+            assert len(out["output_ids"]) == 5
+            assert _steps(server) - before == 5

@@ -8,7 +8,8 @@ thread, in submission order. With the overlap schedule the scheduler submits
 step i+1 before it has read step i's tokens: step i+1's input ids are read on the worker from
 `future_tokens`, and the penalty state already holds step i's ids (update_penalties), so
 nothing depends on the host having seen them. A request that finished at step i therefore
-runs one extra step whose token is dropped, as in SGLang. Without overlap the scheduler waits
+runs one extra step whose token is dropped, as in SGLang, unless step i was certain to end it
+(max_new_tokens) and no other request runs: then no step follows. Without overlap the scheduler waits
 for each step before preparing the next; the device work is the same code.
 """
 
@@ -371,13 +372,22 @@ class Scheduler:
             self.tree_cache.flush()
             self.flush_requested = False
         step = self._prefill_step()
-        if step is None and self.running is not None:
+        if step is None and self.running is not None and not self._running_ends_in_flight():
             step = self._decode_step()
         if step is not None:
             self.step_count += 1
             step.index = self.step_count
             self._log_step(step)
         return step
+
+    def _running_ends_in_flight(self) -> bool:
+        """Overlap: whether the in-flight decode step gives every running request its last token
+        (max_new_tokens). A next decode step would then only compute tokens to drop, and on the
+        CPU it would hold the cores while the last tokens go out and the next request comes in."""
+        if self.in_flight is None or self.in_flight[0].mode != ForwardMode.DECODE:
+            return False
+        in_flight = {id(req) for req in self.in_flight[0].reqs}
+        return all(id(req) in in_flight and _last_token_in_flight(req) for req in self.running.reqs)
 
     def _log_step(self, step: Step) -> None:
         """SGLang's progress lines: every prefill, and every --decode-log-interval decode steps."""
@@ -778,6 +788,12 @@ class Scheduler:
             input_token_ids_logprobs=pending.input_token_ids if want and want.token_ids_logprob else None,
             matched_text=req.matched_text,
         )
+
+
+def _last_token_in_flight(req: Req) -> bool:
+    """Whether the token of the in-flight step (one past the host's output_ids) ends `req` by length."""
+    limit = req.sampling_params.max_new_tokens
+    return limit is not None and len(req.output_ids) + 1 >= limit
 
 
 def rank_device(server_args: ServerArgs, dp_rank: int, tp_rank: int) -> torch.device:
