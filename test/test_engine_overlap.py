@@ -60,6 +60,7 @@ def test_no_step_after_a_last_token_known_in_advance():
     under the overlap schedule too: no extra step whose token would be dropped (on the CPU it
     would hold the cores while the next request arrives)."""
     with running_server() as server:
+        assert requests.get(server.url + "/get_server_info", timeout=60).json()["disable_overlap_schedule"] is False
         for _ in range(2):  # the second time the prompt is cached: the same count
             before = _steps(server)
             out = generate_ok(server, "Count to ten:", sampling_params={"temperature": 0.0, "max_new_tokens": 5, "ignore_eos": True})

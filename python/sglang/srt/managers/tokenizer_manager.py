@@ -506,6 +506,8 @@ class TokenizerManager:
                 self._handle_batch(self._decoder.decode(data))
             except msgspec.DecodeError:
                 logger.exception("Dropping an undecodable message from the detokenizer")
+            except Exception:  # the drain must go on: the FD fires again only for new messages
+                logger.exception("Dropping a message from the detokenizer that could not be applied")
 
     def _handle_batch(self, batch: BatchStrOut) -> None:
         if batch.load is not None:
