@@ -9,8 +9,8 @@ step i+1 before it has read step i's tokens: step i+1's input ids are read on th
 `future_tokens`, and the penalty state already holds step i's ids (update_penalties), so
 nothing depends on the host having seen them. A request that finished at step i therefore
 runs one extra step whose token is dropped, as in SGLang, unless step i was certain to end it
-(max_new_tokens) and no other request runs: then no step follows. Without overlap the scheduler waits
-for each step before preparing the next; the device work is the same code.
+(max_new_tokens) and no other request runs: then no step follows. Without overlap the
+scheduler waits for each step before preparing the next; the device work is the same code.
 """
 
 from __future__ import annotations

@@ -322,8 +322,7 @@ class TokenizerManager:
 
     def close(self) -> None:
         """Release the sockets (after the serving loop has stopped)."""
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.remove_reader(self._recv_sock.FD)
+        self._stop_reading()
         self._sync_ctx.destroy(linger=0)
 
     # ------------------------------------------------------------------ validation
@@ -488,8 +487,7 @@ class TokenizerManager:
         loop = asyncio.get_running_loop()
         if self._loop is loop:
             return
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.remove_reader(self._recv_sock.FD)
+        self._stop_reading()
         self._loop = loop
         loop.add_reader(self._recv_sock.FD, self._receive_all)
         self._receive_all()  # the FD is edge-triggered: what queued before the reader is read now
@@ -504,10 +502,12 @@ class TokenizerManager:
                 return
             try:
                 self._handle_batch(self._decoder.decode(data))
-            except msgspec.DecodeError:
-                logger.exception("Dropping an undecodable message from the detokenizer")
             except Exception:  # the drain must go on: the FD fires again only for new messages
-                logger.exception("Dropping a message from the detokenizer that could not be applied")
+                logger.exception("Dropping a message from the detokenizer (undecodable, or it failed)")
+
+    def _stop_reading(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._recv_sock.FD)
 
     def _handle_batch(self, batch: BatchStrOut) -> None:
         if batch.load is not None:
