@@ -101,7 +101,7 @@ class FakeScheduler:
         self.recv_sock = ctx.socket(zmq.PULL)
         self.recv_sock.bind(port_args.scheduler_input_ipc)
         self.send_sock = ctx.socket(zmq.PUSH)
-        self.send_sock.connect(port_args.detokenizer_ipc)
+        self.send_sock.connect(port_args.scheduler_output_ipc(server_args))
         self.decoder = decoder(SchedulerInput)
         self.running: dict[str, _FakeReq] = {}
 

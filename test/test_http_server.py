@@ -119,11 +119,12 @@ class Server:
 SERVER_FLAGS = {
     "main": [],
     "keyed": [
+        "--detokenizer-mode", "process",
         "--api-key", API_KEY,
         "--enable-custom-logit-processor",
         "--preferred-sampling-params", '{"max_new_tokens": 3, "temperature": 0.5}',
     ],
-    "term": ["--tp-size", "2"],
+    "term": ["--tp-size", "2", "--detokenizer-mode", "process"],
     "doomed": [],
 }
 
@@ -169,6 +170,13 @@ def main(servers: dict[str, Server]) -> Server:
     return servers["main"]
 
 
+@pytest.fixture(params=["main", "keyed"])
+def text_server(request: pytest.FixtureRequest, servers: dict[str, Server]) -> Server:
+    """Each place token ids become text: in the HTTP process (main, the CPU default
+    --detokenizer-mode inline) and in the detokenizer process (keyed)."""
+    return servers[request.param]
+
+
 @pytest.fixture(scope="module")
 def tokenizer(tokenizer_dir: str) -> Any:
     from transformers import PreTrainedTokenizerFast
@@ -179,9 +187,9 @@ def tokenizer(tokenizer_dir: str) -> Any:
 # ---------------------------------------------------------------------------------- /generate
 
 
-def test_generate_single_text(main: Server, tokenizer: Any) -> None:
+def test_generate_single_text(text_server: Server, tokenizer: Any) -> None:
     prompt_ids = tokenizer.encode("Hello world")
-    out = main.generate({"text": "Hello world", "sampling_params": {"max_new_tokens": 4}, "rid": "single"})
+    out = text_server.generate({"text": "Hello world", "sampling_params": {"max_new_tokens": 4}, "rid": "single"})
     expected_ids = (prompt_ids * 4)[:4]
     assert out["output_ids"] == expected_ids
     assert out["text"] == tokenizer.decode(expected_ids)
@@ -213,13 +221,13 @@ def test_generate_batch(main: Server, tokenizer: Any) -> None:
     assert out[1]["output_ids"] == tokenizer.encode("The quick brown fox")[:3]
 
 
-def test_streaming_is_cumulative_then_done(main: Server) -> None:
+def test_streaming_is_cumulative_then_done(text_server: Server) -> None:
     body = {
         "input_ids": [10, 11, 12, 13, 14],
         "sampling_params": {"max_new_tokens": 5, "custom_params": {"fake_delay": 0.05}},
         "stream": True,
     }
-    response = main.post(body, stream=True)
+    response = text_server.post(body, stream=True)
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
     events = _sse_events(response)
@@ -289,23 +297,23 @@ def test_non_finite_logprob_is_null(main: Server) -> None:
     assert response.json()["meta_info"]["output_token_logprobs"] == [[None, 10, None]]
 
 
-def test_stop_string_is_trimmed(main: Server, tokenizer: Any) -> None:
+def test_stop_string_is_trimmed(text_server: Server, tokenizer: Any) -> None:
     body = {"text": "Hello world. The quick brown fox", "sampling_params": {"stop": ["quick"], "max_new_tokens": 20}}
-    out = main.generate(body)
+    out = text_server.generate(body)
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": "quick"}
     assert out["text"] == "Hello world. The "
     body["sampling_params"]["no_stop_trim"] = True
-    assert main.generate(body)["text"].endswith("The quick")
+    assert text_server.generate(body)["text"].endswith("The quick")
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_stop_string_spanning_tokens_is_trimmed_exactly(main: Server, stream: bool) -> None:
+def test_stop_string_spanning_tokens_is_trimmed_exactly(text_server: Server, stream: bool) -> None:
     body = {
         "text": "Hello world. The quick",
         "sampling_params": {"stop": ["lo wor"], "max_new_tokens": 20, "custom_params": {"fake_delay": 0.05}},
         "stream": stream,
     }
-    response = main.post(body, stream=stream)
+    response = text_server.post(body, stream=stream)
     chunks = _sse_events(response)[:-1] if stream else [response.json()]
     assert len(chunks) >= (2 if stream else 1)
     assert chunks[-1]["text"] == "Hel"
@@ -314,11 +322,23 @@ def test_stop_string_spanning_tokens_is_trimmed_exactly(main: Server, stream: bo
     assert all("Hel".startswith(c["text"]) for c in chunks)
 
 
-def test_stop_token_kept_in_ids_not_in_text(main: Server, tokenizer: Any) -> None:
-    out = main.generate({"input_ids": [20, 21, 22], "sampling_params": {"stop_token_ids": [21], "max_new_tokens": 9}})
+def test_stop_token_kept_in_ids_not_in_text(text_server: Server, tokenizer: Any) -> None:
+    out = text_server.generate({"input_ids": [20, 21, 22], "sampling_params": {"stop_token_ids": [21], "max_new_tokens": 9}})
     assert out["output_ids"] == [20, 21]
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": 21}
     assert out["text"] == tokenizer.decode([20])
+
+
+def test_streamed_text_never_splits_a_character(text_server: Server, tokenizer: Any) -> None:
+    # The test tokenizer spells these characters as several single-byte tokens.
+    prompt = "Robots 🤖 paint héllo wörld ✨"
+    ids = tokenizer.encode(prompt)
+    assert len(ids) > len(prompt.split()) + 4, "the characters are not split across tokens"
+    params = {"max_new_tokens": len(ids), "custom_params": {"fake_delay": 0.02}}
+    chunks = _sse_events(text_server.post({"input_ids": ids, "sampling_params": params, "stream": True}, stream=True))[:-1]
+    assert len(chunks) >= 2
+    assert all("\ufffd" not in c["text"] for c in chunks)
+    assert chunks[-1]["text"] == prompt
 
 
 def test_abort_finish_reason_passes_through(main: Server) -> None:

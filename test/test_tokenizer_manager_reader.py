@@ -1,4 +1,4 @@
-"""The tokenizer manager reads the detokenizer's socket from its event loop's reader callback:
+"""The tokenizer manager reads its results socket from its event loop's reader callback:
 every message is read, also those queued before the reader was registered and those after one
 whose handling raised (zmq's FD signals only new messages, so a drain that stopped early would
 leave the rest unread until the next one arrived)."""
@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import zmq
 
-from sglang.srt.managers.io_struct import BatchStrOut, SchedulerReady, encode
+from sglang.srt.managers.io_struct import BatchStrOut, BatchTokenOut, SchedulerReady, StrOut, TokenOut, encode
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import PortArgs, prepare_server_args
 
 
-def _manager() -> tuple[TokenizerManager, PortArgs]:
-    server_args = prepare_server_args(["--skip-tokenizer-init"])
+def _manager(detokenizer_mode: str) -> tuple[TokenizerManager, PortArgs]:
+    server_args = prepare_server_args(["--skip-tokenizer-init", "--detokenizer-mode", detokenizer_mode])
     server_args.resolve()
     port_args = PortArgs.init_new()
     ready = SchedulerReady(vocab_size=100, context_len=64, max_total_num_tokens=64, max_running_requests=1,
@@ -23,29 +24,38 @@ def _manager() -> tuple[TokenizerManager, PortArgs]:
     return TokenizerManager(server_args, port_args, ready, None), port_args
 
 
-def test_every_message_is_read_after_one_that_raised():
-    tm, port_args = _manager()
+def _message(detokenizer_mode: str, index: int) -> bytes:
+    """What each mode's socket carries: the detokenizer's text, or the scheduler's token ids
+    (which the other mode's decoder refuses)."""
+    token = TokenOut(rid=f"r{index}", new_output_ids=[5], finished_reason=None, prompt_tokens=1, completion_tokens=1)
+    batch = BatchTokenOut(outs=[token]) if detokenizer_mode == "inline" else BatchStrOut(outs=[StrOut(token, "x")])
+    return encode(batch)
+
+
+@pytest.mark.parametrize("detokenizer_mode", ["process", "inline"])
+def test_every_message_is_read_after_one_that_raised(detokenizer_mode: str) -> None:
+    tm, port_args = _manager(detokenizer_mode)
     context = zmq.Context()
     push = context.socket(zmq.PUSH)
     push.connect(port_args.tokenizer_manager_ipc)
-    handled: list[int] = []
+    handled: list[str] = []  # the rid each handled BatchStrOut carries
 
     async def run() -> None:
         done = asyncio.Event()
 
         def handle(batch: BatchStrOut) -> None:
-            handled.append(len(handled))
+            handled.append(batch.outs[0].token.rid)
             if len(handled) == 1:
                 raise RuntimeError("the first message's handling fails")
             if len(handled) == 4:
                 done.set()
 
         tm._handle_batch = handle
-        push.send(encode(BatchStrOut(outs=[])))  # sent before the reader exists
-        push.send(encode(BatchStrOut(outs=[])))
+        push.send(_message(detokenizer_mode, 0))  # sent before the reader exists
+        push.send(_message(detokenizer_mode, 1))
         tm._ensure_receiving()
-        push.send(encode(BatchStrOut(outs=[])))
-        push.send(encode(BatchStrOut(outs=[])))
+        push.send(_message(detokenizer_mode, 2))
+        push.send(_message(detokenizer_mode, 3))
         await asyncio.wait_for(done.wait(), timeout=30)
 
     try:
@@ -54,4 +64,4 @@ def test_every_message_is_read_after_one_that_raised():
         push.close(linger=0)
         context.term()
         tm.close()
-    assert handled == [0, 1, 2, 3]
+    assert handled == ["r0", "r1", "r2", "r3"]

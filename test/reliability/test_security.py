@@ -48,7 +48,7 @@ def test_a_pickle_sent_to_the_internal_sockets_runs_nothing(guarded_server, tmp_
     server = psutil.Process(guarded_server.proc.pid)
     paths = {c.laddr for p in [server, *server.children(recursive=True)] for c in p.net_connections(kind="unix")
              if c.laddr and "sglang-ipc-" in c.laddr}
-    assert len(paths) >= 3, paths  # scheduler input, detokenizer, tokenizer manager
+    assert len(paths) >= 3, paths  # scheduler input, tokenizer manager, load (and the detokenizer in process mode)
     context = zmq.Context()
     try:
         for path in paths:

@@ -5,7 +5,7 @@
         out = llm.generate("The capital of France is", {"max_new_tokens": 8})
         outs = llm.generate(["a", "b"], {"temperature": 0})
 
-It starts the same scheduler ranks and detokenizer as `python -m sglang.launch_server` and
+It starts the same scheduler ranks (and detokenizer) as `python -m sglang.launch_server` and
 drives the same TokenizerManager on an event loop of its own thread, so `generate` returns the
 dicts `/generate` answers (a list for a batch or n > 1) and raises ValueError where `/generate`
 answers 400. Keyword arguments are ServerArgs fields (the flags' names with underscores).

@@ -1,7 +1,7 @@
 """HTTP server: the FastAPI app (native routes, OpenAI routes mounted) and the process launcher.
 
-launch_server starts one scheduler process per TP rank and the detokenizer (multiprocessing,
-spawn), waits for scheduler rank 0 to report SchedulerReady, then serves HTTP in this process
+launch_server starts one scheduler process per TP rank and, unless --detokenizer-mode inline,
+the detokenizer (multiprocessing, spawn), waits for scheduler rank 0 to report SchedulerReady, then serves HTTP in this process
 with the TokenizerManager. A watchdog thread stops the server when a child dies; shutdown
 (SIGINT/SIGTERM, errors) sends the children SIGTERM, then SIGKILL after a grace period, and
 Linux children also die with this process (PR_SET_PDEATHSIG) if it is killed outright.
@@ -586,8 +586,8 @@ class ChildProcesses:
         self._stopping = threading.Event()
 
     def start(self) -> None:
-        """This node's scheduler ranks of every replica; on node 0 also the detokenizer and, with
-        several replicas, the data-parallel controller."""
+        """This node's scheduler ranks of every replica; on node 0 also the detokenizer (unless
+        --detokenizer-mode inline) and, with several replicas, the data-parallel controller."""
         ctx = multiprocessing.get_context("spawn")
         args = self.server_args
         if args.dp_size > 1 and args.node_rank == 0:
@@ -596,7 +596,7 @@ class ChildProcesses:
             ports = replica_port_args(self.port_args, dp_rank, args.dp_size, self._dist_init_method(dp_rank))
             for rank in node_tp_ranks(args.tp_size, args.nnodes, args.node_rank):
                 self._spawn_scheduler(ctx, ports, dp_rank, rank)
-        if args.node_rank == 0:
+        if args.node_rank == 0 and args.detokenizer_mode == "process":
             self._spawn(ctx, "detokenizer", DETOKENIZER_ENTRY, (args, self.port_args))
 
     def _dist_init_method(self, dp_rank: int) -> str:

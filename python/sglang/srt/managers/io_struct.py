@@ -2,6 +2,7 @@
 
 TokenizerManager --(TokenizedGenerateReqInput | AbortReq | FlushCacheReq | GetLoadReq)--> Scheduler (rank 0)
 Scheduler --BatchTokenOut (+ SchedulerLoad)--> DetokenizerManager --BatchStrOut--> TokenizerManager
+(the DetokenizerManager in a process of its own, or inline in the TokenizerManager's: --detokenizer-mode)
 """
 
 from __future__ import annotations

@@ -169,7 +169,7 @@ class Scheduler:
             self.recv_socket = self.context.socket(zmq.PULL)
             self.recv_socket.bind(port_args.scheduler_input_ipc)
             self.send_socket = self.context.socket(zmq.PUSH)
-            self.send_socket.connect(port_args.detokenizer_ipc)
+            self.send_socket.connect(port_args.scheduler_output_ipc(server_args))
             self.load_reporter = ReplicaLoadReporter(self.context, port_args.load_ipc, server_args.load_watch_interval)
         self.num_reqs_received = 0
         if self.tp_size > 1:

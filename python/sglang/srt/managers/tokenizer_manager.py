@@ -1,9 +1,10 @@
 """TokenizerManager: request validation, tokenization, fan-out and result streaming (main process).
 
 A request travels as TokenizedGenerateReqInput over ZMQ to scheduler rank 0; its results come
-back from the detokenizer as BatchStrOut on a socket this class binds. Every request has a
-_ReqState per child (n > 1 fans out into n children) that a background task updates; the
-generator of the request wakes on its group's event and yields cumulative SGLang-native dicts.
+back on a socket this class binds: from the detokenizer process as BatchStrOut, or with
+--detokenizer-mode inline from the scheduler as BatchTokenOut, detokenized here. Every request
+has a _ReqState per child (n > 1 fans out into n children) that the socket's reader updates;
+the generator of the request wakes on its group's event and yields cumulative SGLang-native dicts.
 """
 
 from __future__ import annotations
@@ -16,18 +17,25 @@ import itertools
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import msgspec
 import zmq
 
-from sglang.srt.managers.detokenizer_manager import DETOKENIZATION_ERROR, TextDecoder, cut_at_last, trims_stop_text
+from sglang.srt.managers.detokenizer_manager import (
+    DETOKENIZATION_ERROR,
+    DetokenizerManager,
+    TextDecoder,
+    cut_at_last,
+    trims_stop_text,
+)
 from sglang.srt.managers.io_struct import (
     QUEUE_FULL,
     AbortReq,
     BatchStrOut,
+    BatchTokenOut,
     FlushCacheReq,
     GenerateReqInput,
     GetLoadReq,
@@ -156,7 +164,7 @@ class TokenizerManager:
         # enums cost ~0.3 ms of CPU per message: a streamed token's message on 2 cores.
         self._recv_sock = self._sync_ctx.socket(zmq.PULL)
         self._recv_sock.bind(port_args.tokenizer_manager_ipc)
-        self._decoder = decoder(BatchStrOut)
+        self._read_results = _results_reader(server_args.detokenizer_mode, tokenizer)
         self._states: dict[str, _ReqState] = {}
         self._children_of: dict[str, list[str]] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None  # the loop whose reader receives
@@ -501,9 +509,9 @@ class TokenizerManager:
             except zmq.Again:
                 return
             try:
-                self._handle_batch(self._decoder.decode(data))
+                self._handle_batch(self._read_results(data))
             except Exception:  # the drain must go on: the FD fires again only for new messages
-                logger.exception("Dropping a message from the detokenizer (undecodable, or it failed)")
+                logger.exception("Dropping a results message (undecodable, or it failed)")
 
     def _stop_reading(self) -> None:
         if self._loop is not None and not self._loop.is_closed():
@@ -624,6 +632,16 @@ class TokenizerManager:
         if indexed:
             out["index"] = state.index
         return out
+
+
+def _results_reader(detokenizer_mode: str, tokenizer: Any) -> Callable[[bytes], BatchStrOut]:
+    """A results message -> BatchStrOut: the detokenizer process's as they are, the scheduler's
+    BatchTokenOut (--detokenizer-mode inline) through a DetokenizerManager of this process."""
+    if detokenizer_mode == "process":
+        return decoder(BatchStrOut).decode
+    detokenizer = DetokenizerManager(tokenizer)
+    token_decoder = decoder(BatchTokenOut)
+    return lambda data: detokenizer.handle(token_decoder.decode(data))
 
 
 def _raise_if_refused(state: _ReqState) -> None:
