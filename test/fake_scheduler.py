@@ -35,6 +35,7 @@ from sglang.srt.managers.io_struct import (
     decoder,
     encode,
 )
+from sglang.srt.managers.results_channel import results_sender
 from sglang.srt.server_args import PortArgs, ServerArgs
 
 CONTEXT_LEN = 4096
@@ -100,8 +101,7 @@ class FakeScheduler:
         ctx = zmq.Context()
         self.recv_sock = ctx.socket(zmq.PULL)
         self.recv_sock.bind(port_args.scheduler_input_ipc)
-        self.send_sock = ctx.socket(zmq.PUSH)
-        self.send_sock.connect(port_args.scheduler_output_ipc(server_args))
+        self.send_sock = results_sender(server_args, port_args, ctx)
         self.decoder = decoder(SchedulerInput)
         self.running: dict[str, _FakeReq] = {}
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import socket
+import struct
 
 import psutil
 import requests
@@ -48,7 +50,9 @@ def test_a_pickle_sent_to_the_internal_sockets_runs_nothing(guarded_server, tmp_
     server = psutil.Process(guarded_server.proc.pid)
     paths = {c.laddr for p in [server, *server.children(recursive=True)] for c in p.net_connections(kind="unix")
              if c.laddr and "sglang-ipc-" in c.laddr}
-    assert len(paths) >= 3, paths  # scheduler input, tokenizer manager, load (and the detokenizer in process mode)
+    # Scheduler input, load reports, and the results: ZMQ, except rank 0's results to the
+    # tokenizer manager on the CPU default (--detokenizer-mode inline), a length-prefixed socket.
+    assert len(paths) >= 3, paths
     context = zmq.Context()
     try:
         for path in paths:
@@ -57,6 +61,9 @@ def test_a_pickle_sent_to_the_internal_sockets_runs_nothing(guarded_server, tmp_
             sock.connect(f"ipc://{path}")
             sock.send(payload)
             sock.close()
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+                raw.connect(path)
+                raw.sendall(struct.pack("<Q", len(payload)) + payload)
     finally:
         context.term()
     out = requests.post(guarded_server.url + "/generate", headers=AUTH, timeout=300,

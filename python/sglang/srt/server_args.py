@@ -409,6 +409,8 @@ class PortArgs:
     scheduler_input_ipc: str
     detokenizer_ipc: str
     tokenizer_manager_ipc: str
+    # A Unix socket path, not ZMQ: rank 0's results under --detokenizer-mode inline (results_channel.py).
+    results_socket: str
     # torch.distributed rendezvous of the TP ranks (rank 0 hosts the store on this port).
     dist_init_method: str
     # The HTTP process reads the replicas' load reports here (replica_load.py).
@@ -423,14 +425,10 @@ class PortArgs:
             scheduler_input_ipc=f"ipc://{base}/scheduler",
             detokenizer_ipc=f"ipc://{base}/detokenizer",
             tokenizer_manager_ipc=f"ipc://{base}/tokenizer_manager",
+            results_socket=f"{base}/results",
             dist_init_method=f"tcp://127.0.0.1:{_free_local_port()}",
             load_ipc=f"ipc://{base}/load",
         )
-
-    def scheduler_output_ipc(self, server_args: ServerArgs) -> str:
-        """Where rank 0 sends its BatchTokenOut: the detokenizer process, or with
-        --detokenizer-mode inline the tokenizer manager, which detokenizes them itself."""
-        return self.detokenizer_ipc if server_args.detokenizer_mode == "process" else self.tokenizer_manager_ipc
 
 
 def _free_local_port() -> int:

@@ -51,6 +51,7 @@ from sglang.srt.managers.io_struct import (
     decoder,
     encode,
 )
+from sglang.srt.managers.results_channel import results_sender
 from sglang.srt.managers.replica_load import ReplicaLoadReporter
 from sglang.srt.managers.schedule_batch import INVALID_TOKEN_ID, LogprobRequest, eos_ids, Req, ScheduleBatch, Step, StepResult
 from sglang.srt.managers.step_failures import StepError, StepFailureLimit, StepFaultHook
@@ -168,8 +169,7 @@ class Scheduler:
             self.context = zmq.Context(2)
             self.recv_socket = self.context.socket(zmq.PULL)
             self.recv_socket.bind(port_args.scheduler_input_ipc)
-            self.send_socket = self.context.socket(zmq.PUSH)
-            self.send_socket.connect(port_args.scheduler_output_ipc(server_args))
+            self.send_socket = results_sender(server_args, port_args, self.context)
             self.load_reporter = ReplicaLoadReporter(self.context, port_args.load_ipc, server_args.load_watch_interval)
         self.num_reqs_received = 0
         if self.tp_size > 1:

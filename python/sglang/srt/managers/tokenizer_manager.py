@@ -48,6 +48,7 @@ from sglang.srt.managers.io_struct import (
     sum_loads,
 )
 from sglang.srt.managers.request_logger import RequestLogger
+from sglang.srt.managers.results_channel import results_source
 from sglang.srt.sampling.logits_processor.loader import LoadedLogitsProcessors
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import PortArgs, ServerArgs
@@ -160,11 +161,10 @@ class TokenizerManager:
         self._send_sock.setsockopt(zmq.SNDHWM, 0)
         self._send_sock.setsockopt(zmq.LINGER, 0)
         self._send_sock.connect(port_args.scheduler_input_ipc)
-        # Read from the loop's own reader callback, not zmq.asyncio, whose futures and flag
+        # Read from the loop's own reader callbacks, not zmq.asyncio, whose futures and flag
         # enums cost ~0.3 ms of CPU per message: a streamed token's message on 2 cores.
-        self._recv_sock = self._sync_ctx.socket(zmq.PULL)
-        self._recv_sock.bind(port_args.tokenizer_manager_ipc)
         self._read_results = _results_reader(server_args.detokenizer_mode, tokenizer)
+        self._results = results_source(server_args, port_args, self._sync_ctx, self._on_results)
         self._states: dict[str, _ReqState] = {}
         self._children_of: dict[str, list[str]] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None  # the loop whose reader receives
@@ -330,7 +330,7 @@ class TokenizerManager:
 
     def close(self) -> None:
         """Release the sockets (after the serving loop has stopped)."""
-        self._stop_reading()
+        self._results.close()
         self._sync_ctx.destroy(linger=0)
 
     # ------------------------------------------------------------------ validation
@@ -493,29 +493,15 @@ class TokenizerManager:
     def _ensure_receiving(self) -> None:
         # Registered lazily so results reach the loop that serves the requests (uvicorn's).
         loop = asyncio.get_running_loop()
-        if self._loop is loop:
-            return
-        self._stop_reading()
-        self._loop = loop
-        loop.add_reader(self._recv_sock.FD, self._receive_all)
-        self._receive_all()  # the FD is edge-triggered: what queued before the reader is read now
+        if self._loop is not loop:
+            self._results.attach(loop)
+            self._loop = loop
 
-    def _receive_all(self) -> None:
-        """Every message waiting on the socket: zmq's FD signals an edge, so it is read until
-        empty each time it fires."""
-        while True:
-            try:
-                data = self._recv_sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            try:
-                self._handle_batch(self._read_results(data))
-            except Exception:  # the drain must go on: the FD fires again only for new messages
-                logger.exception("Dropping a results message (undecodable, or it failed)")
-
-    def _stop_reading(self) -> None:
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.remove_reader(self._recv_sock.FD)
+    def _on_results(self, data: bytes) -> None:
+        try:
+            self._handle_batch(self._read_results(data))
+        except Exception:  # the reader must go on: the other messages are other requests'
+            logger.exception("Dropping a results message (undecodable, or it failed)")
 
     def _handle_batch(self, batch: BatchStrOut) -> None:
         if batch.load is not None:

@@ -1,0 +1,127 @@
+"""The framed Unix socket that carries scheduler rank 0's results to the tokenizer manager under
+--detokenizer-mode inline: whole messages, in order per sender, whatever the reads split; one
+connection per sender; a stray connection with foreign bytes is closed alone; the reader moves
+between event loops."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+import tempfile
+import threading
+
+import pytest
+
+from sglang.srt.managers.results_channel import MAX_MESSAGE_BYTES, FramedResults, FramedSender
+
+
+@pytest.fixture
+def path() -> str:
+    with tempfile.TemporaryDirectory() as folder:
+        yield os.path.join(folder, "results")
+
+
+def _read_until(results: FramedResults, received: list[bytes], count: int) -> None:
+    """Serve `results` on a fresh event loop until `count` messages arrived (30 s at most)."""
+
+    async def run() -> None:
+        results.attach(asyncio.get_running_loop())
+        deadline = asyncio.get_running_loop().time() + 30
+        while len(received) < count:
+            assert asyncio.get_running_loop().time() < deadline, f"{len(received)} of {count} messages"
+            await asyncio.sleep(0.001)
+
+    asyncio.run(run())
+
+
+def _framed(message: bytes) -> bytes:
+    return struct.pack("<Q", len(message)) + message
+
+
+def test_messages_arrive_whole_and_in_order(path: str) -> None:
+    received: list[bytes] = []
+    results = FramedResults(path, received.append)
+    sender = FramedSender(path)
+    small = [b"", b"a"]
+    for message in small:
+        sender.send(message)  # before any loop reads: the socket's buffer holds them
+    large = [os.urandom(3 << 20), b"after the large one"]  # 3 MiB: many reads, and the send blocks
+    writer = threading.Thread(target=lambda: [sender.send(m) for m in large])
+    writer.start()
+    _read_until(results, received, 4)
+    writer.join()
+    assert received == small + large
+    sender.close()
+    results.close()
+    assert not os.path.exists(path)
+
+
+def test_a_message_split_across_writes_is_delivered_once_complete(path: str) -> None:
+    received: list[bytes] = []
+    results = FramedResults(path, received.append)
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    raw.connect(path)
+    stream = _framed(b"first") + _framed(b"second")
+
+    async def run() -> None:
+        results.attach(asyncio.get_running_loop())
+        for i in range(len(stream)):
+            raw.send(stream[i : i + 1])
+            await asyncio.sleep(0)  # the reader may see any prefix
+            expected = [b"first"] if i + 1 >= len(_framed(b"first")) else []
+            if i + 1 == len(stream):
+                expected.append(b"second")
+            deadline = asyncio.get_running_loop().time() + 30
+            while received != expected and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.001)
+            assert received == expected, i
+
+    asyncio.run(run())
+    raw.close()
+    results.close()
+
+
+def test_senders_each_keep_their_order(path: str) -> None:
+    received: list[bytes] = []
+    results = FramedResults(path, received.append)
+    senders = [FramedSender(path) for _ in range(3)]
+    for i in range(50):
+        for k, sender in enumerate(senders):
+            sender.send(f"{k}:{i}".encode())
+    _read_until(results, received, 150)
+    for k in range(3):
+        assert [m for m in received if m.startswith(f"{k}:".encode())] == [f"{k}:{i}".encode() for i in range(50)]
+    results.close()
+
+
+def test_a_stray_connection_is_closed_alone(path: str) -> None:
+    received: list[bytes] = []
+    results = FramedResults(path, received.append)
+    stray = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stray.connect(path)
+    stray.sendall(struct.pack("<Q", MAX_MESSAGE_BYTES + 1) + b"not ours")
+    sender = FramedSender(path)
+    sender.send(b"ours")
+    _read_until(results, received, 1)
+    assert received == [b"ours"]
+    stray.settimeout(30)
+    assert stray.recv(1) == b"", "the stray connection is still open"
+    sender.send(b"still served")
+    _read_until(results, received, 2)
+    assert received == [b"ours", b"still served"]
+    results.close()
+
+
+def test_the_reader_moves_to_another_loop(path: str) -> None:
+    received: list[bytes] = []
+    results = FramedResults(path, received.append)
+    sender = FramedSender(path)
+    sender.send(b"one")
+    _read_until(results, received, 1)  # the first loop accepted the connection, then closed
+    sender.send(b"two")
+    _read_until(results, received, 2)
+    assert received == [b"one", b"two"]
+    results.close()
+
