@@ -117,7 +117,7 @@ class Server:
 
 
 SERVER_FLAGS = {
-    "main": [],
+    "main": ["--detokenizer-mode", "inline"],  # the CPU default, pinned for machines with a GPU
     "keyed": [
         "--detokenizer-mode", "process",
         "--api-key", API_KEY,

@@ -79,7 +79,7 @@ def wait_idle(srv: ServerProcess) -> dict[str, Any]:
 
 
 def server_rss_mib(srv: ServerProcess) -> float:
-    """Resident memory of the server and its child processes (scheduler ranks, detokenizer)."""
+    """Resident memory of the server and its child processes (scheduler ranks, the detokenizer in process mode)."""
     proc = psutil.Process(srv.proc.pid)
     return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)]) / 2**20
 

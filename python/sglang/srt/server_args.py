@@ -127,6 +127,11 @@ class ServerArgs:
             self._check_gpu_ids()
         return self
 
+    def detokenizer_process(self) -> bool:
+        """Whether a detokenizer process sits between rank 0 and the tokenizer manager (else the
+        tokenizer manager detokenizes; see --detokenizer-mode)."""
+        return self.detokenizer_mode != "inline"
+
     def validate(self) -> None:
         self._validate_parallelism()
         if self.schedule_policy not in SCHEDULE_POLICY_SUPPORTED:
@@ -404,7 +409,7 @@ class ServerArgs:
 
 @dataclasses.dataclass
 class PortArgs:
-    """ZMQ ipc endpoints; each is bound by the process that reads from it."""
+    """The processes' endpoints (ZMQ ipc but results_socket); each is bound by the process that reads from it."""
 
     scheduler_input_ipc: str
     detokenizer_ipc: str

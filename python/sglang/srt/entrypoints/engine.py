@@ -156,7 +156,7 @@ class Engine:
         return self._tm().flush_cache()
 
     def shutdown(self) -> None:
-        """Stop the scheduler ranks and the detokenizer; the engine cannot be used afterwards."""
+        """Stop the scheduler ranks (and the detokenizer process); the engine cannot be used afterwards."""
         self._children.shutdown()
         if self.tokenizer_manager is not None:
             self._run(_close(self.tokenizer_manager))

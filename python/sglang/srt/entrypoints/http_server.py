@@ -1,10 +1,11 @@
 """HTTP server: the FastAPI app (native routes, OpenAI routes mounted) and the process launcher.
 
 launch_server starts one scheduler process per TP rank and, unless --detokenizer-mode inline,
-the detokenizer (multiprocessing, spawn), waits for scheduler rank 0 to report SchedulerReady, then serves HTTP in this process
-with the TokenizerManager. A watchdog thread stops the server when a child dies; shutdown
-(SIGINT/SIGTERM, errors) sends the children SIGTERM, then SIGKILL after a grace period, and
-Linux children also die with this process (PR_SET_PDEATHSIG) if it is killed outright.
+the detokenizer (multiprocessing, spawn), waits for scheduler rank 0 to report SchedulerReady,
+then serves HTTP in this process with the TokenizerManager. A watchdog thread stops the server
+when a child dies; shutdown (SIGINT/SIGTERM, errors) sends the children SIGTERM, then SIGKILL
+after a grace period, and Linux children also die with this process (PR_SET_PDEATHSIG) if it
+is killed outright.
 """
 
 from __future__ import annotations
@@ -574,7 +575,7 @@ def _child_main(entry: str, args: tuple, parent_pid: int) -> None:
 
 
 class ChildProcesses:
-    """The scheduler ranks and the detokenizer, from start to SIGKILL."""
+    """The scheduler ranks and the detokenizer process (if any), from start to SIGKILL."""
 
     def __init__(self, server_args: ServerArgs, port_args: PortArgs) -> None:
         self.server_args = server_args
@@ -596,7 +597,7 @@ class ChildProcesses:
             ports = replica_port_args(self.port_args, dp_rank, args.dp_size, self._dist_init_method(dp_rank))
             for rank in node_tp_ranks(args.tp_size, args.nnodes, args.node_rank):
                 self._spawn_scheduler(ctx, ports, dp_rank, rank)
-        if args.node_rank == 0 and args.detokenizer_mode == "process":
+        if args.node_rank == 0 and args.detokenizer_process():
             self._spawn(ctx, "detokenizer", DETOKENIZER_ENTRY, (args, self.port_args))
 
     def _dist_init_method(self, dp_rank: int) -> str:

@@ -1,10 +1,10 @@
 """DetokenizerManager: token ids -> incremental text, with stop trimming.
 
 Scheduler --BatchTokenOut--> here --BatchStrOut--> TokenizerManager, in a process of its own
-(--detokenizer-mode process) or called by the TokenizerManager on what it receives (inline). Each request's text is
-decoded incrementally over a short window of ids (enough context for tokenizers whose
-decoding of a token depends on its neighbours), and text ending in U+FFFD, an incomplete
-UTF-8 sequence split across tokens, is held back until the sequence completes.
+(--detokenizer-mode process) or called by the TokenizerManager on what it receives (inline).
+Each request's text is decoded incrementally over a short window of ids (enough context for
+tokenizers whose decoding of a token depends on its neighbours), and text ending in U+FFFD, an
+incomplete UTF-8 sequence split across tokens, is held back until the sequence completes.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ class FlushCacheReq(msgspec.Struct, tag=True):
 
 
 class GetLoadReq(msgspec.Struct, tag=True):
-    """Ask scheduler rank 0 for a SchedulerLoad; it comes back through the detokenizer."""
+    """Ask scheduler rank 0 for a SchedulerLoad; it comes back with the results (BatchTokenOut.load)."""
 
     req_id: int
 

@@ -5,7 +5,7 @@
 stream socket. A ZMQ message wakes the sender's and the receiver's I/O threads before the
 receiving thread; on a CPU server every streamed token's wake-ups compete with the forward's
 OpenMP team for the same cores. On this socket the scheduler's write wakes the tokenizer
-manager's event loop itself (docs/serving.md#processes has the measurements).
+manager's event loop itself (docs/benchmarks.md has the measurements).
 
 Every source calls `on_message(bytes)` once per message, in order per sender; the callback
 handles its own errors.
@@ -32,7 +32,7 @@ _HEADER = struct.Struct("<Q")  # the message's length in bytes
 # A length beyond this is not one of our messages (a stray client on the socket): its
 # connection is closed rather than buffered for.
 MAX_MESSAGE_BYTES = 1 << 32
-_RECV_BYTES = 1 << 18
+_RECV_BYTES = 1 << 18  # per read callback: a B=256 step's results with top logprobs in a few reads
 
 
 class ResultsSource(Protocol):
@@ -103,6 +103,9 @@ class FramedResults:
                 conn, _ = self._listener.accept()
             except BlockingIOError:
                 return
+            except OSError as err:  # e.g. out of file descriptors: the connection waits in the backlog
+                logger.error("Cannot accept a results connection: %s", err)
+                return
             conn.setblocking(False)
             self._buffers[conn] = bytearray()
             self._loop.add_reader(conn.fileno(), self._read, conn)
@@ -112,30 +115,36 @@ class FramedResults:
             data = conn.recv(_RECV_BYTES)
         except BlockingIOError:
             return
-        except OSError:
+        except OSError as err:
+            logger.warning("A results connection failed: %s", err)
             data = b""
+        buffer = self._buffers[conn]
         if not data:
+            if buffer:
+                logger.warning("A results connection closed %d bytes into a message", len(buffer))
             self._drop(conn)
             return
-        buffer = self._buffers[conn]
         buffer += data
-        self._deliver(conn, buffer)
+        for message in self._whole_messages(conn, buffer):
+            self._on_message(message)
 
-    def _deliver(self, conn: socket.socket, buffer: bytearray) -> None:
-        start = 0
+    def _whole_messages(self, conn: socket.socket, buffer: bytearray) -> list[bytes]:
+        """The complete messages at the front of `buffer`, removed from it (before any is handled,
+        so none is handled twice); [] and the connection dropped on a length not ours."""
+        messages, start = [], 0
         while len(buffer) - start >= _HEADER.size:
             (length,) = _HEADER.unpack_from(buffer, start)
             if length > MAX_MESSAGE_BYTES:
                 logger.error("Closing a results connection that sent a %d-byte length: not our framing", length)
                 self._drop(conn)
-                return
+                return []
             end = start + _HEADER.size + length
             if len(buffer) < end:
                 break
-            message = bytes(buffer[start + _HEADER.size : end])
+            messages.append(bytes(buffer[start + _HEADER.size : end]))
             start = end
-            self._on_message(message)
         del buffer[:start]
+        return messages
 
     def _drop(self, conn: socket.socket) -> None:
         if self._loop is not None and not self._loop.is_closed():
@@ -163,8 +172,9 @@ class FramedResults:
 class FramedSender:
     """The scheduler's end of FramedResults. It connects at the first send: the tokenizer
     manager binds its socket before it sends the scheduler anything to answer. A send blocks
-    while the socket's buffer is full (the tokenizer manager is behind), as a ZMQ PUSH does at
-    its high-water mark."""
+    while the socket's buffer (~200 KB by default) holds unread results, so rank 0 waits for a
+    tokenizer manager that has fallen that far behind; a ZMQ PUSH would queue up to 1000
+    messages first."""
 
     def __init__(self, path: str) -> None:
         self._path = path
@@ -179,6 +189,7 @@ class FramedSender:
     def close(self) -> None:
         if self._sock is not None:
             self._sock.close()
+            self._sock = None
 
 
 class ResultsSender(Protocol):
@@ -188,7 +199,7 @@ class ResultsSender(Protocol):
 def results_sender(server_args: ServerArgs, port_args: PortArgs, context: zmq.Context) -> ResultsSender:
     """Rank 0's end: a ZMQ PUSH to the detokenizer process, or with --detokenizer-mode inline
     the tokenizer manager's framed socket."""
-    if server_args.detokenizer_mode == "inline":
+    if not server_args.detokenizer_process():
         return FramedSender(port_args.results_socket)
     sock = context.socket(zmq.PUSH)
     sock.connect(port_args.detokenizer_ipc)
@@ -199,6 +210,6 @@ def results_source(
     server_args: ServerArgs, port_args: PortArgs, context: zmq.Context, on_message: Callable[[bytes], None]
 ) -> ResultsSource:
     """The tokenizer manager's end of results_sender."""
-    if server_args.detokenizer_mode == "inline":
+    if not server_args.detokenizer_process():
         return FramedResults(port_args.results_socket, on_message)
     return ZmqResults(context, port_args.tokenizer_manager_ipc, on_message)

@@ -51,8 +51,8 @@ from sglang.srt.managers.io_struct import (
     decoder,
     encode,
 )
-from sglang.srt.managers.results_channel import results_sender
 from sglang.srt.managers.replica_load import ReplicaLoadReporter
+from sglang.srt.managers.results_channel import results_sender
 from sglang.srt.managers.schedule_batch import INVALID_TOKEN_ID, LogprobRequest, eos_ids, Req, ScheduleBatch, Step, StepResult
 from sglang.srt.managers.step_failures import StepError, StepFailureLimit, StepFaultHook
 from sglang.srt.mem_cache.radix_cache import RadixCache

@@ -163,7 +163,7 @@ class TokenizerManager:
         self._send_sock.connect(port_args.scheduler_input_ipc)
         # Read from the loop's own reader callbacks, not zmq.asyncio, whose futures and flag
         # enums cost ~0.3 ms of CPU per message: a streamed token's message on 2 cores.
-        self._read_results = _results_reader(server_args.detokenizer_mode, tokenizer)
+        self._decode_results = _results_decoder(server_args.detokenizer_process(), tokenizer)
         self._results = results_source(server_args, port_args, self._sync_ctx, self._on_results)
         self._states: dict[str, _ReqState] = {}
         self._children_of: dict[str, list[str]] = {}
@@ -499,7 +499,7 @@ class TokenizerManager:
 
     def _on_results(self, data: bytes) -> None:
         try:
-            self._handle_batch(self._read_results(data))
+            self._handle_batch(self._decode_results(data))
         except Exception:  # the reader must go on: the other messages are other requests'
             logger.exception("Dropping a results message (undecodable, or it failed)")
 
@@ -620,10 +620,10 @@ class TokenizerManager:
         return out
 
 
-def _results_reader(detokenizer_mode: str, tokenizer: Any) -> Callable[[bytes], BatchStrOut]:
+def _results_decoder(detokenizer_process: bool, tokenizer: Any) -> Callable[[bytes], BatchStrOut]:
     """A results message -> BatchStrOut: the detokenizer process's as they are, the scheduler's
     BatchTokenOut (--detokenizer-mode inline) through a DetokenizerManager of this process."""
-    if detokenizer_mode == "process":
+    if detokenizer_process:
         return decoder(BatchStrOut).decode
     detokenizer = DetokenizerManager(tokenizer)
     token_decoder = decoder(BatchTokenOut)
