@@ -36,6 +36,13 @@ def _read_until(results: FramedResults, received: list[bytes], count: int) -> No
     asyncio.run(run())
 
 
+def _raw_connection(path: str) -> socket.socket:
+    """A connection that writes whatever bytes the test gives it."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect(path)
+    return conn
+
+
 def _framed(message: bytes) -> bytes:
     return struct.pack("<Q", len(message)) + message
 
@@ -63,8 +70,7 @@ def test_messages_arrive_whole_and_in_order(path: str) -> None:
 def test_a_message_split_across_writes_is_delivered_once_complete(path: str) -> None:
     received: list[bytes] = []
     results = FramedResults(path, received.append)
-    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    raw.connect(path)
+    raw = _raw_connection(path)
     stream = _framed(b"first") + _framed(b"second")
 
     async def run() -> None:
@@ -101,8 +107,7 @@ def test_senders_each_keep_their_order(path: str) -> None:
 def test_a_stray_connection_is_closed_alone(path: str) -> None:
     received: list[bytes] = []
     results = FramedResults(path, received.append)
-    stray = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    stray.connect(path)
+    stray = _raw_connection(path)
     stray.sendall(struct.pack("<Q", MAX_MESSAGE_BYTES + 1) + b"not ours")
     sender = FramedSender(path)
     sender.send(b"ours")
@@ -125,8 +130,7 @@ def test_a_message_whose_handling_raises_is_not_handled_again(path: str) -> None
             raise RuntimeError("handling failed")
 
     results = FramedResults(path, handle)
-    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    raw.connect(path)
+    raw = _raw_connection(path)
     raw.sendall(_framed(b"fails") + _framed(b"next"))  # one read holds both
     _read_until(results, received, 1)
     raw.sendall(_framed(b"after"))
@@ -140,8 +144,7 @@ def test_a_message_whose_handling_raises_is_not_handled_again(path: str) -> None
 def test_a_sender_that_closes_mid_message_is_dropped_alone(path: str) -> None:
     received: list[bytes] = []
     results = FramedResults(path, received.append)
-    broken = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    broken.connect(path)
+    broken = _raw_connection(path)
     broken.sendall(_framed(b"whole") + _framed(b"cut short")[:-3])
     broken.close()
     sender = FramedSender(path)
