@@ -72,6 +72,9 @@ logger = logging.getLogger(__name__)
 LPM_MAX_QUEUE = 128
 
 GRAMMAR_WAIT_S = 0.005
+# Added to the nice value of a CPU scheduler process (all its threads, the forward's OpenMP team
+# among them): see _yield_cores_to_front_end.
+CPU_SCHEDULER_NICE = 10
 NAN_MESSAGE = "The logits of this request contained NaN or +inf (or no finite value), so no token could be sampled."
 
 
@@ -827,6 +830,24 @@ def _pin_replica_cores(server_args: ServerArgs, dp_rank: int) -> None:
     logger.info("CPU cores %s", cores)
 
 
+def _yield_cores_to_front_end(server_args: ServerArgs) -> None:
+    """On CPU the HTTP process shares the cores with the forward's OpenMP team, which spins on
+    all of them. At equal priority a streamed token waits for the running step's threads to
+    use up their time slice before it goes out; a lower priority for the scheduler lets the
+    front end run as soon as a result arrives (paired A/B, 2 cores: TTFT median 13.9 -> 11.1 ms,
+    ITL unchanged). Set before the forward's threads start, so they inherit it."""
+    if server_args.device != "cpu":
+        return
+    if not os.path.isdir("/proc/self/task"):
+        os.nice(CPU_SCHEDULER_NICE)  # the whole process where priority is per process (macOS)
+        return
+    for tid in map(int, os.listdir("/proc/self/task")):  # Linux: per thread, imports may have started some
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, min(os.getpriority(os.PRIO_PROCESS, tid) + CPU_SCHEDULER_NICE, 19))
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
+
+
 def _init_worker(device: torch.device, threads: int) -> None:
     # torch's thread count is per thread under OpenMP. libgomp counts the threads of every
     # team in the process: once they outnumber the cores (a second team, started by one large
@@ -850,6 +871,7 @@ def run_scheduler_process(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher owns Ctrl-C and sends SIGTERM
     logger.info("TP rank %d of %d: pid %d", tp_rank, server_args.tp_size, os.getpid())
     _pin_replica_cores(server_args, dp_rank)
+    _yield_cores_to_front_end(server_args)
     try:
         scheduler = Scheduler(server_args, port_args, tp_rank, dp_rank)
     except Exception as err:  # noqa: BLE001 - reported to the launcher verbatim
