@@ -3,7 +3,8 @@ server aborts their requests and is left with nothing running and no leaked KV) 
 (POST /abort_request {"abort_all": true} ends every running request with finish_reason abort).
 
 Upstream synchronises with sleeps (0.5 s, 2 s, 10 s); here with conditions the server reports:
-/flush_cache answers 400 while requests run or wait and 200 (flushing) once none do. Upstream's
+/flush_cache answers 400 while requests run or wait and 200 (flushing) once none do, and
+/get_server_info counts the scheduler's running and queued requests. Upstream's
 memory-leak check reads SGLang's own log lines; here it is a flush (every request gone, the
 cache emptied) followed by a request that still runs. On the shared server (`smollm_server`);
 scaled: 1,024 / 2,000 new tokens (upstream 2,048 / 16,000).
@@ -26,6 +27,12 @@ from upstream_helpers import post_ok
 
 def _flush(server) -> int:
     return requests.post(server.url + "/flush_cache", timeout=60).status_code
+
+
+def _in_scheduler(server) -> int:
+    """Requests the scheduler holds, running or queued."""
+    load = requests.get(server.url + "/get_server_info", timeout=60).json()["load"]
+    return load["num_running_reqs"] + load["num_queue_reqs"]
 
 
 WORKLOAD = textwrap.dedent("""
@@ -79,7 +86,9 @@ def test_abort_all(smollm_server) -> None:
     num_requests = 32
     with ThreadPoolExecutor(num_requests) as pool:
         futures = [pool.submit(run_decode) for _ in range(num_requests)]
-        wait_until(lambda: _flush(smollm_server) == 400, timeout=120, what="the requests to run")  # upstream: sleep(2)
+        # Upstream: sleep(2), for every request to be in. A request that reaches the server after
+        # the abort_all is not aborted (it decodes its 2,000 tokens), so wait for all of them.
+        wait_until(lambda: _in_scheduler(smollm_server) == num_requests, timeout=120, what="every request to reach the scheduler")
         requests.post(smollm_server.url + "/abort_request", json={"abort_all": True}, timeout=60)
         for future in as_completed(futures):
             assert future.result()["meta_info"]["finish_reason"]["type"] == "abort"
