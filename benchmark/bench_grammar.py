@@ -84,7 +84,8 @@ import torch
 from tqdm import tqdm
 
 from bench_sampler import machine_description, package_version  # this folder is on sys.path when run as a script
-from sglang.srt.constrained.base_grammar_backend import GrammarKey, create_grammar_backend
+from sglang.srt.constrained.base_grammar_backend import GrammarKey
+from sglang.srt.constrained.grammar_backends import create_grammar_backend
 from sglang.srt.constrained.bitmask import (
     apply_token_bitmask,
     apply_token_bitmask_reference,

@@ -21,7 +21,7 @@ pytest.importorskip("triton")
 from sampling_utils import make_info  # noqa: E402
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput  # noqa: E402
 from sglang.srt.layers.sampler import Sampler, create_sampler  # noqa: E402
-from sglang.srt.managers.schedule_batch import Step  # noqa: E402
+from sglang.srt.model_executor.step import Step  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 from sglang.srt.model_executor.sampling_graph import (  # noqa: E402
     SamplingInputBuffers,

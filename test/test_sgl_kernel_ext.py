@@ -307,7 +307,7 @@ def test_triton_sampler_takes_the_fused_step():
 def test_triton_backend_sample_draws_inside_the_support():
     """The SamplingBackend API (`sample` on already scaled logits) keeps to sampling_ops' support."""
     from sglang.srt.layers.sampling_ops import compute_support
-    from sglang.srt.layers.triton_backend import TritonBackend
+    from sglang.srt.layers.triton_sampling_backend import TritonBackend
 
     vocab = 40
     scaled = torch.randn(6, vocab, generator=torch.Generator().manual_seed(9)) * 2

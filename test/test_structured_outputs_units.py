@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from sampling_utils import make_info
-from sglang.srt.constrained.base_grammar_backend import GrammarError, GrammarKey, create_grammar_backend, validate_grammar
+from sglang.srt.constrained.base_grammar_backend import GrammarError, GrammarKey
+from sglang.srt.constrained.grammar_backends import create_grammar_backend, validate_grammar
 from sglang.srt.constrained.bitmask import (
     apply_token_bitmask,
     apply_token_bitmask_reference,

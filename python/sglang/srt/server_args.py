@@ -8,6 +8,7 @@ import json
 import os
 from typing import Any, Optional
 
+from sglang.srt.server_args_compat import add_compat_args, compat_fields, ignored_flags, ignored_values, parse_args
 from sglang.srt.utils.embedded_model import embedded_model_path
 
 SAMPLING_DEFAULTS_CHOICES = ("model", "openai")
@@ -16,6 +17,8 @@ SCHEDULE_POLICY_CHOICES = ("lpm", "random", "fcfs", "dfs-weight", "lof", "priori
 SCHEDULE_POLICY_SUPPORTED = ("fcfs", "lpm")
 LOG_REQUESTS_LEVELS = (0, 1, 2, 3)
 GRAMMAR_BACKEND_CHOICES = ("xgrammar", "llguidance", "none")
+ATTENTION_BACKEND_CHOICES = ("triton", "torch_native", "cpu", "flashinfer")
+LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue", "minimum_tokens")
 
 
 @dataclasses.dataclass
@@ -90,8 +93,6 @@ class ServerArgs:
     def __getattr__(self, name: str) -> Any:
         """Only reached for names that are not ours: an SGLang field we accept without effect
         reads as the value passed, else None (False for a switch); anything else is an error."""
-        from sglang.srt.server_args_compat import compat_fields
-
         values = self.__dict__.get("ignored_values", {})
         if name in values:
             return values[name]
@@ -117,8 +118,6 @@ class ServerArgs:
         if self.detokenizer_mode is None:
             self.detokenizer_mode = _default_detokenizer_mode(self.device)
         if self.attention_backend is None:
-            from sglang.srt.layers.attention import default_attention_backend
-
             self.attention_backend = default_attention_backend(self.device)
         self.validate()
         if self.tp_size > 1:
@@ -152,13 +151,10 @@ class ServerArgs:
             raise ValueError(f"--cuda-graph-bs sizes must be at least 1, got {self.cuda_graph_bs}.")
         if self.piecewise_cuda_graph_tokens is not None and any(t < 1 for t in self.piecewise_cuda_graph_tokens):
             raise ValueError(f"--piecewise-cuda-graph-tokens must be at least 1, got {self.piecewise_cuda_graph_tokens}.")
-        if self.attention_backend is not None:
-            from sglang.srt.layers.attention import ATTENTION_BACKEND_CHOICES
-
-            if self.attention_backend not in ATTENTION_BACKEND_CHOICES:
-                raise ValueError(
-                    f"--attention-backend must be one of {', '.join(ATTENTION_BACKEND_CHOICES)}, got {self.attention_backend!r}."
-                )
+        if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKEND_CHOICES:
+            raise ValueError(
+                f"--attention-backend must be one of {', '.join(ATTENTION_BACKEND_CHOICES)}, got {self.attention_backend!r}."
+            )
         if self.log_requests_level not in LOG_REQUESTS_LEVELS:
             raise ValueError(f"--log-requests-level must be one of 0, 1, 2, 3, got {self.log_requests_level!r}.")
         if self.skip_tokenizer_init and self.chat_template is not None:
@@ -180,7 +176,6 @@ class ServerArgs:
 
     def _validate_parallelism(self) -> None:
         from sglang.srt.distributed.placement import parse_dist_init_addr
-        from sglang.srt.managers.data_parallel_controller import LOAD_BALANCE_METHODS
 
         for name in ("dp_size", "nnodes"):
             if getattr(self, name) < 1:
@@ -466,6 +461,10 @@ def _default_chunked_prefill_size(device: str) -> int:
     return 8192 if torch.cuda.get_device_properties(0).total_memory >= 70 * 2**30 else 4096
 
 
+def default_attention_backend(device: str) -> str:
+    return "triton" if device == "cuda" else "cpu"
+
+
 def _default_sampling_backend(device: str) -> str:
     if device != "cuda":
         return "pytorch"
@@ -480,8 +479,6 @@ def _default_sampling_backend(device: str) -> str:
 def prepare_server_args(argv: Optional[list[str]] = None) -> ServerArgs:
     """Ours and every other SGLang flag parse (see server_args_compat); an unknown flag exits with
     the closest real one."""
-    from sglang.srt.server_args_compat import add_compat_args, ignored_flags, ignored_values, parse_args
-
     parser = argparse.ArgumentParser(
         prog="python -m sglang.launch_server", usage="%(prog)s [flags]",
         description="Our flags come first, by group; then SGLang's flags that parse without effect.",

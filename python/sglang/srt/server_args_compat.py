@@ -9,7 +9,6 @@ SGLang's is still an error, naming the closest real flag.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import difflib
 import functools
 from typing import NamedTuple, Optional, Union
@@ -68,12 +67,9 @@ def _add_alias(parser: argparse.ArgumentParser, action: argparse.Action, names: 
 
 @functools.cache
 def compat_fields() -> dict[str, bool]:
-    """SGLang's field name of each flag accepted without effect -> whether it is a switch."""
-    from sglang.srt.server_args import ServerArgs
-
-    ours = {f.name for f in dataclasses.fields(ServerArgs)}
-    fields = {_field_name(names[0]): switch for names, switch, _ in SGLANG_FLAGS}
-    return {name: switch for name, switch in fields.items() if name not in ours}
+    """SGLang's field name of each flag accepted without effect -> whether it is a switch (ServerArgs
+    consults it only for names that are not its own fields)."""
+    return {_field_name(names[0]): switch for names, switch, _ in SGLANG_FLAGS}
 
 
 def _field_name(flag: str) -> str:

@@ -7,6 +7,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from sglang.srt.configs.gguf_header import read_gguf_header
+
 # HF `architectures` entry -> our architecture name (also the GGUF `general.architecture` value).
 ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -142,8 +144,6 @@ def _as_id_list(value: Any) -> list[int]:
 
 
 def _from_gguf(path: str) -> ModelConfig:
-    from sglang.srt.model_loader.gguf_loader import read_gguf_header
-
     meta, tensors = read_gguf_header(path)
     arch = meta["general.architecture"]
     if arch not in MODEL_ARCHS:

@@ -19,8 +19,6 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 
-from sglang.srt.server_args import GRAMMAR_BACKEND_CHOICES
-
 # The request fields that carry a grammar, at most one per request (SamplingParams checks it).
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 COMPILE_THREADS = 2
@@ -134,33 +132,3 @@ class BaseGrammarBackend(ABC):
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
-
-
-def create_grammar_backend(
-    name: str, tokenizer: Any, vocab_size: int, stop_token_ids: list[int], any_whitespace: bool = True
-) -> Optional[BaseGrammarBackend]:
-    """The backend of --grammar-backend; None for `none` or without a tokenizer (--skip-tokenizer-init)."""
-    if name == "none" or tokenizer is None:
-        return None
-    if name == "xgrammar":
-        from sglang.srt.constrained.xgrammar_backend import XGrammarBackend
-
-        return XGrammarBackend(tokenizer, vocab_size, stop_token_ids, any_whitespace)
-    if name == "llguidance":
-        from sglang.srt.constrained.llguidance_backend import GuidanceBackend
-
-        return GuidanceBackend(tokenizer, vocab_size, stop_token_ids, any_whitespace)
-    raise ValueError(f"--grammar-backend must be one of {', '.join(GRAMMAR_BACKEND_CHOICES)}, got {name!r}.")
-
-
-def validate_grammar(backend_name: str, key: GrammarKey) -> None:
-    """The checks that need no tokenizer, run when a request arrives so a bad grammar is a 400
-    before anything is queued: JSON syntax, the library's own parse, unsupported schema keywords."""
-    if backend_name == "xgrammar":
-        from sglang.srt.constrained.xgrammar_backend import validate
-
-        validate(key)
-    elif backend_name == "llguidance":
-        from sglang.srt.constrained.llguidance_backend import validate
-
-        validate(key)

@@ -158,9 +158,9 @@ class AscendBackend(SamplingBackend):
         return inverse_cdf_draw(filtered, threshold, u)
 
 
-def _triton_backend() -> SamplingBackend:
+def _lazy_triton_backend() -> SamplingBackend:
     # Imported when chosen: importing triton costs seconds.
-    from sglang.srt.layers.triton_backend import TritonBackend
+    from sglang.srt.layers.triton_sampling_backend import TritonBackend
 
     return TritonBackend()
 
@@ -169,7 +169,7 @@ BUILT_IN_BACKENDS: dict[str, Callable[[], SamplingBackend]] = {
     PytorchBackend.name: PytorchBackend,
     FlashInferBackend.name: FlashInferBackend,
     AscendBackend.name: AscendBackend,
-    "triton": _triton_backend,
+    "triton": _lazy_triton_backend,
 }
 # Built-in and registered backends by name; each factory builds a fresh backend.
 BACKENDS: dict[str, Callable[[], SamplingBackend]] = dict(BUILT_IN_BACKENDS)

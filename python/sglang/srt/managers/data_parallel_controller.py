@@ -28,7 +28,6 @@ from sglang.srt.server_args import PortArgs, ServerArgs
 
 logger = logging.getLogger(__name__)
 
-LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue", "minimum_tokens")
 _PARENT_CHECK_MS = 1000
 _LOAD_FORWARD_HWM = 16  # load reports are snapshots: an old one unread is worth nothing
 

@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import re
-import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import torch
 
+from sglang.srt.model_executor.step import LogprobRequest
 from sglang.srt.sampling.sampling_params import MAX_LEN, SamplingParams
-
-if TYPE_CHECKING:
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-
-# The scheduler sees -1 for a row the sampler flagged (NaN/inf logits, failed processor).
-INVALID_TOKEN_ID = -1
 
 
 def eos_ids(model_eos_ids: set[int], tokenizer: Any) -> set[int]:
@@ -28,16 +22,6 @@ def eos_ids(model_eos_ids: set[int], tokenizer: Any) -> set[int]:
         if eos is not None:
             ids.add(eos)
     return ids
-
-
-@dataclass
-class LogprobRequest:
-    """What logprobs a request asked for."""
-
-    top_logprobs_num: int = 0
-    token_ids_logprob: Optional[list[int]] = None
-    # First prompt position whose logprob is returned; the prompt length means outputs only.
-    logprob_start_len: int = -1
 
 
 class Req:
@@ -185,42 +169,3 @@ class ScheduleBatch:
 
     def batch_size(self) -> int:
         return len(self.reqs)
-
-
-@dataclass
-class Step:
-    """One submitted step: what the worker needs and what the host needs to read its result."""
-
-    mode: ForwardMode
-    reqs: list[Req]  # rows of the forward batch, in order
-    forward_batch: ForwardBatch
-    sample_rows: list[int]  # forward rows that sample a token (prefill: requests whose prompt completes)
-    sampled_batch: Optional[ScheduleBatch]  # the sampled requests; owns sampling_info
-    positions: torch.Tensor  # [S] position of each sampled row's last input token
-    input_logprob_spans: list[tuple[int, int, int, int]] = field(default_factory=list)  # (row, start, a, b)
-    index: int = 0  # the scheduler's step counter (same on every TP rank): keys the unseeded noise
-    # Overlap schedule, grammar rows or batch-level processors: the previous step's `processed`;
-    # the worker waits for it after the forward and before filling the vocab mask or running the
-    # processors (its tokens must be in the grammars and in the output lists the processors read).
-    grammar_wait: Optional[threading.Event] = None
-    processed: threading.Event = field(default_factory=threading.Event)  # set once the host read the result
-    kv_slots: Optional[torch.Tensor] = None  # [N] int64 host: the KV slots this step writes
-    submitted_at: float = 0.0  # time.perf_counter() when it went to the worker
-
-    def reads_host_history(self) -> bool:
-        return self.sampled_batch is not None and self.sampled_batch.sampling_info.has_custom_logit_processor
-
-    def has_grammar_rows(self) -> bool:
-        return self.sampled_batch is not None and self.sampled_batch.sampling_info.grammars is not None
-
-    def has_batch_logits_processors(self) -> bool:
-        return self.sampled_batch is not None and self.sampled_batch.sampling_info.logits_processors is not None
-
-
-@dataclass
-class StepResult:
-    next_ids: torch.Tensor  # [S] int64 on the host, per sampled row, -1 when flagged
-    ready: Optional[torch.cuda.Event]  # recorded after next_ids' asynchronous copy from the GPU
-    row_errors: dict[int, str]
-    output_logprobs: list[Optional[tuple]]  # per sampled row: (logprob, top pairs, token-id pairs)
-    input_logprobs: dict[int, tuple]  # forward row -> (token pairs, top lists, token-id lists)

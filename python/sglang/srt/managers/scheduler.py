@@ -29,7 +29,8 @@ import torch
 import torch.distributed as dist
 import zmq
 
-from sglang.srt.constrained.base_grammar_backend import create_grammar_backend, grammar_key
+from sglang.srt.constrained.base_grammar_backend import grammar_key
+from sglang.srt.constrained.grammar_backends import create_grammar_backend
 from sglang.srt.constrained.bitmask import allows_nothing
 from sglang.srt.constrained.grammar_queue import GrammarQueue
 from sglang.srt.distributed.communication import TokenDivergenceError, broadcast_frames
@@ -53,12 +54,13 @@ from sglang.srt.managers.io_struct import (
 )
 from sglang.srt.managers.replica_load import ReplicaLoadReporter
 from sglang.srt.managers.results_channel import results_sender
-from sglang.srt.managers.schedule_batch import INVALID_TOKEN_ID, LogprobRequest, eos_ids, Req, ScheduleBatch, Step, StepResult
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch, eos_ids
 from sglang.srt.managers.step_failures import StepError, StepFailureLimit, StepFaultHook
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.metrics.histogram import Histogram
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import CUDA_KV_FREE_FRACTION, ModelRunner
+from sglang.srt.model_executor.step import INVALID_TOKEN_ID, LogprobRequest, Step, StepResult
 from sglang.srt.sampling.logits_processor import LoadedLogitsProcessors
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams

@@ -390,7 +390,8 @@ class TokenizerManager:
 
     def _check_grammar(self, params: SamplingParams) -> None:
         """A grammar this server cannot enforce, or that does not parse, is a 400 before anything is queued."""
-        from sglang.srt.constrained.base_grammar_backend import grammar_key, validate_grammar
+        from sglang.srt.constrained.base_grammar_backend import grammar_key
+        from sglang.srt.constrained.grammar_backends import validate_grammar
 
         key = grammar_key(params)
         if key is None:

@@ -28,14 +28,24 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Optional, Protocol
 
 import torch
 
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 
-if TYPE_CHECKING:
-    from sglang.srt.managers.schedule_batch import Req
+
+class Req(Protocol):
+    """What the cache reads and writes on a request (the scheduler's Req)."""
+
+    origin_input_ids: list[int]
+    req_pool_idx: Optional[int]
+    kv_len: int  # tokens whose K/V are in the cache
+    last_node: Any  # the deepest node the request holds locked
+    extra_key: Optional[str]  # its prefix-cache namespace
+
+    @property
+    def fill_ids(self) -> list[int]: ...
 
 
 EVICT_BATCH_DIVISOR = 64  # an eviction frees at least 1/64 of the pool

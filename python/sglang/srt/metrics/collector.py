@@ -8,12 +8,21 @@ abort's err_type), and sglang:step_time_seconds / sglang:num_failed_steps_total 
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from sglang.srt.managers.io_struct import SchedulerLoad
+
+class SchedulerLoad(Protocol):
+    """What a scrape exports of the scheduler's state (managers.io_struct.SchedulerLoad): the
+    LOAD_GAUGES fields, read by name, and these."""
+
+    num_failed_steps: int
+    step_time_buckets: list[float]  # upper bounds
+    step_time_counts: list[int]  # cumulative count per bound, +Inf last
+    step_time_sum: float
+
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2.5, 5)

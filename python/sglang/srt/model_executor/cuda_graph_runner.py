@@ -18,13 +18,14 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 
 from sglang.srt.layers.batch_invariant import batch_invariant
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.graph_host import GraphHost
 from sglang.srt.model_executor.sampling_graph import (
     SamplingInputBuffers,
     finish_replay,
@@ -32,9 +33,6 @@ from sglang.srt.model_executor.sampling_graph import (
     prepare_replay,
     sample_in_graph,
 )
-
-if TYPE_CHECKING:
-    from sglang.srt.model_executor.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +116,7 @@ class DecodeInputBuffers:
 
 
 class CudaGraphRunner:
-    def __init__(self, model_runner: "ModelRunner", batch_sizes: list[int], capture_sampling: bool) -> None:
+    def __init__(self, model_runner: GraphHost, batch_sizes: list[int], capture_sampling: bool) -> None:
         self.model_runner = model_runner
         self.batch_sizes = batch_sizes
         self.max_bs = batch_sizes[-1]

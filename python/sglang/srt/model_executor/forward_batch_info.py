@@ -4,16 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
+from sglang.srt.mem_cache.memory_pool import KVCache
 from sglang.srt.utils import host_to_device
-
-if TYPE_CHECKING:
-    from sglang.srt.layers.attention import AttentionBackend
-    from sglang.srt.layers.attention.attention_layer import Attention
-    from sglang.srt.mem_cache.memory_pool import KVCache
 
 
 class ForwardMode(IntEnum):
@@ -52,12 +48,13 @@ class ForwardBatch:
     # Also return the logits of every new token (prompt logprobs).
     return_input_logits: bool = False
 
-    # Set by ModelRunner.forward.
-    kv_cache: Optional["KVCache"] = None
-    attn_backend: Optional["AttentionBackend"] = None
-    # Set while piecewise CUDA graphs are captured: takes (layer, q) in place of the attention and
-    # returns the buffer the attention will write at replay (piecewise_cuda_graph_runner.py).
-    attention_split: Optional[Callable[["Attention", torch.Tensor], torch.Tensor]] = None
+    # Set by ModelRunner.forward. The attention backend (layers/attention) is typed there: the
+    # layers read this batch, so this module does not import them.
+    kv_cache: Optional[KVCache] = None
+    attn_backend: Any = None
+    # Set while piecewise CUDA graphs are captured: takes (attention layer, q) in place of the
+    # attention and returns the buffer the attention will write at replay (piecewise_cuda_graph_runner.py).
+    attention_split: Optional[Callable[[Any, torch.Tensor], torch.Tensor]] = None
 
     @classmethod
     def init_new(

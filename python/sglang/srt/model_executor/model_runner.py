@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 
@@ -21,20 +21,17 @@ from sglang.srt.layers.attention import create_attention_backend, default_attent
 from sglang.srt.layers.batch_invariant import batch_invariant
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import create_sampler
-from sglang.srt.managers.schedule_batch import StepResult
 from sglang.srt.mem_cache.memory_pool import KVCache, ReqToTokenPool, TokenToKVPoolAllocator
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.piecewise_cuda_graph_runner import PiecewiseCudaGraphRunner, capture_token_counts
 from sglang.srt.model_executor.sampling_graph import needs_eager_sampling, sampling_graph_supported
+from sglang.srt.model_executor.step import Step, StepResult
 from sglang.srt.model_executor.step_output import copy_to_host, input_logprobs, output_logprobs
 from sglang.srt.model_loader import load_model
 from sglang.srt.sampling.logits_processor.pipeline import check_requested as logits_processor_check_requested
 from sglang.srt.sampling.step_noise import step_noise_seed
 from sglang.srt.utils import host_to_device
-
-if TYPE_CHECKING:
-    from sglang.srt.managers.schedule_batch import Step
 
 logger = logging.getLogger(__name__)
 
@@ -216,7 +213,7 @@ class ModelRunner:
 
 
     @torch.inference_mode()
-    def run(self, step: "Step") -> "StepResult":
+    def run(self, step: Step) -> StepResult:
         """prepare -> forward -> sample one scheduled step; nothing here waits for the GPU."""
         batch = step.forward_batch
         if step.mode.is_decode():
@@ -238,18 +235,18 @@ class ModelRunner:
             pool_indices = batch.req_pool_indices.index_select(0, rows)
         return self._sample(step, logits, pool_indices, prompt_logprobs)
 
-    def _sample_replayed(self, step: "Step", prompt_logprobs: dict) -> Optional["StepResult"]:
+    def _sample_replayed(self, step: Step, prompt_logprobs: dict) -> Optional[StepResult]:
         """The sampling graph of the decode batch just replayed; None when it must sample eagerly."""
         self.noise_generator.manual_seed(step_noise_seed(self.random_seed, step.index))
-        info = step.sampled_batch.sampling_info
+        info = step.sampling_info
         next_ids = self.cuda_graph_runner.replay_sampling(info, step.forward_batch.batch_size, self.noise_generator)
         if next_ids is None:
             return None
         ids_host, ready = copy_to_host(next_ids)
         return StepResult(ids_host, ready, {}, [None] * len(step.reqs), prompt_logprobs)
 
-    def _sample(self, step: "Step", logits: torch.Tensor, pool_indices: torch.Tensor, prompt_logprobs: dict) -> "StepResult":
-        info = step.sampled_batch.sampling_info
+    def _sample(self, step: Step, logits: torch.Tensor, pool_indices: torch.Tensor, prompt_logprobs: dict) -> StepResult:
+        info = step.sampling_info
         sampled_reqs = [step.reqs[r] for r in step.sample_rows]
         if step.grammar_wait is not None:
             step.grammar_wait.wait()  # the previous step's tokens reach the grammars and output lists (overlap)

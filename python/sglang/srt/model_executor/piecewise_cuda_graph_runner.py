@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.graph_host import GraphHost
 
 if TYPE_CHECKING:
     from sglang.srt.layers.attention.attention_layer import Attention
-    from sglang.srt.model_executor.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class _Splitter:
 
 
 class PiecewiseCudaGraphRunner:
-    def __init__(self, model_runner: "ModelRunner", token_counts: list[int]) -> None:
+    def __init__(self, model_runner: GraphHost, token_counts: list[int]) -> None:
         self.model_runner = model_runner
         self.token_counts = token_counts
         self.max_tokens = token_counts[-1]

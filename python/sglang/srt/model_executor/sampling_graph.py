@@ -20,16 +20,14 @@ penalizer, the TP token all-reduce or agreement check.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 
 from sglang.srt.layers.sampler import Sampler
-from sglang.srt.layers.triton_backend import TritonBackend, draw_noise, row_seed_offsets, unseeded_seeds
+from sglang.srt.layers.triton_sampling_backend import TritonBackend, draw_noise, row_seed_offsets, unseeded_seeds
+from sglang.srt.model_executor.step import Step
 from sglang.srt.sampling.fused_logits_bias import penalty_table, record_fused_update, write_penalty_table
-
-if TYPE_CHECKING:
-    from sglang.srt.managers.schedule_batch import Step
 
 
 def sampling_graph_supported(sampler: Sampler) -> bool:
@@ -37,8 +35,8 @@ def sampling_graph_supported(sampler: Sampler) -> bool:
     return type(sampler) is Sampler and isinstance(sampler.backend, TritonBackend)
 
 
-def needs_eager_sampling(step: "Step", sampler: Sampler, check_token_agreement: bool) -> bool:
-    info = step.sampled_batch.sampling_info
+def needs_eager_sampling(step: Step, sampler: Sampler, check_token_agreement: bool) -> bool:
+    info = step.sampling_info
     return (
         info.has_custom_logit_processor
         or info.logits_processors is not None

@@ -3,15 +3,13 @@ host, and the sampled ids copied back without blocking."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-
-if TYPE_CHECKING:
-    from sglang.srt.managers.schedule_batch import LogprobRequest, Step
+from sglang.srt.model_executor.step import LogprobRequest, Step
 
 
 def copy_to_host(ids: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.cuda.Event]]:

@@ -191,7 +191,8 @@ def grammar_params(grammar: Optional[Grammar], server_args: Any, tokenizer: Any,
     if backend == "none":
         raise RequestError(f"{param} needs a grammar backend; this server runs with --grammar-backend none", param=param)
     # Imported here: the grammar libraries are loaded only once a request uses one.
-    from sglang.srt.constrained.base_grammar_backend import GrammarKey, validate_grammar
+    from sglang.srt.constrained.base_grammar_backend import GrammarKey
+    from sglang.srt.constrained.grammar_backends import validate_grammar
 
     try:
         validate_grammar(backend, GrammarKey(grammar.kind, grammar.text))

@@ -7,12 +7,7 @@ import torch
 
 from sglang.srt.layers.attention.attention_layer import Attention
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
-
-ATTENTION_BACKEND_CHOICES = ("triton", "torch_native", "cpu", "flashinfer")
-
-
-def default_attention_backend(device: str) -> str:
-    return "triton" if device == "cuda" else "cpu"
+from sglang.srt.server_args import ATTENTION_BACKEND_CHOICES, default_attention_backend
 
 
 def create_attention_backend(

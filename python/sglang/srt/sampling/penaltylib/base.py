@@ -8,14 +8,20 @@ from __future__ import annotations
 
 import abc
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from sglang.srt.sampling.penaltylib.token_counts import TokenCounts
 
-if TYPE_CHECKING:
-    from sglang.srt.sampling.penaltylib.orchestrator import BatchedPenalizerOrchestrator
+
+class PenalizerHost(Protocol):
+    """What a penalizer reads from the orchestrator that owns it."""
+
+    device: torch.device | str
+    vocab_size: int
+
+    def reqs(self) -> list[Any]: ...
 
 
 class _BatchedPenalizer(abc.ABC):
@@ -24,13 +30,13 @@ class _BatchedPenalizer(abc.ABC):
     # Multiplicative penalizers run after every additive one (see BatchedPenalizerOrchestrator.apply).
     is_multiplicative: bool = False
 
-    def __init__(self, orchestrator: BatchedPenalizerOrchestrator) -> None:
+    def __init__(self, orchestrator: PenalizerHost) -> None:
         # Weak, because the orchestrator owns its penalizers.
         self._orchestrator_ref = weakref.ref(orchestrator)
         self._is_prepared = False
 
     @property
-    def orchestrator(self) -> BatchedPenalizerOrchestrator:
+    def orchestrator(self) -> PenalizerHost:
         orchestrator = self._orchestrator_ref()
         if orchestrator is None:
             raise RuntimeError(f"{type(self).__name__}: its orchestrator no longer exists")

@@ -1,0 +1,88 @@
+"""The contract between the scheduler and the ModelRunner: a Step is what the scheduler submits
+(which requests, the forward batch, which rows sample), a StepResult what the runner returns. The
+runner prepares, forwards and samples a step; the scheduler decides steps and reads results."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol
+
+import torch
+
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+# The scheduler sees -1 for a row the sampler flagged (NaN/inf logits, failed processor).
+INVALID_TOKEN_ID = -1
+
+
+@dataclass
+class LogprobRequest:
+    """What logprobs a request asked for."""
+
+    top_logprobs_num: int = 0
+    token_ids_logprob: Optional[list[int]] = None
+    # First prompt position whose logprob is returned; the prompt length means outputs only.
+    logprob_start_len: int = -1
+
+
+class StepRequest(Protocol):
+    """What the runner reads of a request (the scheduler's Req): prompt logprobs read the prompt,
+    the grammar mask its matcher, the row checks its ids."""
+
+    rid: str
+    origin_input_ids: list[int]
+    output_ids: list[int]
+    logprob: Optional[LogprobRequest]
+    grammar: Any  # its BaseGrammarObject, or None
+
+
+class SampledBatch(Protocol):
+    """The sampled requests of a step (the scheduler's ScheduleBatch); owns their SamplingBatchInfo."""
+
+    reqs: list[Any]
+    sampling_info: SamplingBatchInfo
+
+
+@dataclass
+class Step:
+    """One submitted step: what the worker needs and what the host needs to read its result."""
+
+    mode: ForwardMode
+    reqs: list[StepRequest]  # rows of the forward batch, in order
+    forward_batch: ForwardBatch
+    sample_rows: list[int]  # forward rows that sample a token (prefill: requests whose prompt completes)
+    sampled_batch: Optional[SampledBatch]
+    positions: torch.Tensor  # [S] position of each sampled row's last input token
+    input_logprob_spans: list[tuple[int, int, int, int]] = field(default_factory=list)  # (row, start, a, b)
+    index: int = 0  # the scheduler's step counter (same on every TP rank): keys the unseeded noise
+    # Overlap schedule, grammar rows or batch-level processors: the previous step's `processed`;
+    # the worker waits for it after the forward and before filling the vocab mask or running the
+    # processors (its tokens must be in the grammars and in the output lists the processors read).
+    grammar_wait: Optional[threading.Event] = None
+    processed: threading.Event = field(default_factory=threading.Event)  # set once the host read the result
+    kv_slots: Optional[torch.Tensor] = None  # [N] int64 host: the KV slots this step writes
+    submitted_at: float = 0.0  # time.perf_counter() when it went to the worker
+
+    @property
+    def sampling_info(self) -> Optional[SamplingBatchInfo]:
+        return None if self.sampled_batch is None else self.sampled_batch.sampling_info
+
+    def reads_host_history(self) -> bool:
+        return self.sampled_batch is not None and self.sampling_info.has_custom_logit_processor
+
+    def has_grammar_rows(self) -> bool:
+        return self.sampled_batch is not None and self.sampling_info.grammars is not None
+
+    def has_batch_logits_processors(self) -> bool:
+        return self.sampled_batch is not None and self.sampling_info.logits_processors is not None
+
+
+@dataclass
+class StepResult:
+    next_ids: torch.Tensor  # [S] int64 on the host, per sampled row, -1 when flagged
+    ready: Optional[torch.cuda.Event]  # recorded after next_ids' asynchronous copy from the GPU
+    row_errors: dict[int, str]
+    output_logprobs: list[Optional[tuple]]  # per sampled row: (logprob, top pairs, token-id pairs)
+    input_logprobs: dict[int, tuple]  # forward row -> (token pairs, top lists, token-id lists)
