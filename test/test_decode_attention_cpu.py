@@ -92,3 +92,21 @@ def test_layouts_it_cannot_read_are_refused(change, message) -> None:
     args = dict(q=torch.randn(2, 9, 64), k_buf=k, v_buf=v, req_to_token=r2t, req_pool_indices=pool, seq_lens=seq_lens)
     with pytest.raises(ValueError, match=message):
         decode_attention_cpu(**change(args), scale=0.125)
+
+
+@pytest.mark.parametrize("bad_slot", [16, 10**12, -1], ids=["cache-size", "far-out", "negative"])
+def test_a_corrupted_table_row_is_a_clear_error(kernel_variant, bad_slot) -> None:
+    """A req_to_token entry outside the cache is named, with the cache's size, before any row is read."""
+    k, v, r2t, pool, seq_lens = paged_kv_cache(3, 64, [4, 11])  # 16 slots
+    r2t[pool[1], 7] = bad_slot
+    with pytest.raises(ValueError, match=rf"req_to_token\[3, 7\] holds KV slot {bad_slot}, outside the KV cache of 16 slots"):
+        decode_attention_cpu(torch.randn(2, 9, 64), k, v, r2t, pool, seq_lens, 0.125)
+
+
+def test_table_entries_past_a_rows_length_are_not_checked() -> None:
+    """Only the slots a request reads count: the rest of its table row may hold anything."""
+    k, v, r2t, pool, seq_lens = paged_kv_cache(3, 64, [4, 11])
+    q = torch.randn(2, 9, 64)
+    want = decode_attention_cpu(q, k, v, r2t, pool, seq_lens, 0.125)
+    r2t[pool[0], 4:] = -5
+    assert torch.equal(decode_attention_cpu(q, k, v, r2t, pool, seq_lens, 0.125), want)

@@ -256,13 +256,15 @@ def test_rows_do_not_depend_on_the_batch() -> None:
     [
         (lambda s: s["loc"].fill_(SLOTS), "out_cache_loc must lie inside the KV cache"),
         (lambda s: s["seq_lens"].fill_(CONTEXT + 1), "seq_lens must lie in"),
+        (lambda s: s["req_to_token"][s["req_pool_indices"][1], 0].fill_(SLOTS),
+         rf"req_to_token\[\d+, 0\] holds KV slot {SLOTS}, outside the KV cache of {SLOTS} slots"),
         (lambda s: s["req_pool_indices"].fill_(TABLE_ROWS), "req_pool_indices must lie inside req_to_token"),
         (lambda s: s.update(k_buf=s["k_buf"][:, :1].clone()), "k_buf must be a contiguous"),
         (lambda s: s.update(residual=s["residual"][:, :32].clone()), "residual must be a contiguous"),
         (lambda s: s.update(act=s["act"][:, :32].clone()), "act must be a contiguous"),
         (lambda s: s.update(loc=s["loc"].int()), "loc must be a contiguous torch.int64"),
     ],
-    ids=["slot", "length", "table-row", "cache-shape", "residual-shape", "act-shape", "loc-dtype"],
+    ids=["slot", "length", "table-slot", "table-row", "cache-shape", "residual-shape", "act-shape", "loc-dtype"],
 )
 def test_what_it_cannot_read_is_refused(change, message) -> None:
     layer, prev, step = make_layer(1, biases=False), make_layer(2, biases=False), make_step(2, seed=1)

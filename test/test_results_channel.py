@@ -1,16 +1,19 @@
 """The framed Unix socket that carries scheduler rank 0's results to the tokenizer manager under
 --detokenizer-mode inline: whole messages, in order per sender, whatever the reads split; one
 connection per sender; a stray connection with foreign bytes is closed alone; the reader moves
-between event loops."""
+between event loops; a reader that stalls never blocks the sender, which queues up to its limit
+and then drops that reader."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import struct
 import tempfile
 import threading
+import time
 
 import pytest
 
@@ -54,7 +57,7 @@ def test_messages_arrive_whole_and_in_order(path: str) -> None:
     small = [b"", b"a"]
     for message in small:
         sender.send(message)  # before any loop reads: the socket's buffer holds them
-    large = [os.urandom(3 << 20), b"after the large one"]  # 3 MiB: many reads, and the send blocks
+    large = [os.urandom(3 << 20), b"after the large one"]  # 3 MiB: many reads, most of it queued by the sender
     writer = threading.Thread(target=lambda: [sender.send(m) for m in large], daemon=True)
     writer.start()
     try:
@@ -166,3 +169,49 @@ def test_the_reader_moves_to_another_loop(path: str) -> None:
     assert received == [b"one", b"two"]
     results.close()
 
+
+
+def _send_all_within(sender: FramedSender, messages: list[bytes], seconds: float) -> None:
+    """Sends every message on a thread and fails if that takes longer than `seconds` (a blocked send)."""
+    writer = threading.Thread(target=lambda: [sender.send(m) for m in messages], daemon=True)
+    start = time.monotonic()
+    writer.start()
+    writer.join(seconds)
+    assert not writer.is_alive(), f"the sends blocked for more than {seconds} s"
+    assert time.monotonic() - start < seconds
+
+
+def test_a_reader_that_never_reads_is_dropped_past_the_limit(path: str, caplog) -> None:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # accepts, then never reads
+    listener.bind(path)
+    listener.listen(1)
+    sender = FramedSender(path, max_pending_bytes=4 << 20)
+    messages = [os.urandom(256 << 10) for _ in range(32)]  # 8 MiB: past the socket's buffer and the limit
+    with caplog.at_level(logging.ERROR, logger="sglang.srt.managers.results_channel"):
+        _send_all_within(sender, messages[:8], 5)  # 2 MiB: queued, nothing dropped yet
+        assert not caplog.records
+        _send_all_within(sender, messages[8:], 5)
+        _send_all_within(sender, [b"after the drop"], 5)  # discarded, without an error
+    assert [r.getMessage() for r in caplog.records if "unread: dropping its connection" in r.getMessage()]
+    conn, _ = listener.accept()
+    conn.settimeout(30)
+    received = 0
+    while chunk := conn.recv(1 << 20):
+        received += len(chunk)
+    assert received < sum(len(m) for m in messages), "the dropped reader's connection is closed with results unsent"
+    conn.close()
+    listener.close()
+    sender.close()
+
+
+def test_a_reader_that_reads_late_gets_every_message_in_order(path: str) -> None:
+    received: list[bytes] = []
+    results = FramedResults(path, received.append)  # read by no loop until every message is sent
+    sender = FramedSender(path)
+    messages = [os.urandom(100 << 10) + i.to_bytes(4, "little") for i in range(100)]  # 10 MiB
+    _send_all_within(sender, messages, 10)
+    time.sleep(0.2)  # the flusher finds the socket still full
+    _read_until(results, received, len(messages))
+    assert received == messages
+    sender.close()
+    results.close()

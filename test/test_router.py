@@ -3,7 +3,8 @@
 The workers run a tiny random Qwen3 with SmolLM2's vocabulary in deterministic mode, so an answer
 does not depend on its batch-mates and every answer through the router must equal the same request
 sent to a worker directly: 200 mixed requests (/generate, /v1/completions, /v1/chat/completions,
-streamed and not, greedy and seeded). With cache_aware, requests sharing a long prefix land on one
+streamed and not, greedy and seeded), and requests carrying logit_bias or custom_params on the
+routes where the router forwards them. With cache_aware, requests sharing a long prefix land on one
 worker (its radix cache hits show in cached_tokens). A worker killed mid-run (power_of_two, which
 reads /get_load): every request completes or gets an error, counted; none hangs."""
 
@@ -26,6 +27,7 @@ import requests
 from engine_utils import free_port, running_server
 from flag_helpers import wait_until
 from scaling_utils import PROMPTS, model_flags, save_tiny_full_vocab
+from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
 
 pytest.importorskip("sglang_router")
 
@@ -34,7 +36,7 @@ KINDS = [(endpoint, stream) for endpoint in ("generate", "completions", "chat") 
 ROUTER_READY_S = 120
 REQUEST_TIMEOUT_S = 300  # a hang is no answer at all; a slow answer on a loaded 2-core box is not one
 # Deterministic mode caches only whole prefill chunks: small chunks make a shared prefix hit.
-WORKER_FLAGS = ["--enable-deterministic-inference", "--chunked-prefill-size", "64"]
+WORKER_FLAGS = ["--enable-deterministic-inference", "--chunked-prefill-size", "64", "--enable-custom-logit-processor"]
 
 
 @pytest.fixture(scope="module")
@@ -175,6 +177,34 @@ def test_200_mixed_requests_through_the_router_equal_direct_answers(workers, tmp
     for request, answer in zip(mixed, routed):
         assert answer == direct[request], f"{request}: through the router {answer} != direct {direct[request]}"
         assert answer["finish"] == "length" and answer["text"]
+
+
+def _post(base: str, path: str, body: dict) -> dict[str, Any]:
+    response = requests.post(base + path, json=body, timeout=REQUEST_TIMEOUT_S)
+    assert response.status_code == 200, response.text[:300]
+    return _answer("completions" if path == "/v1/completions" else "chat", response.json(), stream=False)
+
+
+def test_logit_bias_and_custom_params_reach_the_worker_on_the_openai_routes(workers, tmp_path) -> None:
+    """sglang-router 0.3.2 forwards logit_bias on /v1/completions and /v1/chat/completions and
+    custom_params (with custom_logit_processor) on /v1/completions: each such request gets the
+    direct answer, which differs from the unbiased one. (/generate drops both: docs/scaling.md.)"""
+    prompt = PROMPTS[0]
+    greedy_ids = requests.post(workers[0].url + "/generate", timeout=REQUEST_TIMEOUT_S, json={
+        "text": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": NEW_TOKENS}}).json()["output_ids"]
+    common = {"model": "tiny", "max_tokens": NEW_TOKENS, "temperature": 0.0}
+    completion = {"prompt": prompt, **common}
+    chat = {"messages": [{"role": "user", "content": prompt}], **common}
+    bias = {"logit_bias": {"1000": 100.0}}
+    banned = {"custom_logit_processor": DisallowedTokensLogitsProcessor.to_str(), "custom_params": {"token_ids": greedy_ids}}
+    cases = [("/v1/completions", completion, bias), ("/v1/chat/completions", chat, bias), ("/v1/completions", completion, banned)]
+    with router([w.url for w in workers], "round_robin", str(tmp_path / "router.log")) as base:
+        for path, body, extra in cases:
+            plain = _post(workers[0].url, path, body)
+            direct = _post(workers[0].url, path, {**body, **extra})
+            routed = _post(base, path, {**body, **extra})
+            assert direct["text"] != plain["text"], f"{path} {list(extra)}: the parameter changed nothing"
+            assert routed == direct, f"{path} {list(extra)}: through the router {routed} != direct {direct}"
 
 
 def test_a_worker_killed_mid_run_leaves_no_request_hanging(workers, worker_flags, tmp_path) -> None:

@@ -3,7 +3,8 @@ group over two processes standing for two machines), on the CPU with gloo.
 
 Through the real server on a tiny random Qwen3 with SmolLM2's vocabulary: greedy and seeded
 (penalised) requests give one replica's tokens with --dp-size 2 and --dp-size 2 --tp-size 2;
-shortest_queue and minimum_tokens send work to both replicas (counted by /get_server_info);
+shortest_queue and minimum_tokens send work to both replicas (counted by /get_server_info), whose
+max_total_num_tokens is both replicas' capacity;
 a killed replica fails the in-flight requests naming it, and the server exits. Two nodes give
 TP=1's tokens; node 1 stops when node 0 does; a killed node 1 fails node 0's in-flight request
 and ends it; a node that cannot join names the address. The balancer, the placement rules and
@@ -151,6 +152,9 @@ def test_dp2_shortest_queue_matches_one_replica_and_a_killed_replica_stops_the_s
     flags = [*model_flags(tiny_path, gguf_path), "--dp-size", "2", "--load-balance-method", "shortest_queue"]
     with running_server(*flags) as server:
         assert requests.get(server.url + "/get_load", timeout=30).json()[1]["dp_rank"] == 1
+        # The server's KV capacity is both replicas' (the load adds up each replica's own).
+        info = requests.get(server.url + "/get_server_info", timeout=30).json()
+        assert info["max_total_num_tokens"] == info["load"]["max_total_num_tokens"] > 0, info["load"]
         _check_same_tokens_on_both_replicas(server, one_replica_tokens)
         # Two long streams, one per replica (the second goes where the first is not); once both
         # have tokens, replica 1 dies.

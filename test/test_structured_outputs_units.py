@@ -1,6 +1,7 @@
 """Structured outputs below the server: the packed bitmask and its kernels, the per-step mask
 with min_new_tokens, the order of the logit transforms, both grammar backends on the embedded
-tokenizer, the up-front validation and its JSON-schema keyword allowlist, the grammar queue."""
+tokenizer, the up-front validation, its JSON-schema keyword allowlist and its repetition bounds,
+the grammar queue."""
 
 from __future__ import annotations
 
@@ -340,6 +341,20 @@ def test_backend_compile_error_is_a_grammar_error(backend):
             json.dumps({"structures": [{"begin": "<f>", "schema": {"type": "object", "not": {}}, "end": "</f>"}], "triggers": ["<f>"]}),
             "'not'",
         ),
+        ("regex", "a{1,20000}", "the repetition bound 20000 in the regex exceeds 1024"),
+        ("regex", "(ab|[a-z]){2000}", "the repetition bound 2000 in the regex exceeds 1024"),
+        ("ebnf", 'root ::= "a" [b-c]{0,5000}', "the repetition bound 5000 in the ebnf exceeds 1024"),
+        ("json_schema", json.dumps({"properties": {"s": {"type": "string", "maxLength": 20000}}}),
+         "maxLength 20000 at #/properties/s exceeds 1024"),
+        ("json_schema", json.dumps({"type": "array", "minItems": 2000}), "minItems 2000 at # exceeds 1024"),
+        ("json_schema", json.dumps({"properties": {"s": {"type": "string", "pattern": "^x{3,9999}$"}}}),
+         "the repetition bound 9999 in the pattern at #/properties/s exceeds 1024"),
+        (
+            "structural_tag",
+            json.dumps({"structures": [{"begin": "<f>", "schema": {"type": "string", "maxLength": 4096}, "end": "</f>"}],
+                        "triggers": ["<f>"]}),
+            "maxLength 4096 at # exceeds 1024",
+        ),
     ],
 )
 def test_validate_rejects_naming_the_field(name, kind, text, fragment):
@@ -450,3 +465,23 @@ def test_grammar_queue_releases_in_order_of_completion():
     backend.futures["slow"].set_result("compiled-slow")
     queue.wait(timeout=0)
     assert queue.pop_ready() == ([slow], []) and len(queue) == 0
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize(
+    "kind, text",
+    [
+        ("regex", r"\{1,20000\}"),  # escaped braces are characters
+        ("regex", "[{1,20000}]x{1,1024}"),  # braces in a class; the largest bound accepted
+        ("ebnf", 'root ::= "{1,20000}" [a-z]{0,1024}'),  # braces in a literal
+        ("json_schema", json.dumps({"type": "string", "minLength": 1024, "maxLength": 1024})),
+    ],
+)
+def test_bounds_up_to_the_limit_and_braces_that_are_text_are_accepted(name, kind, text):
+    validate_grammar(name, GrammarKey(kind, text))
+
+
+def test_a_long_repetition_is_refused_before_it_compiles(backend):
+    """The scheduler's compile checks too (as the tokenizer manager's validation does)."""
+    with pytest.raises(GrammarError, match="repetition bound 20000 in the regex exceeds 1024"):
+        backend.compile_async(GrammarKey("regex", "[a-z]{1,20000}")).result()

@@ -136,14 +136,22 @@ static void softmax(float *s, int64_t len) {
     for (int64_t t = 0; t < len; t++) s[t] *= inv;
 }
 
-/* KV heads [h0, h1) of one request; q and out point at the request's row. */
+/* What attend reports, as bits so that the tasks' reports combine with |. */
+#define TASK_NO_MEMORY 1
+#define TASK_BAD_SLOT 2
+
+/* KV heads [h0, h1) of one request; q and out point at the request's row. Its slots are checked
+ * against the cache's rows before any is read. */
 static int attend(const float *q, const float *k_buf, const float *v_buf, const int64_t *slots, int64_t len,
-                  int64_t h0, int64_t h1, int64_t num_kv_heads, int64_t group, int64_t head_dim, float scale,
-                  float *out) {
+                  int64_t cache_rows, int64_t h0, int64_t h1, int64_t num_kv_heads, int64_t group, int64_t head_dim,
+                  float scale, float *out) {
+    int64_t outside = 0;
+    for (int64_t t = 0; t < len; t++) outside |= (uint64_t)slots[t] >= (uint64_t)cache_rows;
+    if (outside) return TASK_BAD_SLOT;
     const int64_t row = num_kv_heads * head_dim, first = h0 * head_dim, width = (h1 - h0) * head_dim;
     const int64_t kv_heads = h1 - h0, heads = kv_heads * group;
     float *s = malloc(sizeof(float) * heads * len); /* [heads, len] */
-    if (s == NULL) return 1;
+    if (s == NULL) return TASK_NO_MEMORY;
     q += h0 * group * head_dim;
     out += h0 * group * head_dim;
     for (int64_t t = 0; t < len; t++) {
@@ -171,13 +179,17 @@ static int attend(const float *q, const float *k_buf, const float *v_buf, const 
 }
 
 /* q: [B, Hk * G, D] with row stride q_stride (heads and head_dim packed); out: [B, Hk * G, D]
- * contiguous; k_buf, v_buf: [S, Hk, D] contiguous; req_to_token: [table_rows, table_stride]
- * int64. Returns the number of tasks that could not allocate their scores (0 on success), or
- * BAD_SEQ_LEN / BAD_REQ_INDEX, before touching anything, when a row's length or table row lies
- * outside the table (checked here, on B values, rather than by two torch reductions per layer). */
+ * contiguous; k_buf, v_buf: [cache_rows, Hk, D] contiguous; req_to_token: [table_rows,
+ * table_stride] int64. Returns 0 on success; BAD_SEQ_LEN / BAD_REQ_INDEX, before touching
+ * anything, when a row's length or table row lies outside the table (checked here, on B values,
+ * rather than by two torch reductions per layer); BAD_KV_SLOT when a slot a row reads lies outside
+ * the cache (each task checks its own slots before reading any, so no read leaves the cache);
+ * NO_MEMORY_FOR_SCORES when a task could not allocate its scores. */
 #define BAD_SEQ_LEN (-1)
 #define BAD_REQ_INDEX (-2)
-int decode_attention_f32(const float *q, int64_t q_stride, const float *k_buf, const float *v_buf,
+#define BAD_KV_SLOT (-3)
+#define NO_MEMORY_FOR_SCORES (-4)
+int decode_attention_f32(const float *q, int64_t q_stride, const float *k_buf, const float *v_buf, int64_t cache_rows,
                          const int64_t *req_to_token, int64_t table_rows, int64_t table_stride,
                          const int64_t *req_pool_indices, const int64_t *seq_lens, int64_t batch, int64_t num_kv_heads,
                          int64_t group, int64_t head_dim, float scale, float *out, int num_threads) {
@@ -191,13 +203,13 @@ int decode_attention_f32(const float *q, int64_t q_stride, const float *k_buf, c
     splits = splits < 1 ? 1 : (splits > num_kv_heads ? num_kv_heads : splits);
     const int64_t tasks = batch * splits;
     int failed = 0;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) reduction(+ : failed)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) reduction(| : failed)
     for (int64_t task = 0; task < tasks; task++) {
         const int64_t b = task / splits, part = task % splits;
         const int64_t h0 = part * num_kv_heads / splits, h1 = (part + 1) * num_kv_heads / splits;
-        failed += attend(q + b * q_stride, k_buf, v_buf, req_to_token + req_pool_indices[b] * table_stride,
-                         seq_lens[b], h0, h1, num_kv_heads, group, head_dim, scale,
+        failed |= attend(q + b * q_stride, k_buf, v_buf, req_to_token + req_pool_indices[b] * table_stride,
+                         seq_lens[b], cache_rows, h0, h1, num_kv_heads, group, head_dim, scale,
                          out + b * num_kv_heads * group * head_dim);
     }
-    return failed;
+    return failed & TASK_BAD_SLOT ? BAD_KV_SLOT : failed ? NO_MEMORY_FOR_SCORES : 0;
 }

@@ -13,7 +13,7 @@ from sgl_kernel_ext.cpu_build import I64, PTR, load_kernel
 
 _ARGTYPES = (
     PTR, I64,  # q, its row stride
-    PTR, PTR,  # k_buf, v_buf
+    PTR, PTR, I64,  # k_buf, v_buf, their rows (the cache's slots)
     PTR, I64, I64,  # req_to_token, its rows, its row stride
     PTR, PTR,  # req_pool_indices, seq_lens
     I64, I64, I64, I64,  # batch, KV heads, query heads per KV head, head_dim
@@ -25,8 +25,9 @@ _ARGTYPES = (
 
 # (source, C function, argument types, result type): also built with -DPORTABLE_ONLY by the tests.
 _KERNEL = ("attention/decode_attention_cpu.c", "decode_attention_f32", _ARGTYPES, ctypes.c_int)
-# The kernel's codes for a row whose length or table row lies outside req_to_token.
-_BAD_SEQ_LEN, _BAD_REQ_INDEX = -1, -2
+# The kernel's codes for a row whose length or table row lies outside req_to_token, and for a
+# table entry naming a slot outside the KV cache.
+_BAD_SEQ_LEN, _BAD_REQ_INDEX, _BAD_KV_SLOT = -1, -2, -3
 
 
 def _kernel() -> Optional[ctypes._CFuncPtr]:
@@ -57,7 +58,7 @@ def decode_attention_cpu(
     _check(q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens)
     out = torch.empty((batch, num_heads, head_dim), dtype=torch.float32)  # [B, Hq, D]
     failed = kernel(
-        q.data_ptr(), q.stride(0), k_buf.data_ptr(), v_buf.data_ptr(),
+        q.data_ptr(), q.stride(0), k_buf.data_ptr(), v_buf.data_ptr(), k_buf.shape[0],
         req_to_token.data_ptr(), req_to_token.shape[0], req_to_token.stride(0), req_pool_indices.data_ptr(),
         seq_lens.data_ptr(),
         batch, num_kv_heads, num_heads // num_kv_heads, head_dim, scale, out.data_ptr(), torch.get_num_threads(),
@@ -66,9 +67,29 @@ def decode_attention_cpu(
         raise ValueError(f"seq_lens must lie in [1, {req_to_token.shape[1]}].")
     if failed == _BAD_REQ_INDEX:
         raise ValueError(f"req_pool_indices must lie in [0, {req_to_token.shape[0]}).")
+    if failed == _BAD_KV_SLOT:
+        raise kv_slot_error(req_to_token, req_pool_indices, seq_lens, k_buf.shape[0])
     if failed:
         raise MemoryError("decode attention could not allocate its score buffers")
     return out
+
+
+def kv_slot_error(
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, cache_rows: int
+) -> ValueError:
+    """The error naming the first table entry a request reads that lies outside a KV cache of
+    cache_rows slots. Built only once the kernel has refused the batch, so the search costs nothing
+    on the normal path."""
+    for pool_index, seq_len in zip(req_pool_indices.tolist(), seq_lens.tolist()):
+        row = req_to_token[pool_index, :seq_len]  # [seq_len]
+        outside = ((row < 0) | (row >= cache_rows)).nonzero()
+        if outside.numel():
+            position = int(outside[0, 0])
+            return ValueError(
+                f"req_to_token[{pool_index}, {position}] holds KV slot {int(row[position])}, outside the KV cache "
+                f"of {cache_rows} slots."
+            )
+    return ValueError(f"req_to_token holds a KV slot outside the KV cache of {cache_rows} slots.")
 
 
 def _check(q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens) -> None:

@@ -61,6 +61,7 @@ typedef struct {
 #define BAD_LENGTH 3
 #define BAD_TABLE_ROW 4
 #define NO_MEMORY 5
+#define BAD_TABLE_SLOT 6
 
 /* out = x W^T (+ bias inside the kernel's sums, as QKVParallelLinear adds it). */
 static int linear(const layer_weights *w, const float *x, int64_t rows, int64_t in, const uint8_t *packed, int64_t bits,
@@ -101,10 +102,13 @@ int decode_layer_f32(const layer_weights *w, const decode_step *s, const layer_w
     const int rope = rope_store_f32(s->qkv, rows, w->qkv_out, w->q_heads, w->kv_heads, w->head_dim, s->cos,
                                     s->signed_sin, s->loc, s->slots, k_buf, v_buf, (int)threads);
     if (rope) return rope == 2 ? BAD_SLOT : BAD_HEAD_DIM;
-    const int attn = decode_attention_f32(s->qkv, w->qkv_out, k_buf, v_buf, s->req_to_token, s->table_rows,
+    const int attn = decode_attention_f32(s->qkv, w->qkv_out, k_buf, v_buf, s->slots, s->req_to_token, s->table_rows,
                                           s->table_stride, s->req_pool_indices, s->seq_lens, rows, w->kv_heads,
                                           w->q_heads / w->kv_heads, w->head_dim, w->scale, s->attn, (int)threads);
-    if (attn) return attn == BAD_SEQ_LEN ? BAD_LENGTH : attn == BAD_REQ_INDEX ? BAD_TABLE_ROW : NO_MEMORY;
+    if (attn == BAD_SEQ_LEN) return BAD_LENGTH;
+    if (attn == BAD_REQ_INDEX) return BAD_TABLE_ROW;
+    if (attn == BAD_KV_SLOT) return BAD_TABLE_SLOT;
+    if (attn) return NO_MEMORY;
     if ((failed = project(w, s->attn, rows, q_width, w->o, w->o_bits, w->hidden, w->o_bias, s->o, threads))) return failed;
     rmsnorm_f32(s->o, residual, residual, w->post_norm, w->post_eps, rows, w->hidden, s->normed, (int)threads);
     return project(w, s->normed, rows, w->hidden, w->gate_up, w->gate_up_bits, w->gate_up_out, NULL, s->gate_up, threads);

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
+from sgl_kernel_ext.attention.decode_attention_cpu import kv_slot_error
 from sgl_kernel_ext.attention.reference import decode_attention_reference
 from sgl_kernel_ext.cpu_build import I64, PTR, load_kernel
 from sgl_kernel_ext.gemm.block_quant_linear import BlockQuantWeight, block_quant_linear_reference
@@ -55,6 +56,7 @@ _ERRORS = {
     3: "seq_lens must lie in [1, req_to_token's row length]",
     4: "req_pool_indices must lie inside req_to_token",
 }
+_BAD_TABLE_SLOT = 6  # a req_to_token entry a request reads lies outside the KV cache
 
 
 def _kernel() -> Optional[ctypes._CFuncPtr]:
@@ -132,7 +134,7 @@ class DecodeLayerStep:
     """What every layer of one decode step reads: RoPE tables, slots, the request table, scratch."""
 
     struct: _DecodeStep
-    tensors: tuple
+    tensors: tuple  # (cos, signed_sin, loc, req_to_token, req_pool_indices, seq_lens, scratch)
     rows: int
     slots: int
     widths: tuple[int, int, int, int]  # as DecodeLayerWeights.widths
@@ -224,7 +226,7 @@ class DecodeLayers:
                 self._structs, len(self.weights), ctypes.addressof(step.struct), embedding.data_ptr(), k_ptrs, v_ptrs,
                 act.data_ptr(),
             )
-            _raise_on(failed)
+            _raise_on(failed, step)
             return act, embedding
         act, prev = None, None
         gate, up = step.gate_up.chunk(2, dim=-1)  # [B, I] each: views of the buffer every call writes
@@ -289,11 +291,14 @@ def _run(weights, step, residual, k_buf, v_buf, prev, act) -> torch.Tensor:
         ctypes.addressof(weights.struct), ctypes.addressof(step.struct), None if prev is None else ctypes.addressof(prev.struct),
         _ptr(act), residual.data_ptr(), k_buf.data_ptr(), v_buf.data_ptr(),
     )
-    _raise_on(failed)
+    _raise_on(failed, step)
     return step.gate_up
 
 
-def _raise_on(failed: int) -> None:
+def _raise_on(failed: int, step: DecodeLayerStep) -> None:
+    if failed == _BAD_TABLE_SLOT:
+        req_to_token, req_pool_indices, seq_lens = step.tensors[3:6]
+        raise kv_slot_error(req_to_token, req_pool_indices, seq_lens, step.slots)
     if failed in _ERRORS:
         raise ValueError(_ERRORS[failed] + ".")
     if failed:

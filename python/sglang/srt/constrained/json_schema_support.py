@@ -1,4 +1,5 @@
-"""Refuse JSON-schema keywords a grammar library would drop without a word.
+"""Refuse JSON-schema keywords a grammar library would drop without a word (and length bounds
+too large to fill masks for cheaply, repetition_bounds.py).
 
 A library that ignores a keyword it does not implement gives an output that parses but does not
 validate against the schema the client sent: a silently unconstrained field. Every keyword of
@@ -15,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from sglang.srt.constrained.base_grammar_backend import GrammarError, GrammarKey
+from sglang.srt.constrained.repetition_bounds import check_schema_bounds
 
 # Keywords that constrain the output and that the backends enforce.
 ENFORCED = frozenset({
@@ -65,6 +67,7 @@ def _walk(key: GrammarKey, schema: Any, path: str) -> None:
         raise GrammarError(
             key, f"the format {schema['format']!r} at {path} is not enforced by the grammar backends; supported: {', '.join(sorted(FORMATS))}"
         )
+    check_schema_bounds(key, schema, path)
     if len(schema.get("allOf") or []) > 1:
         raise GrammarError(key, f"allOf with more than one subschema at {path} is not enforced by the grammar backends; merge them into one")
     for name in _SCHEMA_VALUED:

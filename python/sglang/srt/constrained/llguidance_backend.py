@@ -26,6 +26,7 @@ from sglang.srt.constrained.base_grammar_backend import (
     parse_json_field,
 )
 from sglang.srt.constrained.json_schema_support import check_json_schema
+from sglang.srt.constrained.repetition_bounds import check_grammar_bounds
 
 
 class GuidanceObject(BaseGrammarObject):
@@ -87,6 +88,7 @@ class GuidanceBackend(BaseGrammarBackend):
 
 def to_llguidance_grammar(key: GrammarKey, any_whitespace: bool = True) -> str:
     """The llguidance grammar of a request field; raises GrammarError."""
+    check_grammar_bounds(key)
     try:
         if key.kind == "json_schema":
             schema = parse_json_field(key)

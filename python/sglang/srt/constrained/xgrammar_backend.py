@@ -19,6 +19,7 @@ from sglang.srt.constrained.base_grammar_backend import (
     parse_json_field,
 )
 from sglang.srt.constrained.json_schema_support import check_json_schema
+from sglang.srt.constrained.repetition_bounds import check_grammar_bounds
 
 
 _LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
@@ -78,6 +79,7 @@ class XGrammarBackend(BaseGrammarBackend):
 
 def validate(key: GrammarKey) -> None:
     """Parse without a tokenizer (cheap): raises GrammarError naming the field and the reason."""
+    check_grammar_bounds(key)
     if key.kind == "json_schema":
         schema = parse_json_field(key)
         check_json_schema(key, schema)

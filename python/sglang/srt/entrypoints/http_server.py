@@ -40,7 +40,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from sglang.srt.entrypoints.openapi_bodies import document_request_bodies
 from sglang.srt.entrypoints.tokenization import detokenize, tokenize
-from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady, decoder
+from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady, decoder, replicas_ready
 from sglang.srt.managers.tokenizer_manager import (
     ABORTED_BY_SHUTDOWN,
     PreparedRequest,
@@ -621,8 +621,8 @@ class ChildProcesses:
         self._procs.append((name, proc))
 
     def wait_ready(self, timeout: float) -> SchedulerReady:
-        """The SchedulerReady of replica 0's rank 0, once every replica's rank 0 sent its own;
-        LaunchError on a start-up error, death or timeout."""
+        """The replicas' SchedulerReady messages combined (io_struct.replicas_ready), once every
+        replica's rank 0 sent its own; LaunchError on a start-up error, death or timeout."""
         deadline = time.monotonic() + timeout
         ready: dict[int, SchedulerReady] = {}
         while (remaining := deadline - time.monotonic()) > 0:
@@ -634,7 +634,7 @@ class ChildProcesses:
                 if message is not None:
                     ready[dp_rank] = message
             if len(ready) == self.server_args.dp_size:
-                return ready[0]
+                return replicas_ready([ready[dp_rank] for dp_rank in range(self.server_args.dp_size)])
             if (dead := self._exited(signalled)) is not None:
                 raise LaunchError(f"{dead} before the scheduler was ready")
         raise LaunchError(

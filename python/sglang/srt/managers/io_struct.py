@@ -8,7 +8,7 @@ Scheduler --BatchTokenOut (+ SchedulerLoad)--> DetokenizerManager --BatchStrOut-
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 import msgspec
 
@@ -172,6 +172,13 @@ class SchedulerReady(msgspec.Struct):
     max_running_requests: int
     eos_token_ids: list[int]
     model_path: str
+
+
+def replicas_ready(messages: Sequence[SchedulerReady]) -> SchedulerReady:
+    """The server's facts from its --dp-size replicas' ready messages (dp rank order): replica 0's,
+    with max_total_num_tokens the KV capacity of all replicas together (what /get_server_info
+    reports at its top level)."""
+    return msgspec.structs.replace(messages[0], max_total_num_tokens=sum(m.max_total_num_tokens for m in messages))
 
 
 class ReplicaLoad(msgspec.Struct):

@@ -17,8 +17,11 @@ import asyncio
 import contextlib
 import logging
 import os
+import select
 import socket
 import struct
+import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Optional, Protocol
 
@@ -33,6 +36,9 @@ _HEADER = struct.Struct("<Q")  # the message's length in bytes
 # connection is closed rather than buffered for.
 MAX_MESSAGE_BYTES = 1 << 32
 _RECV_BYTES = 1 << 18  # per read callback: a B=256 step's results with top logprobs in a few reads
+# Results a sender queues for a reader that has fallen behind before it drops that reader.
+MAX_PENDING_BYTES = 64 << 20
+_FLUSH_POLL_MS = 100  # the flusher's longest wait for room before it looks at the connection again
 
 
 class ResultsSource(Protocol):
@@ -171,25 +177,108 @@ class FramedResults:
 
 class FramedSender:
     """The scheduler's end of FramedResults. It connects at the first send: the tokenizer
-    manager binds its socket before it sends the scheduler anything to answer. A send blocks
-    while the socket's buffer (~200 KB by default) holds unread results, so rank 0 waits for a
-    tokenizer manager that has fallen that far behind; a ZMQ PUSH would queue up to 1000
-    messages first."""
+    manager binds its socket before it sends the scheduler anything to answer.
 
-    def __init__(self, path: str) -> None:
+    A send never blocks the scheduler: the socket is non-blocking, and what its buffer cannot
+    take is queued (up to `max_pending_bytes`) for a flusher thread that writes it, in order, as
+    the reader catches up. A reader that falls further behind is dropped with a logged error: its
+    connection is closed and later results are discarded, so the scheduler goes on serving. A
+    write that fails in the flusher raises its error from every later send, as a failed write in
+    the send itself does."""
+
+    def __init__(self, path: str, max_pending_bytes: int = MAX_PENDING_BYTES) -> None:
         self._path = path
+        self._max_pending_bytes = max_pending_bytes
         self._sock: Optional[socket.socket] = None
+        self._pending: deque[memoryview] = deque()  # frames (or their unsent tails), oldest first
+        self._pending_bytes = 0
+        self._cond = threading.Condition()  # guards the socket's writes and every field here
+        self._flushing: Optional[socket.socket] = None  # the connection a flusher thread serves
+        self._error: Optional[OSError] = None
+        self._dropped = False
 
     def send(self, data: bytes) -> None:
-        if self._sock is None:
-            self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self._sock.connect(self._path)
-        self._sock.sendall(_HEADER.pack(len(data)) + data)
+        with self._cond:
+            if self._error is not None:
+                raise self._error
+            if self._dropped:
+                return
+            if self._sock is None:
+                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self._sock.connect(self._path)
+                self._sock.setblocking(False)
+            frame = memoryview(_HEADER.pack(len(data)) + data)
+            if not self._pending:
+                frame = frame[self._write(frame) :]
+                if not frame:
+                    return
+            if self._pending_bytes + len(frame) > self._max_pending_bytes:
+                logger.error(
+                    "The tokenizer manager has left %d bytes of results unread: dropping its connection; "
+                    "later results are discarded", self._pending_bytes + len(frame),
+                )
+                self._dropped = True
+                self._disconnect()
+                return
+            self._pending.append(frame)
+            self._pending_bytes += len(frame)
+            if self._flushing is not self._sock:
+                self._flushing = self._sock
+                threading.Thread(target=self._flush_loop, args=(self._sock,), name="results-flusher", daemon=True).start()
+            self._cond.notify()
 
-    def close(self) -> None:
+    def _write(self, frame: memoryview) -> int:
+        """Bytes of `frame` the socket took now (0 when its buffer is full)."""
+        try:
+            return self._sock.send(frame)
+        except BlockingIOError:
+            return 0
+
+    def _flush_loop(self, sock: socket.socket) -> None:
+        """Writes the queued frames to `sock` as it drains, waiting for room outside the lock;
+        ends when `sock` is no longer the connection (closed, dropped or failed)."""
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLOUT)
+        while True:
+            with self._cond:
+                while not self._pending and self._sock is sock:
+                    self._cond.wait()
+                if self._sock is not sock:
+                    return
+            poller.poll(_FLUSH_POLL_MS)  # room for more, or a periodic look at the connection
+            with self._cond:
+                if self._sock is not sock:
+                    return
+                self._flush_some()
+
+    def _flush_some(self) -> None:
+        """As much of the queue as the socket takes now (the lock held)."""
+        try:
+            while self._pending:
+                frame = self._pending[0]
+                sent = self._write(frame)
+                self._pending_bytes -= sent
+                if sent < len(frame):
+                    self._pending[0] = frame[sent:]
+                    return
+                self._pending.popleft()
+        except OSError as err:
+            logger.error("The results connection failed with %d bytes unsent: %s", self._pending_bytes, err)
+            self._error = err
+            self._disconnect()
+
+    def _disconnect(self) -> None:
+        """Closes the connection and forgets what was queued for it (the lock held)."""
+        self._pending.clear()
+        self._pending_bytes = 0
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._disconnect()
 
 
 class ResultsSender(Protocol):
