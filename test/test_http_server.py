@@ -11,7 +11,6 @@ import json
 import os
 import pickle
 import signal
-import socket
 import time
 from typing import Any, Callable
 
@@ -19,11 +18,12 @@ import pytest
 import requests
 
 from fake_scheduler import ENTRY, LOG_ENV, build_test_tokenizer
-from sglang.srt.entrypoints.http_server import SCHEDULER_ENTRY_ENV, ServerProcess
+from sglang.srt.entrypoints.http_server import SCHEDULER_ENTRY_ENV
 from sglang.srt.managers.detokenizer_manager import DetokenizerManager
 from sglang.srt.managers.io_struct import BatchTokenOut, TokenOut
 from sglang.srt.managers.tokenizer_manager import derive_child_seed
 from sglang.srt.sampling.custom_logit_processor import DISABLED_MESSAGE
+from sglang.test.server_process import ServerProcess, free_port
 
 TEST_DIR = os.path.dirname(os.path.abspath(__file__))
 API_KEY = "test-secret"
@@ -31,12 +31,6 @@ TIMEOUT = 30
 
 
 # ---------------------------------------------------------------------------------- helpers
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_until(condition: Callable[[], Any], timeout: float = TIMEOUT, what: str = "condition") -> Any:
@@ -146,7 +140,7 @@ def servers(tokenizer_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dic
     logs = tmp_path_factory.mktemp("fake_scheduler_logs")
     started = {}
     for name, flags in SERVER_FLAGS.items():
-        port = _free_port()
+        port = free_port()
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [TEST_DIR, os.environ.get("PYTHONPATH")])),

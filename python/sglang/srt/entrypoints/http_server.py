@@ -25,7 +25,6 @@ import multiprocessing.connection
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -837,85 +836,3 @@ def _serve(app: FastAPI, tm: TokenizerManager, server_args: ServerArgs, children
     children.watch(stop)
     logger.info("Serving on http://%s:%d", server_args.host, server_args.port)
     server.run()
-
-
-# ---------------------------------------------------------------------------------- test helper
-
-
-class ServerProcess:
-    """`python -m sglang.launch_server` in a subprocess, for tests and scripts.
-
-    with ServerProcess(["--port", "31000"], port=31000) as server:
-        requests.post(server.url + "/generate", json=...)
-    """
-
-    def __init__(
-        self,
-        argv: Sequence[str],
-        port: int,
-        env: Optional[dict[str, str]] = None,
-        host: str = "127.0.0.1",
-        api_key: Optional[str] = None,
-        startup_timeout: float = 300.0,
-    ) -> None:
-        self.url = f"http://{host}:{port}"
-        self._api_key = api_key
-        self._startup_timeout = startup_timeout
-        command = [sys.executable, "-m", "sglang.launch_server", *argv]
-        self.proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self._output: list[str] = []
-        self._reader = threading.Thread(target=self._drain_output, daemon=True)
-        self._reader.start()
-
-    def _drain_output(self) -> None:
-        # Kept (and never blocking the child) so a failed start can say why.
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._output.append(line)
-
-    @property
-    def output(self) -> str:
-        return "".join(self._output)
-
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-
-    def wait_healthy(self, timeout: Optional[float] = None) -> None:
-        """Poll /health until 200; RuntimeError with the server's output on exit or timeout."""
-        import requests  # here, so that the server's own processes never import it
-
-        timeout = self._startup_timeout if timeout is None else timeout
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with code {self.proc.returncode}:\n{self.output}")
-            try:
-                if requests.get(self.url + "/health", headers=self.headers(), timeout=30).status_code == 200:
-                    return
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"server not healthy after {timeout:.0f} s:\n{self.output}")
-
-    def stop(self, timeout: float = 30.0) -> int:
-        """SIGTERM, then SIGKILL after `timeout`; returns the exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._reader.join(5)
-        return self.proc.returncode
-
-    def __enter__(self) -> "ServerProcess":
-        try:
-            self.wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
