@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from fake_scheduler import ENTRY, LOG_ENV, build_test_tokenizer
-from sglang.srt.entrypoints.http_server import SCHEDULER_ENTRY_ENV
+from sglang.srt.entrypoints.launch import SCHEDULER_ENTRY_ENV
 from sglang.srt.managers.detokenizer_manager import DetokenizerManager
 from sglang.srt.managers.io_struct import BatchTokenOut, TokenOut
 from sglang.srt.managers.tokenizer_manager import derive_child_seed

@@ -5,6 +5,9 @@ back on a socket this class binds: from the detokenizer process as BatchStrOut, 
 --detokenizer-mode inline from the scheduler as BatchTokenOut, detokenized here. Every request
 has a _ReqState per child (n > 1 fans out into n children) that the socket's reader updates;
 the generator of the request wakes on its group's event and yields cumulative SGLang-native dicts.
+This is the one place where n is fanned out (_fan_out, with derive_child_seed) and where the
+streams of several requests are merged (merge_indexed): /generate, the OpenAI routes and the
+offline Engine all go through generate_many / run_many.
 """
 
 from __future__ import annotations
@@ -253,6 +256,29 @@ class TokenizerManager:
             for state in group.unfinished():
                 self._abort_child(state, notify=False)
             self._children_of.pop(prepared.rid, None)
+
+    async def generate_many(self, objs: Sequence[GenerateReqInput]) -> AsyncIterator[dict[str, Any]]:
+        """Several requests (each fanned out into its n children) as one stream of result dicts,
+        each with "index" = its child's position: the requests in order, each one's children
+        in order. A ValueError for any invalid request is raised on the first iteration, before
+        anything is sent."""
+        prepared = [self.prepare_request(obj) for obj in objs]
+        async with contextlib.aclosing(self.run_many(prepared)) as results:
+            async for out in results:
+                yield out
+
+    def run_many(self, prepared: Sequence[PreparedRequest]) -> AsyncIterator[dict[str, Any]]:
+        """Send prepared requests; their results merged as generate_many yields them."""
+        return merge_indexed([self.run_prepared(p) for p in prepared], [len(p.children) for p in prepared])
+
+    async def collect(self, prepared: Sequence[PreparedRequest]) -> list[dict[str, Any]]:
+        """The final result of every child of the prepared requests, in child order, without "index"."""
+        async with contextlib.aclosing(self.run_many(prepared)) as results:
+            outs = [out async for out in results]
+        outs.sort(key=lambda out: out["index"])
+        for out in outs:
+            del out["index"]
+        return outs
 
     def abort_request(self, rid: str) -> None:
         """Abort a request (all its children when n > 1); its generator finishes with abort."""
@@ -655,15 +681,76 @@ def _partial_stop_len(text: str, stop: str) -> int:
     return 0
 
 
-def _fan_out(base: TokenizedGenerateReqInput, n: int) -> list[TokenizedGenerateReqInput]:
-    """n > 1: n children `{rid}_{i}` with n=1 and, when seeded, distinct derived seeds."""
+def child_rids(rid: str, n: int) -> list[str]:
+    """The rids of a request's n children: the request's own for n = 1, else `{rid}_{i}`."""
+    return [rid] if n == 1 else [f"{rid}_{i}" for i in range(n)]
+
+
+def child_sampling_params(params: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """The sampling params of a request's n children: n = 1 each and, when seeded, distinct
+    derived seeds (child i gets derive_child_seed(seed, i)); n = 1 keeps the request's own."""
     if n == 1:
-        return [base]
-    seed = base.sampling_params.get("sampling_seed")
+        return [params]
+    seed = params.get("sampling_seed")
     children = []
     for i in range(n):
-        params = {**base.sampling_params, "n": 1}
+        child = {**params, "n": 1}
         if seed is not None:
-            params["sampling_seed"] = derive_child_seed(seed, i)
-        children.append(msgspec.structs.replace(base, rid=f"{base.rid}_{i}", sampling_params=params))
+            child["sampling_seed"] = derive_child_seed(seed, i)
+        children.append(child)
     return children
+
+
+def _fan_out(base: TokenizedGenerateReqInput, n: int) -> list[TokenizedGenerateReqInput]:
+    if n == 1:
+        return [base]
+    return [
+        msgspec.structs.replace(base, rid=rid, sampling_params=params)
+        for rid, params in zip(child_rids(base.rid, n), child_sampling_params(base.sampling_params, n))
+    ]
+
+
+async def merge_indexed(
+    streams: Sequence[AsyncIterator[dict[str, Any]]], sizes: Sequence[int]
+) -> AsyncIterator[dict[str, Any]]:
+    """Several requests' result streams as one, in arrival order; every dict gets "index" = its
+    child's position among all children (stream k has sizes[k] children, in order).
+
+    The first exception of any stream is raised here; leaving early (error, client gone) closes
+    the streams still running, which aborts their requests.
+    """
+    offsets = list(itertools.accumulate(sizes, initial=0))
+    if len(streams) == 1:
+        # The common case: read it here, without a pump task and a queue between it and the caller.
+        async with contextlib.aclosing(streams[0]) as results:
+            async for out in results:
+                out["index"] = out.get("index", 0)
+                yield out
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(k: int, stream: AsyncIterator[dict[str, Any]]) -> None:
+        try:
+            async with contextlib.aclosing(stream) as results:
+                async for out in results:
+                    out["index"] = offsets[k] + out.get("index", 0)
+                    queue.put_nowait(out)
+        except Exception as err:  # handed to the consumer, which raises it
+            queue.put_nowait(err)
+        queue.put_nowait(None)
+
+    tasks = [asyncio.create_task(pump(k, stream)) for k, stream in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:  # cancelling a pump aborts its unfinished requests
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
