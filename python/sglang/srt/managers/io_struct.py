@@ -39,7 +39,8 @@ class GenerateReqInput:
 class TokenizedGenerateReqInput(msgspec.Struct, tag=True):
     rid: str
     input_ids: list[int]
-    # SamplingParams.to_dict() of params the tokenizer manager has normalized and verified.
+    # SamplingParams.to_message() of params the tokenizer manager has normalized and verified:
+    # the scheduler rebuilds them (SamplingParams.from_message) without normalizing again.
     sampling_params: dict[str, Any]
     return_logprob: bool = False
     logprob_start_len: int = -1

@@ -286,7 +286,11 @@ class Scheduler:
                 self._send([req])
 
     def _add_request(self, message: TokenizedGenerateReqInput) -> None:
-        params = SamplingParams(**message.sampling_params)
+        try:
+            params = SamplingParams.from_message(message.sampling_params)
+        except (TypeError, ValueError) as err:  # not the tokenizer manager's normalized params
+            self._reject(Req(message.rid, message.input_ids, SamplingParams()), str(err))
+            return
         if params.max_new_tokens is None:
             # SGLang's meaning of null: the rest of the context.
             params.max_new_tokens = max(self.context_len - len(message.input_ids), 0)
@@ -306,8 +310,6 @@ class Scheduler:
         )
         req.extra_key = message.extra_key
         try:
-            params.normalize(self.tokenizer)
-            params.verify(self.vocab_size)
             self._check_fits(req)
         except ValueError as err:
             self._reject(req, str(err))

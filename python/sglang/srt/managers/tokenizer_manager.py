@@ -218,7 +218,7 @@ class TokenizerManager:
         base = TokenizedGenerateReqInput(
             rid=rid,
             input_ids=input_ids,
-            sampling_params=params.to_dict(),
+            sampling_params=params.to_message(),
             return_logprob=obj.return_logprob,
             logprob_start_len=obj.logprob_start_len,
             top_logprobs_num=obj.top_logprobs_num,
