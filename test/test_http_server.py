@@ -614,6 +614,29 @@ def test_detokenizer_trims_at_the_last_matched_text(tokenizer: Any) -> None:
     assert _detokenize(manager, [no_trim]) == ["The fox. The fox. The end"]
 
 
+def test_detokenizer_holds_back_a_possible_stop_start_while_streaming(tokenizer: Any) -> None:
+    ids = tokenizer.encode("The fox. The end")
+    manager = DetokenizerManager(tokenizer)
+    steps = [_token_out("r", [t], stop_strs=["The end"] if i == 0 else None) for i, t in enumerate(ids[:-1])]
+    steps.append(_token_out("r", ids[-1:], {"type": "stop", "matched": "The end"}, matched_text="The end"))
+    pieces = _detokenize(manager, steps)
+    assert "".join(pieces) == "The fox. "
+    assert "".join(pieces[:-1]) == "The fox. "  # "The en" was held back: no chunk showed what the trim removes
+    length = [_token_out("s", [t], stop_strs=["The end"] if i == 0 else None) for i, t in enumerate(ids[:-2])]
+    length.append(_token_out("s", ids[-2:-1], {"type": "length", "length": len(ids) - 1}))
+    assert "".join(_detokenize(manager, length)) == tokenizer.decode(ids[:-1])  # the held tail comes on finish
+
+
+def test_detokenizer_replaces_sent_text_that_the_trim_cuts(tokenizer: Any) -> None:
+    ids = tokenizer.encode("The fox. The end")
+    manager = DetokenizerManager(tokenizer)
+    sent = _detokenize(manager, [_token_out("r", ids[:-1])])  # a stop_regex match is not held back
+    final = manager.handle(BatchTokenOut(outs=[
+        _token_out("r", ids[-1:], {"type": "stop", "matched": "f.x"}, matched_text="fox. The end")
+    ])).outs[0]
+    assert sent == [tokenizer.decode(ids[:-1])] and (final.new_text, final.text) == ("", "The ")
+
+
 def test_detokenizer_special_tokens(tokenizer: Any) -> None:
     ids = [1] + tokenizer.encode("Hello") + [2]
     manager = DetokenizerManager(tokenizer)

@@ -771,6 +771,7 @@ class Scheduler:
     @staticmethod
     def _token_out(req: Req) -> TokenOut:
         params = req.sampling_params
+        first = req.sent_output_len == 0
         new_ids = req.output_ids[req.sent_output_len :]
         req.sent_output_len = len(req.output_ids)
         pending, req.pending_logprobs = req.pending_logprobs, type(req.pending_logprobs)()
@@ -792,6 +793,7 @@ class Scheduler:
             input_top_logprobs=pending.input_top if want and want.top_logprobs_num else None,
             input_token_ids_logprobs=pending.input_token_ids if want and want.token_ids_logprob else None,
             matched_text=req.matched_text,
+            stop_strs=params.stop_strs if first and req.stream and not params.no_stop_trim else None,
         )
 
 

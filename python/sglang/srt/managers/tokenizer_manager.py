@@ -27,13 +27,7 @@ from typing import Any, Optional
 import msgspec
 import zmq
 
-from sglang.srt.managers.detokenizer_manager import (
-    DETOKENIZATION_ERROR,
-    DetokenizerManager,
-    TextDecoder,
-    cut_at_last,
-    trims_stop_text,
-)
+from sglang.srt.managers.detokenizer_manager import DETOKENIZATION_ERROR, DetokenizerManager
 from sglang.srt.managers.io_struct import (
     QUEUE_FULL,
     AbortReq,
@@ -114,7 +108,6 @@ class _ReqState:
     rid: str
     index: int
     group: _Group
-    params: dict[str, Any]  # the child's sampling params, as sent
     stream: bool
     return_logprob: bool
     want_top: bool
@@ -152,7 +145,6 @@ class TokenizerManager:
         self.server_args = server_args
         self.ready = ready
         self.tokenizer = tokenizer  # None with --skip-tokenizer-init
-        self._text_decoder = TextDecoder(tokenizer) if tokenizer is not None else None
         self.request_logger = RequestLogger(server_args.log_requests, server_args.log_requests_level)
         self.preferred_sampling_params = server_args.preferred_sampling_params_dict()
         # The batch-level processor classes, for their validate_params (the scheduler runs them).
@@ -481,7 +473,6 @@ class TokenizerManager:
                 rid=child.rid,
                 index=index,
                 group=group,
-                params=child.sampling_params,
                 stream=child.stream,
                 return_logprob=child.return_logprob,
                 want_top=child.top_logprobs_num > 0,
@@ -543,7 +534,7 @@ class TokenizerManager:
         state = self._states.get(token.rid)
         if state is None:  # aborted, or a finished request's late message
             return
-        state.text += out.new_text
+        state.text = out.text if out.text is not None else state.text + out.new_text
         state.output_ids.extend(token.new_output_ids)
         if token.new_output_ids:
             self._record_tokens(state, len(token.new_output_ids))
@@ -558,8 +549,6 @@ class TokenizerManager:
             self._record_finish(state)
             if token.finished_reason.get("err_type") == DETOKENIZATION_ERROR:
                 self._send_sock.send(encode(AbortReq(rid=token.rid)))  # the scheduler still runs it
-            if state.stream and trims_stop_text(token):
-                state.text = self._redecoded(state, token.matched_text)
         state.dirty = True
         state.group.event.set()
 
@@ -576,15 +565,6 @@ class TokenizerManager:
         if self.metrics is not None:
             elapsed = time.perf_counter() - state.created_at
             self.metrics.finished(state.prompt_tokens, state.completion_tokens, elapsed, state.finished_reason)
-
-    def _redecoded(self, state: _ReqState, matched_text: str) -> str:
-        """The whole output cut at the last stop match: exact even when the start of the stop
-        string was streamed in an earlier step, which the detokenizer cannot take back."""
-        params = state.params
-        text = self._text_decoder.decode(
-            state.output_ids, params["skip_special_tokens"], params["spaces_between_special_tokens"]
-        )
-        return cut_at_last(text, matched_text)
 
     def _append_logprobs(self, state: _ReqState, out: StrOut) -> None:
         token, text = out.token, state.text_in_logprobs
@@ -633,7 +613,7 @@ class TokenizerManager:
             meta["sampling_seed"] = state.sampling_seed
         out: dict[str, Any] = {}
         if not self.server_args.skip_tokenizer_init:  # SGLang's token-only responses have no "text"
-            out["text"] = _visible_text(state)
+            out["text"] = state.text
         if self.server_args.stream_output and state.stream:
             # SGLang's --stream-output: a streamed chunk carries only the ids new since the last one.
             out["output_ids"] = state.output_ids[state.streamed_ids :]
@@ -660,25 +640,6 @@ def _raise_if_refused(state: _ReqState) -> None:
     reason = state.finished_reason
     if reason is not None and reason.get("err_type") == QUEUE_FULL:
         raise ServiceUnavailableError(reason["message"])
-
-
-def _visible_text(state: _ReqState) -> str:
-    """While streaming, a tail that may be the start of a stop string is held back, so no chunk
-    shows text that the final trim removes (stop_regex partial matches are not held back)."""
-    if state.finished_reason is not None or state.params["no_stop_trim"]:
-        return state.text
-    stops = state.params["stop"] or []
-    stops = [stops] if isinstance(stops, str) else stops
-    held = max((_partial_stop_len(state.text, stop) for stop in stops), default=0)
-    return state.text[: len(state.text) - held]
-
-
-def _partial_stop_len(text: str, stop: str) -> int:
-    """Length of the longest proper prefix of `stop` that `text` ends with."""
-    for n in range(min(len(stop) - 1, len(text)), 0, -1):
-        if text.endswith(stop[:n]):
-            return n
-    return 0
 
 
 def child_rids(rid: str, n: int) -> list[str]:
