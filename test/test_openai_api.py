@@ -78,7 +78,7 @@ class FakeTokenizerManager:
         self.received: list[GenerateReqInput] = []
         self.closed: list[str] = []  # rids whose generator was closed before finishing
 
-    def generate_many(self, objs: list[GenerateReqInput]) -> AsyncIterator[dict[str, Any]]:
+    def generate_many(self, objs: list[GenerateReqInput], grammar_checked: bool = False) -> AsyncIterator[dict[str, Any]]:
         children = []
         for obj in objs:
             n = obj.sampling_params.get("n", 1)

@@ -191,8 +191,12 @@ class TokenizerManager:
             async for out in results:
                 yield out
 
-    def prepare_request(self, obj: GenerateReqInput) -> PreparedRequest:
-        """Tokenize and validate; raises ValueError naming the offending parameter."""
+    def prepare_request(self, obj: GenerateReqInput, grammar_checked: bool = False) -> PreparedRequest:
+        """Tokenize and validate; raises ValueError naming the offending parameter.
+
+        grammar_checked: the caller validated the request's grammar already (the OpenAI routes
+        check a response_format where it enters, so that their errors name that field).
+        """
         input_ids = self._tokenize(obj)
         params = self._sampling_params(obj.sampling_params)
         if self.server_args.enable_deterministic_inference and params.sampling_seed is None:
@@ -201,7 +205,8 @@ class TokenizerManager:
             params.sampling_seed = secrets.randbits(63)
         self._check_context(len(input_ids), params.max_new_tokens)
         self._check_custom_logit_processor(obj.custom_logit_processor)
-        self._check_grammar(params)
+        if not grammar_checked:
+            self._check_grammar(params)
         self._check_flags(obj)
         self._check_logprob_args(obj, len(input_ids))
         rid = obj.rid if obj.rid is not None else uuid.uuid4().hex
@@ -249,12 +254,14 @@ class TokenizerManager:
                 self._abort_child(state, notify=False)
             self._children_of.pop(prepared.rid, None)
 
-    async def generate_many(self, objs: Sequence[GenerateReqInput]) -> AsyncIterator[dict[str, Any]]:
+    async def generate_many(
+        self, objs: Sequence[GenerateReqInput], grammar_checked: bool = False
+    ) -> AsyncIterator[dict[str, Any]]:
         """Several requests (each fanned out into its n children) as one stream of result dicts,
         each with "index" = its child's position: the requests in order, each one's children
         in order. A ValueError for any invalid request is raised on the first iteration, before
-        anything is sent."""
-        prepared = [self.prepare_request(obj) for obj in objs]
+        anything is sent. grammar_checked: as for prepare_request."""
+        prepared = [self.prepare_request(obj, grammar_checked) for obj in objs]
         async with contextlib.aclosing(self.run_many(prepared)) as results:
             async for out in results:
                 yield out

@@ -167,11 +167,9 @@ def processor_params(req: _GenerationRequest) -> dict[str, Any]:
 
 
 def grammar_params(grammar: Optional[Grammar], server_args: Any, tokenizer: Any, param: str) -> dict[str, str]:
-    """The sampling param a response format sets ({} for none), checked now.
-
-    The engine would refuse a bad grammar too, but its 400 names json_schema / structural_tag,
-    fields the client never sent; here the message and `param` name the client's field.
-    """
+    """The sampling param a response format sets ({} for none), validated here, where the
+    request enters, so that the 400's message and `param` name the client's field (the engine's
+    would name json_schema / structural_tag); the engine is told not to validate it again."""
     if grammar is None:
         return {}
     backend = getattr(server_args, "grammar_backend", "xgrammar")
@@ -336,7 +334,8 @@ class OpenAIServingBase(ABC, Generic[RequestT]):
             # A client's rid names the engine request of its single prompt as it is (SGLang);
             # the tokenizer manager names the n > 1 children `{rid}_{i}`.
             obj.rid = req.rid if req.rid and len(inputs) == 1 else f"{request_id}-{i}"
-        events = self.tokenizer_manager.generate_many(inputs)
+        # A response_format grammar was validated by format_params: the engine does not again.
+        events = self.tokenizer_manager.generate_many(inputs, grammar_checked=req.format_grammar is not None)
         count = len(inputs) * req.n
         if req.stream:
             return await self._stream(req, request_id, events, count)

@@ -225,7 +225,7 @@ class OpenAIServingResponses:
             return responses_error(str(exc), exc.status_code, exc.param)
         except RequestError as exc:
             return responses_error(str(exc), param=exc.param)
-        events = self.tokenizer_manager.generate_many([obj])
+        events = self.tokenizer_manager.generate_many([obj], grammar_checked=turn.req.format_grammar is not None)
         if turn.req.background:
             return self._start_background(turn, events)
         if turn.req.stream:
