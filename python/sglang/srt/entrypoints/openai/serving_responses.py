@@ -342,7 +342,7 @@ class OpenAIServingResponses:
         yield event("response.output_item.added", output_index=0, item=turn.message("", "in_progress").model_dump()
                     | {"content": []})
         yield event("response.content_part.added", **ids, part=ResponseOutputText(text="").model_dump())
-        tracker, final = ChoiceTracker(0, None), first[1]
+        tracker, final = ChoiceTracker(0, None), first
         try:
             async for item in prepend(first, events):
                 final, delta = item, tracker.step(item).text
