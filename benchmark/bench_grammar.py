@@ -578,8 +578,8 @@ def sample_output(url: str) -> str:
 
 
 def bench_serving_backend(backend: str, rounds: int) -> tuple[list[dict], dict]:
-    from bench_serving import OutsideLoad, free_port, record
-    from sglang.srt.entrypoints.http_server import ServerProcess
+    from bench_serving import OutsideLoad, record
+    from sglang.test.server_process import ServerProcess, free_port
 
     port = free_port()
     print(f"starting the server on port {port} --grammar-backend {backend} ...", flush=True)

@@ -30,7 +30,8 @@ from typing import Any
 import requests
 from tqdm import tqdm
 
-from bench_serving import OutsideLoad, free_port, percentile, run_header, write_results  # this folder is on sys.path when run as a script
+from bench_serving import OutsideLoad, run_header, write_results  # this folder is on sys.path when run as a script
+from sglang.test.server_process import free_port, percentile
 from llama_server import sse_chunks
 
 SYSTEM_TOKENS = 1000
@@ -122,7 +123,7 @@ def run(url: str, system: list[int], questions: list[list[int]], concurrency: in
 
 
 def bench_server(radix_cache: bool, concurrency: int, flags: list[str]) -> dict:
-    from sglang.srt.entrypoints.http_server import ServerProcess
+    from sglang.test.server_process import ServerProcess
 
     port = free_port()
     extra = [] if radix_cache else ["--disable-radix-cache"]

@@ -31,7 +31,6 @@ import gc
 import json
 import os
 import shlex
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,6 +48,7 @@ from tqdm import tqdm
 from bench_sampler import machine_description  # this folder is on sys.path when run as a script
 from llama_server import LlamaServerProcess, completion_payload, missing_binary, server_argv, stream_completion
 from sglang.srt.utils.embedded_model import embedded_model_path
+from sglang.test.server_process import ServerProcess, free_port, percentile
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 NEW_TOKENS = 64
@@ -262,18 +262,10 @@ def bench_hf(concurrencies: list[int], rounds: int) -> list[dict]:
 # ---------------------------------------------------------------------------------- server
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def bench_launched(
     concurrencies: list[int], rounds: int, flags: tuple[str, ...] = (), system: str = "ours", api: str = "generate"
 ) -> list[dict]:
     """Start the embedded-model server with default flags (plus `flags`), run ours, stop it."""
-    from sglang.srt.entrypoints.http_server import ServerProcess
-
     port = free_port()
     print(f"starting the server on port {port} {' '.join(flags)} ...", flush=True)
     server = ServerProcess(["--port", str(port), "--log-level", "warning", *flags], port, startup_timeout=600)
@@ -358,11 +350,6 @@ class OutsideLoad:
 
 
 # ---------------------------------------------------------------------------------- output
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def record(

@@ -43,8 +43,8 @@ benchmark/make_engine_carry.sh, and PYTHONPATH=python):
 
 from __future__ import annotations
 
-# Only the standard library at module level: the client processes are spawned and import this
-# module, and must start fast without torch.
+# Only the standard library (and sglang.test.server_process, which uses nothing else) at module
+# level: the client processes are spawned and import this module, and must start fast without torch.
 import argparse
 import ast
 import datetime
@@ -60,7 +60,6 @@ import platform
 import re
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -72,6 +71,8 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Optional
+
+from sglang.test.server_process import ServerProcess, free_port, percentile
 
 HERE = Path(__file__).resolve().parent
 RESULTS_DIR = HERE / "results"
@@ -231,72 +232,6 @@ class Client:
 # ------------------------------------------------------------------- ours: the server
 
 
-class Server:
-    """`python -m sglang.launch_server` in its own process group, so that stopping it also
-    stops every process it started (and frees their GPU memory before HF loads)."""
-
-    def __init__(self, argv: list[str], port: int, log_path: Path) -> None:
-        self.url = f"http://127.0.0.1:{port}"
-        self.command = [sys.executable, "-m", "sglang.launch_server", *argv]
-        self.log_path = log_path
-        self._log = open(log_path, "w")
-        self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "".join(self.log_path.read_text(errors="replace").splitlines(True)[-lines:])
-        except OSError:
-            return ""
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with code {self.proc.returncode}:\n{self.log_tail()}")
-            if http_get(self.url + "/health", 10) is not None:
-                return
-            time.sleep(0.5)
-        raise RuntimeError(f"server not ready after {timeout:.0f} s:\n{self.log_tail()}")
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL to the whole group; returns once no process of it is left."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                pass
-        for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
-            if not _group_alive(self.proc.pid):
-                break
-            _signal_group(self.proc.pid, sig)
-            deadline = time.monotonic() + wait_s
-            while self.proc.poll() is None or _group_alive(self.proc.pid):  # poll() reaps the leader
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.2)
-        if self.proc.poll() is None:
-            self.proc.wait(10)
-        self._log.close()
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
 def http_get(url: str, timeout: float) -> Optional[bytes]:
     """The body of a 200 answer, else None (also when nothing listens yet)."""
     parsed = urllib.parse.urlsplit(url)
@@ -312,18 +247,7 @@ def http_get(url: str, timeout: float) -> Optional[bytes]:
         conn.close()
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 # ------------------------------------------------------------------------ measurement
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def ms(values: list[float], q: Optional[float] = None) -> Optional[float]:
@@ -663,18 +587,18 @@ def run_ours(ctx: Context, ns: list[int]) -> None:
             print(f"server stopped (log: {server.log_path})", flush=True)
 
 
-def launch_server(ctx: Context, max_n: int) -> Server:
+def launch_server(ctx: Context, max_n: int) -> ServerProcess:
     port = free_port()
     argv = ["--model-path", ctx.ckpt, "--tokenizer-path", ctx.ckpt, "--port", str(port),
             "--max-running-requests", str(max_n), "--tp-size", str(ctx.args.tp_size), "--dp-size", str(ctx.args.dp_size),
             "--log-level", "warning", *shlex.split(ctx.args.server_args)]
     log_path = Path(tempfile.mkdtemp(prefix="bench_serving_gpu_")) / "server.log"
-    server = Server(argv, port, log_path)
+    server = ServerProcess(argv, port, log_path=log_path, own_process_group=True)
     ctx.head["server_command"] = shlex.join(["python", *server.command[1:]])
     print(f"starting: {ctx.head['server_command']} (log {log_path})", flush=True)
     t0 = time.monotonic()
     try:
-        server.wait_ready(ctx.args.server_timeout_s)
+        server.wait_healthy(ctx.args.server_timeout_s)
     except BaseException:
         server.stop()
         raise

@@ -14,17 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from sglang.test.server_process import free_port
 
 
 def time_all_reduce(rows: int, hidden: int, calls: int, iters: int) -> float:

@@ -20,7 +20,6 @@ import argparse
 import concurrent.futures
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from random_checkpoint import write_qwen3_checkpoint  # noqa: E402
+from sglang.test.server_process import free_port  # noqa: E402
 
 SETTINGS = {
     "greedy": {"temperature": 0.0},
@@ -45,12 +45,6 @@ OTHERS = ["Hi", "List three colours.", "What is 12 times 7?",
 PREFIX = ("You are a helpful assistant. Answer briefly and precisely. The user is curious about science, "
           "history and cooking, and likes examples. ")
 SUFFIXES = ["Why is salt added to pasta water?", "Who built the pyramids?", "What is a prime number?"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def batch(url: str, prompts: list[str], params: dict) -> list[tuple]:
@@ -107,7 +101,7 @@ def throughput(url: str, n: int) -> float:
 
 
 def serve(folder: str, args: argparse.Namespace, deterministic: bool) -> dict[str, Any]:
-    from sglang.srt.entrypoints.http_server import ServerProcess
+    from sglang.test.server_process import ServerProcess
 
     port = free_port()
     flags = ["--model-path", folder, "--device", args.device, "--port", str(port), "--log-level", "warning",

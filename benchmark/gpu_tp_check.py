@@ -30,7 +30,6 @@ import concurrent.futures
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,8 @@ import urllib.request
 from typing import Any
 
 import torch
+
+from sglang.test.server_process import free_port
 
 SHAPES = {
     "qwen3-0.6b": dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
@@ -130,12 +131,6 @@ def post_json(url: str, body: dict, timeout: float = 600) -> dict:
 
 
 # ------------------------------------------------------------------ one server
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def serve_and_generate(args: argparse.Namespace, model: str, tp: int, flags: list[str], bodies: list[dict],

@@ -36,7 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "test"), str(ROOT / "test" / "reliability")]
 
 from bench_sampler import machine_description  # noqa: E402 - this folder is on sys.path when run as a script
-from bench_serving import git_revision, percentile  # noqa: E402
+from bench_serving import git_revision  # noqa: E402
+from sglang.test.server_process import percentile  # noqa: E402
 from reliability_utils import (  # noqa: E402
     is_idle, kill_streams, load, replay_mismatches, run_load, server, server_rss_mib, wait_idle,
 )

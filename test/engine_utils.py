@@ -4,18 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 from typing import Any, Iterator
 
 import requests
 
-from sglang.srt.entrypoints.http_server import ServerProcess
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from sglang.test.server_process import ServerProcess, free_port
 
 
 @contextlib.contextmanager

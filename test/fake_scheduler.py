@@ -209,6 +209,8 @@ class FakeScheduler:
             no_stop_trim=params.get("no_stop_trim", False),
             matched_text=req.matched_text,
         )
+        if msg.stream and len(new_ids) == len(req.output_ids) and not out.no_stop_trim:  # the first output
+            out.stop_strs = params.get("stop_strs")
         if msg.return_logprob:
             self._fill_logprobs(req, out, new_ids)
         return out

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import requests
 
-from sglang.srt.entrypoints.http_server import ServerProcess
+from sglang.test.server_process import ServerProcess
 
 PROMPT = "The capital of France is"
 # The model answers this with a few tokens and then EOS (<|im_end|>, id 2 in the model config).

@@ -14,8 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from engine_utils import free_port
-from sglang.srt.entrypoints.http_server import ServerProcess
+from sglang.test.server_process import ServerProcess, free_port
 
 
 @pytest.fixture(scope="session")

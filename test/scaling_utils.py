@@ -10,7 +10,7 @@ import pytest
 import torch
 import transformers
 
-from sglang.srt.entrypoints.http_server import ServerProcess
+from sglang.test.server_process import ServerProcess
 
 EXIT_WAIT_S = 30
 TINY_FULL_VOCAB = dict(

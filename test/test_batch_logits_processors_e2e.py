@@ -17,9 +17,9 @@ from typing import Any, Iterator
 import pytest
 import requests
 
-from engine_utils import free_port, iter_stream
+from engine_utils import iter_stream
 
-from sglang.srt.entrypoints.http_server import ServerProcess
+from sglang.test.server_process import ServerProcess, free_port
 
 TEST_DIR = os.path.dirname(os.path.abspath(__file__))
 PLUGINS = [f"logits_processor_plugins:{name}" for name in

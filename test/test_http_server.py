@@ -11,7 +11,6 @@ import json
 import os
 import pickle
 import signal
-import socket
 import time
 from typing import Any, Callable
 
@@ -19,11 +18,12 @@ import pytest
 import requests
 
 from fake_scheduler import ENTRY, LOG_ENV, build_test_tokenizer
-from sglang.srt.entrypoints.http_server import SCHEDULER_ENTRY_ENV, ServerProcess
+from sglang.srt.entrypoints.launch import SCHEDULER_ENTRY_ENV
 from sglang.srt.managers.detokenizer_manager import DetokenizerManager
 from sglang.srt.managers.io_struct import BatchTokenOut, TokenOut
 from sglang.srt.managers.tokenizer_manager import derive_child_seed
 from sglang.srt.sampling.custom_logit_processor import DISABLED_MESSAGE
+from sglang.test.server_process import ServerProcess, free_port
 
 TEST_DIR = os.path.dirname(os.path.abspath(__file__))
 API_KEY = "test-secret"
@@ -31,12 +31,6 @@ TIMEOUT = 30
 
 
 # ---------------------------------------------------------------------------------- helpers
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_until(condition: Callable[[], Any], timeout: float = TIMEOUT, what: str = "condition") -> Any:
@@ -146,7 +140,7 @@ def servers(tokenizer_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dic
     logs = tmp_path_factory.mktemp("fake_scheduler_logs")
     started = {}
     for name, flags in SERVER_FLAGS.items():
-        port = _free_port()
+        port = free_port()
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [TEST_DIR, os.environ.get("PYTHONPATH")])),
@@ -618,6 +612,29 @@ def test_detokenizer_trims_at_the_last_matched_text(tokenizer: Any) -> None:
     assert "".join(_detokenize(manager, [first, last])) == "The fox. The fox. "
     no_trim = _token_out("s", ids, {"type": "stop", "matched": "The"}, matched_text="The", no_stop_trim=True)
     assert _detokenize(manager, [no_trim]) == ["The fox. The fox. The end"]
+
+
+def test_detokenizer_holds_back_a_possible_stop_start_while_streaming(tokenizer: Any) -> None:
+    ids = tokenizer.encode("The fox. The end")
+    manager = DetokenizerManager(tokenizer)
+    steps = [_token_out("r", [t], stop_strs=["The end"] if i == 0 else None) for i, t in enumerate(ids[:-1])]
+    steps.append(_token_out("r", ids[-1:], {"type": "stop", "matched": "The end"}, matched_text="The end"))
+    pieces = _detokenize(manager, steps)
+    assert "".join(pieces) == "The fox. "
+    assert "".join(pieces[:-1]) == "The fox. "  # "The en" was held back: no chunk showed what the trim removes
+    length = [_token_out("s", [t], stop_strs=["The end"] if i == 0 else None) for i, t in enumerate(ids[:-2])]
+    length.append(_token_out("s", ids[-2:-1], {"type": "length", "length": len(ids) - 1}))
+    assert "".join(_detokenize(manager, length)) == tokenizer.decode(ids[:-1])  # the held tail comes on finish
+
+
+def test_detokenizer_replaces_sent_text_that_the_trim_cuts(tokenizer: Any) -> None:
+    ids = tokenizer.encode("The fox. The end")
+    manager = DetokenizerManager(tokenizer)
+    sent = _detokenize(manager, [_token_out("r", ids[:-1])])  # a stop_regex match is not held back
+    final = manager.handle(BatchTokenOut(outs=[
+        _token_out("r", ids[-1:], {"type": "stop", "matched": "f.x"}, matched_text="fox. The end")
+    ])).outs[0]
+    assert sent == [tokenizer.decode(ids[:-1])] and (final.new_text, final.text) == ("", "The ")
 
 
 def test_detokenizer_special_tokens(tokenizer: Any) -> None:

@@ -4,6 +4,7 @@ streaming, fan-out seeds, sampling defaults and errors, driven by the official o
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import socket
@@ -23,7 +24,7 @@ from sglang.srt.entrypoints.openai import register_openai_routes, serving_chat
 from sglang.srt.entrypoints.openai.protocol import MAX_N
 from sglang.srt.entrypoints.openai.serving_chat import strip_duplicate_bos, tokenizer_adds_bos
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.tokenizer_manager import derive_child_seed
+from sglang.srt.managers.tokenizer_manager import child_rids, child_sampling_params, derive_child_seed, merge_indexed
 from sglang.srt.server_args import ServerArgs
 
 MODEL = "fake-model"
@@ -63,9 +64,10 @@ def token_text(token_id: int) -> str:
 class FakeTokenizerManager:
     """Deterministic cumulative native items from a GenerateReqInput; records every input.
 
-    Output ids depend on (prompt, sampling_seed). Prompts containing RAISE are rejected before
-    anything is yielded; FAIL_MIDWAY fails after the first streamed item; HANG never finishes
-    after its first item.
+    generate_many fans each request out into its n children and merges their streams with the
+    tokenizer manager's own functions; `received` holds the children. Output ids depend on
+    (prompt, sampling_seed). Prompts containing RAISE are rejected before anything is yielded;
+    FAIL_MIDWAY fails after the first streamed item; HANG never finishes after its first item.
     """
 
     def __init__(self, tokenizer: FakeTokenizer) -> None:
@@ -75,6 +77,15 @@ class FakeTokenizerManager:
         )
         self.received: list[GenerateReqInput] = []
         self.closed: list[str] = []  # rids whose generator was closed before finishing
+
+    def generate_many(self, objs: list[GenerateReqInput], grammar_checked: bool = False) -> AsyncIterator[dict[str, Any]]:
+        children = []
+        for obj in objs:
+            n = obj.sampling_params.get("n", 1)
+            rids = child_rids(obj.rid, n)
+            params = child_sampling_params(obj.sampling_params, n)
+            children += [dataclasses.replace(obj, rid=r, sampling_params=p) for r, p in zip(rids, params)]
+        return merge_indexed([self.generate_request(child) for child in children], [1] * len(children))
 
     async def generate_request(self, obj: GenerateReqInput) -> AsyncIterator[dict[str, Any]]:
         self.received.append(obj)
@@ -848,7 +859,7 @@ def test_rid_names_the_engine_request_and_the_response(raw: TestClient, fake: Fa
     body = {"messages": [{"role": "user", "content": "x"}], "rid": "my-request"}
     assert raw.post("/v1/chat/completions", json=body).json()["id"] == "my-request"
     assert raw.post("/v1/chat/completions", json={**body, "n": 2}).json()["id"] == "my-request"
-    assert [obj.rid for obj in fake.received] == ["my-request", "my-request-0", "my-request-1"]
+    assert [obj.rid for obj in fake.received] == ["my-request", "my-request_0", "my-request_1"]
 
 
 # ----------------------------------------------------------------------------- end to end (embedded SmolLM2)

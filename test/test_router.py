@@ -24,10 +24,11 @@ from typing import Any, Optional
 import pytest
 import requests
 
-from engine_utils import free_port, running_server
+from engine_utils import running_server
 from flag_helpers import wait_until
 from scaling_utils import PROMPTS, model_flags, save_tiny_full_vocab
 from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
+from sglang.test.server_process import free_port
 
 pytest.importorskip("sglang_router")
 

@@ -355,6 +355,27 @@ def test_to_dict_after_normalize_keeps_stop_conditions():
     assert (q.stop_strs, q.stop_regex_strs) == (["a"], ["b+"])
 
 
+def test_to_message_round_trips_the_normalized_params_without_a_tokenizer():
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput, decoder, encode
+
+    p = _verified(stop=["a b c", "d"], stop_regex="x+", stop_token_ids=[7, 3], bad_words=["no"], sampling_seed=5)
+    wire = encode(TokenizedGenerateReqInput(rid="r", input_ids=[1], sampling_params=p.to_message()))
+    q = SamplingParams.from_message(decoder(TokenizedGenerateReqInput).decode(wire).sampling_params)
+    assert q.is_normalized and q.stop_token_ids == {3, 7}
+    derived = ("stop_strs", "stop_regex_strs", "stop_str_max_len", "stop_regex_max_len", "bad_words_token_ids")
+    assert {name: getattr(q, name) for name in derived} == {name: getattr(p, name) for name in derived}
+    assert q.to_dict() == p.to_dict()
+    q.normalize(None)  # already normalized: no tokenizer is needed, and none is called
+    assert q.stop_str_max_len == 3
+
+
+def test_from_message_refuses_params_that_were_not_normalized():
+    with pytest.raises(ValueError, match="to_message"):
+        SamplingParams.from_message(SamplingParams(stop="a").to_dict())
+    with pytest.raises(ValueError, match="normalize"):
+        SamplingParams(stop="a").to_message()
+
+
 def test_from_dict_null_means_default():
     d = {"temperature": None, "top_k": None, "n": None, "stop": None, "choice": None}
     p = SamplingParams.from_dict(d)

@@ -22,9 +22,9 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from engine_utils import free_port, iter_stream, running_server
+from engine_utils import iter_stream, running_server
 from scaling_utils import PROMPTS, model_flags, save_tiny_full_vocab, scheduler_pid, wait_exit
-from sglang.srt.entrypoints.http_server import ServerProcess
+from sglang.test.server_process import ServerProcess, free_port
 from sglang.srt.distributed.placement import (
     gpu_id,
     node_tp_ranks,

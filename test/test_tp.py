@@ -20,13 +20,13 @@ import requests
 import torch
 import torch.multiprocessing as mp
 
-from engine_utils import free_port, generate, generate_ok, running_server
+from engine_utils import generate, generate_ok, running_server
 from scaling_utils import EXIT_WAIT_S, wait_exit
 from sglang import launch_server
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed.communication import CHECK_TOKEN_AGREEMENT_ENV
 from sglang.srt.distributed.tp_sizes import supported_tp_sizes, tp_split_problems
-from sglang.srt.entrypoints.http_server import ServerProcess
+from sglang.test.server_process import ServerProcess, free_port
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.server_args import ServerArgs
 from test_engine_e2e import _processor_shipped_by_value

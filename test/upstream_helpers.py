@@ -8,7 +8,7 @@ from typing import Any
 import requests
 from flag_helpers import post_ok  # noqa: F401  (re-exported for the upstream ports)
 from flag_helpers import stream as sse_data  # noqa: F401
-from sglang.srt.entrypoints.http_server import ServerProcess
+from sglang.test.server_process import ServerProcess
 
 TIMEOUT = 300
 EXTRA_CONTEXT_LEN = 1000

@@ -19,8 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from engine_utils import free_port
-from sglang.srt.entrypoints.http_server import ServerProcess
+from sglang.test.server_process import ServerProcess, free_port
 from upstream_helpers import EXTRA_FLAGS
 
 

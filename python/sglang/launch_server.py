@@ -15,7 +15,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"error: {err}")
     # Imported here: spawned children re-import this module, and need none of the HTTP stack.
-    from sglang.srt.entrypoints.http_server import LaunchError, launch_server
+    from sglang.srt.entrypoints.launch import LaunchError
+    from sglang.srt.entrypoints.serve import launch_server
 
     try:
         launch_server(server_args)

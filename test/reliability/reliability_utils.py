@@ -18,8 +18,7 @@ from typing import Any, Optional
 import psutil
 import requests
 
-from engine_utils import free_port
-from sglang.srt.entrypoints.http_server import ServerProcess
+from sglang.test.server_process import ServerProcess, free_port
 
 LONG = os.environ.get("SGLANG_RELIABILITY_LONG") == "1"  # the long versions of the suite
 API_KEY = "reliability-secret"

@@ -18,25 +18,17 @@ import contextlib
 import dataclasses
 import difflib
 import logging
-import os
 import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Optional, Union
 
 import msgspec
 
-from sglang.srt.entrypoints.http_server import (
-    DEFAULT_READY_TIMEOUT_S,
-    READY_TIMEOUT_ENV,
-    ChildProcesses,
-    _collect,
-    _merged,
-    split_generate_body,
-)
+from sglang.srt.entrypoints.generate_body import split_generate_body
+from sglang.srt.entrypoints.launch import ChildProcesses, launch_subprocesses
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.server_args_compat import compat_fields
-from sglang.srt.utils.hf_transformers_utils import get_tokenizer, load_chat_template
 
 logger = logging.getLogger(__name__)
 
@@ -57,13 +49,7 @@ class Engine:
         self._children = ChildProcesses(self.server_args, self._port_args)
         self.tokenizer_manager: Optional[TokenizerManager] = None
         try:
-            self._children.start()
-            tokenizer = None  # --skip-tokenizer-init: input_ids in, output_ids out
-            if not self.server_args.skip_tokenizer_init:
-                tokenizer = load_chat_template(
-                    get_tokenizer(self.server_args.tokenizer_path, self.server_args.trust_remote_code), self.server_args.chat_template
-                )
-            ready = self._children.wait_ready(float(os.environ.get(READY_TIMEOUT_ENV, DEFAULT_READY_TIMEOUT_S)))
+            ready, tokenizer = launch_subprocesses(self._children)  # tokenizer None: --skip-tokenizer-init
             self.tokenizer_manager = self._run(_new_tokenizer_manager(self.server_args, self._port_args, ready, tokenizer))
             self._children.watch(self.tokenizer_manager.fail_all)
         except BaseException:
@@ -92,7 +78,7 @@ class Engine:
         prepared, many = self._prepare(body)
         if stream:
             return self._iterate(self._stream(prepared, many))
-        outs = self._run(_collect(self._tm(), prepared))
+        outs = self._run(self._tm().collect(prepared))
         return outs if many else outs[0]
 
     async def async_generate(self, prompt: Prompt = None, sampling_params: Union[dict, list[dict], None] = None,
@@ -106,7 +92,7 @@ class Engine:
         prepared, many = self._prepare(body)
         if stream:
             return self._aiterate(self._stream(prepared, many))
-        outs = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(_collect(self._tm(), prepared), self._loop))
+        outs = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._tm().collect(prepared), self._loop))
         return outs if many else outs[0]
 
     def _prepare(self, body: dict) -> tuple[list, bool]:
@@ -115,7 +101,7 @@ class Engine:
         return prepared, batch or sum(len(p.children) for p in prepared) > 1
 
     async def _stream(self, prepared: list, indexed: bool) -> AsyncIterator[dict]:
-        async with contextlib.aclosing(_merged(self._tm(), prepared)) as results:
+        async with contextlib.aclosing(self._tm().run_many(prepared)) as results:
             async for out in results:
                 if not indexed:
                     del out["index"]

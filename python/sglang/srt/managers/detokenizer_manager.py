@@ -1,10 +1,13 @@
-"""DetokenizerManager: token ids -> incremental text, with stop trimming.
+"""DetokenizerManager: token ids -> incremental text, and the one owner of stop-text trimming.
 
 Scheduler --BatchTokenOut--> here --BatchStrOut--> TokenizerManager, in a process of its own
 (--detokenizer-mode process) or called by the TokenizerManager on what it receives (inline).
 Each request's text is decoded incrementally over a short window of ids (enough context for
 tokenizers whose decoding of a token depends on its neighbours), and text ending in U+FFFD, an
 incomplete UTF-8 sequence split across tokens, is held back until the sequence completes.
+The scheduler detects stops (it must end generation); the text is trimmed here: a streamed
+request's tail that may be the start of a stop string is held back, so no chunk shows text the
+final trim removes, and the final text is cut at the last match of the matched stop text.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ class _DecodeState:
     prefix_offset: int = 0
     read_offset: int = 0
     sent: str = ""  # the text emitted so far
+    held: str = ""  # decoded but not emitted: a tail that may be the start of a stop string
+    stops: list[str] = field(default_factory=list)  # the stop strings whose starts are held back
 
 
 class TextDecoder:
@@ -84,14 +89,13 @@ class DetokenizerManager:
         self._states: dict[str, _DecodeState] = {}
 
     def handle(self, batch: BatchTokenOut) -> BatchStrOut:
-        outs = [StrOut(token=out, new_text=self._safe_new_text(out)) for out in batch.outs]
-        return BatchStrOut(outs=outs, load=batch.load)
+        return BatchStrOut(outs=[self._safe_str_out(out) for out in batch.outs], load=batch.load)
 
-    def _safe_new_text(self, out: TokenOut) -> str:
+    def _safe_str_out(self, out: TokenOut) -> StrOut:
         if self.decoder is None:
-            return ""
+            return StrOut(token=out, new_text="")
         try:
-            return self._new_text(out)
+            return self._str_out(out)
         except Exception as err:  # one request's bad ids must not take the process down
             logger.exception("Detokenization failed for request %s", out.rid)
             # The request fails alone; the tokenizer manager tells the scheduler to stop it.
@@ -99,13 +103,15 @@ class DetokenizerManager:
                 "type": "abort", "message": f"Detokenization failed: {type(err).__name__}: {err}",
                 "status_code": 500, "err_type": DETOKENIZATION_ERROR,
             }
-            return ""
+            return StrOut(token=out, new_text="")
         finally:
             if out.finished_reason is not None:
                 self._states.pop(out.rid, None)
 
-    def _new_text(self, out: TokenOut) -> str:
+    def _str_out(self, out: TokenOut) -> StrOut:
         state = self._states.setdefault(out.rid, _DecodeState())
+        if out.stop_strs:
+            state.stops = out.stop_strs
         state.ids.extend(out.new_output_ids)
         finished = out.finished_reason is not None
         end = len(state.ids) - 1 if finished and _ends_with_stop_token(out) else len(state.ids)
@@ -113,17 +119,40 @@ class DetokenizerManager:
         full = self._decode(state.ids[state.prefix_offset : end], out)
         new_text = full[len(prefix) :]
         if not finished and (not new_text or new_text.endswith(_REPLACEMENT_CHAR)):
-            return ""  # wait for the rest of a split character
+            return StrOut(token=out, new_text="")  # wait for the rest of a split character
         state.prefix_offset, state.read_offset = state.read_offset, end
+        pending, state.held = state.held + new_text, ""
         if finished and trims_stop_text(out):
-            # Text already sent cannot be taken back: when the stop text began there, nothing
-            # is added (the tokenizer manager re-decodes such streams).
-            new_text = cut_at_last(state.sent + new_text, out.matched_text)[len(state.sent) :]
-        state.sent += new_text
-        return new_text
+            return self._trimmed(state, out)
+        if not finished:
+            held = _held_back_len(state.sent + pending, state.stops, len(pending))
+            pending, state.held = pending[: len(pending) - held], pending[len(pending) - held :]
+        state.sent += pending
+        return StrOut(token=out, new_text=pending)
+
+    def _trimmed(self, state: _DecodeState, out: TokenOut) -> StrOut:
+        """The final message of a request that stopped on stop text: the whole output decoded at
+        once and cut at the last match, which is exact also where the incremental pieces are not.
+        When the cut reaches into text already sent, the whole text replaces it."""
+        text = cut_at_last(self._decode(state.ids, out), out.matched_text)
+        if text.startswith(state.sent):
+            return StrOut(token=out, new_text=text[len(state.sent) :])
+        return StrOut(token=out, new_text="", text=text)
 
     def _decode(self, ids: list[int], out: TokenOut) -> str:
         return self.decoder.decode(ids, out.skip_special_tokens, out.spaces_between_special_tokens)
+
+
+def _held_back_len(text: str, stops: list[str], limit: int) -> int:
+    """Length of the longest tail of `text`, at most `limit` long, that is a proper prefix of a
+    stop string (stop_regex partial matches are not held back)."""
+    best = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text), limit), best, -1):
+            if text.endswith(stop[:n]):
+                best = n
+                break
+    return best
 
 
 def _ends_with_stop_token(out: TokenOut) -> bool:

@@ -39,7 +39,8 @@ class GenerateReqInput:
 class TokenizedGenerateReqInput(msgspec.Struct, tag=True):
     rid: str
     input_ids: list[int]
-    # SamplingParams.to_dict() of params the tokenizer manager has normalized and verified.
+    # SamplingParams.to_message() of params the tokenizer manager has normalized and verified:
+    # the scheduler rebuilds them (SamplingParams.from_message) without normalizing again.
     sampling_params: dict[str, Any]
     return_logprob: bool = False
     logprob_start_len: int = -1
@@ -140,6 +141,9 @@ class TokenOut(msgspec.Struct):
     input_token_ids_logprobs: Optional[list[Optional[list[list[Any]]]]] = None
     # The text that triggered a stop-string / stop-regex finish, for trimming the output.
     matched_text: Optional[str] = None
+    # A streamed request's stop strings, on its first message (unless no_stop_trim): the
+    # detokenizer holds back a text tail that may be the start of one.
+    stop_strs: Optional[list[str]] = None
 
 
 class BatchTokenOut(msgspec.Struct):
@@ -150,12 +154,15 @@ class BatchTokenOut(msgspec.Struct):
 class StrOut(msgspec.Struct):
     """TokenOut plus the text the new tokens add (detokenizer -> tokenizer manager).
 
-    On the final message the text is already trimmed at a matched stop string unless
-    no_stop_trim was set.
+    The detokenizer owns stop trimming: while streaming it holds back a tail that may be the
+    start of a stop string, and the final message's text is trimmed at a matched stop string or
+    regex match unless no_stop_trim was set. When that trim reaches into text already sent (a
+    stop_regex match is not held back), `text` is the request's whole text, replacing it.
     """
 
     token: TokenOut
     new_text: str
+    text: Optional[str] = None
 
 
 class BatchStrOut(msgspec.Struct):

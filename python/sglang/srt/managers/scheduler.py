@@ -288,7 +288,11 @@ class Scheduler:
                 self._send([req])
 
     def _add_request(self, message: TokenizedGenerateReqInput) -> None:
-        params = SamplingParams(**message.sampling_params)
+        try:
+            params = SamplingParams.from_message(message.sampling_params)
+        except (TypeError, ValueError) as err:  # not the tokenizer manager's normalized params
+            self._reject(Req(message.rid, message.input_ids, SamplingParams()), str(err))
+            return
         if params.max_new_tokens is None:
             # SGLang's meaning of null: the rest of the context.
             params.max_new_tokens = max(self.context_len - len(message.input_ids), 0)
@@ -308,8 +312,6 @@ class Scheduler:
         )
         req.extra_key = message.extra_key
         try:
-            params.normalize(self.tokenizer)
-            params.verify(self.vocab_size)
             self._check_fits(req)
         except ValueError as err:
             self._reject(req, str(err))
@@ -771,6 +773,7 @@ class Scheduler:
     @staticmethod
     def _token_out(req: Req) -> TokenOut:
         params = req.sampling_params
+        first = req.sent_output_len == 0
         new_ids = req.output_ids[req.sent_output_len :]
         req.sent_output_len = len(req.output_ids)
         pending, req.pending_logprobs = req.pending_logprobs, type(req.pending_logprobs)()
@@ -792,6 +795,7 @@ class Scheduler:
             input_top_logprobs=pending.input_top if want and want.top_logprobs_num else None,
             input_token_ids_logprobs=pending.input_token_ids if want and want.token_ids_logprob else None,
             matched_text=req.matched_text,
+            stop_strs=params.stop_strs if first and req.stream and not params.no_stop_trim else None,
         )
 
 

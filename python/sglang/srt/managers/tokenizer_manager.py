@@ -5,6 +5,9 @@ back on a socket this class binds: from the detokenizer process as BatchStrOut, 
 --detokenizer-mode inline from the scheduler as BatchTokenOut, detokenized here. Every request
 has a _ReqState per child (n > 1 fans out into n children) that the socket's reader updates;
 the generator of the request wakes on its group's event and yields cumulative SGLang-native dicts.
+This is the one place where n is fanned out (_fan_out, with derive_child_seed) and where the
+streams of several requests are merged (merge_indexed): /generate, the OpenAI routes and the
+offline Engine all go through generate_many / run_many.
 """
 
 from __future__ import annotations
@@ -24,13 +27,7 @@ from typing import Any, Optional
 import msgspec
 import zmq
 
-from sglang.srt.managers.detokenizer_manager import (
-    DETOKENIZATION_ERROR,
-    DetokenizerManager,
-    TextDecoder,
-    cut_at_last,
-    trims_stop_text,
-)
+from sglang.srt.managers.detokenizer_manager import DETOKENIZATION_ERROR, DetokenizerManager
 from sglang.srt.managers.io_struct import (
     QUEUE_FULL,
     AbortReq,
@@ -111,7 +108,6 @@ class _ReqState:
     rid: str
     index: int
     group: _Group
-    params: dict[str, Any]  # the child's sampling params, as sent
     stream: bool
     return_logprob: bool
     want_top: bool
@@ -149,7 +145,6 @@ class TokenizerManager:
         self.server_args = server_args
         self.ready = ready
         self.tokenizer = tokenizer  # None with --skip-tokenizer-init
-        self._text_decoder = TextDecoder(tokenizer) if tokenizer is not None else None
         self.request_logger = RequestLogger(server_args.log_requests, server_args.log_requests_level)
         self.preferred_sampling_params = server_args.preferred_sampling_params_dict()
         # The batch-level processor classes, for their validate_params (the scheduler runs them).
@@ -196,8 +191,12 @@ class TokenizerManager:
             async for out in results:
                 yield out
 
-    def prepare_request(self, obj: GenerateReqInput) -> PreparedRequest:
-        """Tokenize and validate; raises ValueError naming the offending parameter."""
+    def prepare_request(self, obj: GenerateReqInput, grammar_checked: bool = False) -> PreparedRequest:
+        """Tokenize and validate; raises ValueError naming the offending parameter.
+
+        grammar_checked: the caller validated the request's grammar already (the OpenAI routes
+        check a response_format where it enters, so that their errors name that field).
+        """
         input_ids = self._tokenize(obj)
         params = self._sampling_params(obj.sampling_params)
         if self.server_args.enable_deterministic_inference and params.sampling_seed is None:
@@ -206,7 +205,8 @@ class TokenizerManager:
             params.sampling_seed = secrets.randbits(63)
         self._check_context(len(input_ids), params.max_new_tokens)
         self._check_custom_logit_processor(obj.custom_logit_processor)
-        self._check_grammar(params)
+        if not grammar_checked:
+            self._check_grammar(params)
         self._check_flags(obj)
         self._check_logprob_args(obj, len(input_ids))
         rid = obj.rid if obj.rid is not None else uuid.uuid4().hex
@@ -215,7 +215,7 @@ class TokenizerManager:
         base = TokenizedGenerateReqInput(
             rid=rid,
             input_ids=input_ids,
-            sampling_params=params.to_dict(),
+            sampling_params=params.to_message(),
             return_logprob=obj.return_logprob,
             logprob_start_len=obj.logprob_start_len,
             top_logprobs_num=obj.top_logprobs_num,
@@ -253,6 +253,31 @@ class TokenizerManager:
             for state in group.unfinished():
                 self._abort_child(state, notify=False)
             self._children_of.pop(prepared.rid, None)
+
+    async def generate_many(
+        self, objs: Sequence[GenerateReqInput], grammar_checked: bool = False
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Several requests (each fanned out into its n children) as one stream of result dicts,
+        each with "index" = its child's position: the requests in order, each one's children
+        in order. A ValueError for any invalid request is raised on the first iteration, before
+        anything is sent. grammar_checked: as for prepare_request."""
+        prepared = [self.prepare_request(obj, grammar_checked) for obj in objs]
+        async with contextlib.aclosing(self.run_many(prepared)) as results:
+            async for out in results:
+                yield out
+
+    def run_many(self, prepared: Sequence[PreparedRequest]) -> AsyncIterator[dict[str, Any]]:
+        """Send prepared requests; their results merged as generate_many yields them."""
+        return merge_indexed([self.run_prepared(p) for p in prepared], [len(p.children) for p in prepared])
+
+    async def collect(self, prepared: Sequence[PreparedRequest]) -> list[dict[str, Any]]:
+        """The final result of every child of the prepared requests, in child order, without "index"."""
+        async with contextlib.aclosing(self.run_many(prepared)) as results:
+            outs = [out async for out in results]
+        outs.sort(key=lambda out: out["index"])
+        for out in outs:
+            del out["index"]
+        return outs
 
     def abort_request(self, rid: str) -> None:
         """Abort a request (all its children when n > 1); its generator finishes with abort."""
@@ -456,7 +481,6 @@ class TokenizerManager:
                 rid=child.rid,
                 index=index,
                 group=group,
-                params=child.sampling_params,
                 stream=child.stream,
                 return_logprob=child.return_logprob,
                 want_top=child.top_logprobs_num > 0,
@@ -518,7 +542,7 @@ class TokenizerManager:
         state = self._states.get(token.rid)
         if state is None:  # aborted, or a finished request's late message
             return
-        state.text += out.new_text
+        state.text = out.text if out.text is not None else state.text + out.new_text
         state.output_ids.extend(token.new_output_ids)
         if token.new_output_ids:
             self._record_tokens(state, len(token.new_output_ids))
@@ -533,8 +557,6 @@ class TokenizerManager:
             self._record_finish(state)
             if token.finished_reason.get("err_type") == DETOKENIZATION_ERROR:
                 self._send_sock.send(encode(AbortReq(rid=token.rid)))  # the scheduler still runs it
-            if state.stream and trims_stop_text(token):
-                state.text = self._redecoded(state, token.matched_text)
         state.dirty = True
         state.group.event.set()
 
@@ -551,15 +573,6 @@ class TokenizerManager:
         if self.metrics is not None:
             elapsed = time.perf_counter() - state.created_at
             self.metrics.finished(state.prompt_tokens, state.completion_tokens, elapsed, state.finished_reason)
-
-    def _redecoded(self, state: _ReqState, matched_text: str) -> str:
-        """The whole output cut at the last stop match: exact even when the start of the stop
-        string was streamed in an earlier step, which the detokenizer cannot take back."""
-        params = state.params
-        text = self._text_decoder.decode(
-            state.output_ids, params["skip_special_tokens"], params["spaces_between_special_tokens"]
-        )
-        return cut_at_last(text, matched_text)
 
     def _append_logprobs(self, state: _ReqState, out: StrOut) -> None:
         token, text = out.token, state.text_in_logprobs
@@ -608,7 +621,7 @@ class TokenizerManager:
             meta["sampling_seed"] = state.sampling_seed
         out: dict[str, Any] = {}
         if not self.server_args.skip_tokenizer_init:  # SGLang's token-only responses have no "text"
-            out["text"] = _visible_text(state)
+            out["text"] = state.text
         if self.server_args.stream_output and state.stream:
             # SGLang's --stream-output: a streamed chunk carries only the ids new since the last one.
             out["output_ids"] = state.output_ids[state.streamed_ids :]
@@ -637,34 +650,76 @@ def _raise_if_refused(state: _ReqState) -> None:
         raise ServiceUnavailableError(reason["message"])
 
 
-def _visible_text(state: _ReqState) -> str:
-    """While streaming, a tail that may be the start of a stop string is held back, so no chunk
-    shows text that the final trim removes (stop_regex partial matches are not held back)."""
-    if state.finished_reason is not None or state.params["no_stop_trim"]:
-        return state.text
-    stops = state.params["stop"] or []
-    stops = [stops] if isinstance(stops, str) else stops
-    held = max((_partial_stop_len(state.text, stop) for stop in stops), default=0)
-    return state.text[: len(state.text) - held]
+def child_rids(rid: str, n: int) -> list[str]:
+    """The rids of a request's n children: the request's own for n = 1, else `{rid}_{i}`."""
+    return [rid] if n == 1 else [f"{rid}_{i}" for i in range(n)]
 
 
-def _partial_stop_len(text: str, stop: str) -> int:
-    """Length of the longest proper prefix of `stop` that `text` ends with."""
-    for n in range(min(len(stop) - 1, len(text)), 0, -1):
-        if text.endswith(stop[:n]):
-            return n
-    return 0
+def child_sampling_params(params: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """The sampling params of a request's n children: n = 1 each and, when seeded, distinct
+    derived seeds (child i gets derive_child_seed(seed, i)); n = 1 keeps the request's own."""
+    if n == 1:
+        return [params]
+    seed = params.get("sampling_seed")
+    children = []
+    for i in range(n):
+        child = {**params, "n": 1}
+        if seed is not None:
+            child["sampling_seed"] = derive_child_seed(seed, i)
+        children.append(child)
+    return children
 
 
 def _fan_out(base: TokenizedGenerateReqInput, n: int) -> list[TokenizedGenerateReqInput]:
-    """n > 1: n children `{rid}_{i}` with n=1 and, when seeded, distinct derived seeds."""
     if n == 1:
         return [base]
-    seed = base.sampling_params.get("sampling_seed")
-    children = []
-    for i in range(n):
-        params = {**base.sampling_params, "n": 1}
-        if seed is not None:
-            params["sampling_seed"] = derive_child_seed(seed, i)
-        children.append(msgspec.structs.replace(base, rid=f"{base.rid}_{i}", sampling_params=params))
-    return children
+    return [
+        msgspec.structs.replace(base, rid=rid, sampling_params=params)
+        for rid, params in zip(child_rids(base.rid, n), child_sampling_params(base.sampling_params, n))
+    ]
+
+
+async def merge_indexed(
+    streams: Sequence[AsyncIterator[dict[str, Any]]], sizes: Sequence[int]
+) -> AsyncIterator[dict[str, Any]]:
+    """Several requests' result streams as one, in arrival order; every dict gets "index" = its
+    child's position among all children (stream k has sizes[k] children, in order).
+
+    The first exception of any stream is raised here; leaving early (error, client gone) closes
+    the streams still running, which aborts their requests.
+    """
+    offsets = list(itertools.accumulate(sizes, initial=0))
+    if len(streams) == 1:
+        # The common case: read it here, without a pump task and a queue between it and the caller.
+        async with contextlib.aclosing(streams[0]) as results:
+            async for out in results:
+                out["index"] = out.get("index", 0)
+                yield out
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(k: int, stream: AsyncIterator[dict[str, Any]]) -> None:
+        try:
+            async with contextlib.aclosing(stream) as results:
+                async for out in results:
+                    out["index"] = offsets[k] + out.get("index", 0)
+                    queue.put_nowait(out)
+        except Exception as err:  # handed to the consumer, which raises it
+            queue.put_nowait(err)
+        queue.put_nowait(None)
+
+    tasks = [asyncio.create_task(pump(k, stream)) for k, stream in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:  # cancelling a pump aborts its unfinished requests
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

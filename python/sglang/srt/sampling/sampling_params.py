@@ -334,6 +334,32 @@ class SamplingParams:
                 out[name] = dict(out[name])
         return out
 
+    def to_message(self) -> dict[str, Any]:
+        """to_dict() plus what normalize() derived (stop lists and their token-length bounds,
+        bad_words token ids), JSON-safe: the scheduler rebuilds these normalized params with
+        from_message, without a tokenizer."""
+        if not self.is_normalized:
+            raise ValueError("to_message needs normalized sampling params (call normalize first).")
+        out = self.to_dict()
+        out.update(
+            stop_strs=list(self.stop_strs or []),
+            stop_regex_strs=list(self.stop_regex_strs or []),
+            stop_str_max_len=self.stop_str_max_len,
+            stop_regex_max_len=self.stop_regex_max_len,
+            is_normalized=True,
+            bad_words_token_ids=self.bad_words_token_ids,
+        )
+        return out
+
+    @classmethod
+    def from_message(cls, d: dict[str, Any]) -> SamplingParams:
+        """The normalized params that to_message() wrote (ValueError for any other dict)."""
+        if d.get("is_normalized") is not True:
+            raise ValueError("sampling_params must be SamplingParams.to_message() of normalized params.")
+        params = cls(**d)
+        params.stop_token_ids = _to_token_id_set(params.stop_token_ids)
+        return params
+
 
 # A read-only mirror, so `params.seed` never reports a stale None (the InitVar is not stored).
 SamplingParams.seed = property(lambda self: self.sampling_seed)  # type: ignore[assignment]

@@ -1,9 +1,10 @@
-"""What /v1/completions and /v1/chat/completions share: parsing, fan-out, streaming, errors.
+"""What /v1/completions and /v1/chat/completions share: parsing, streaming, errors.
 
-A request with n choices (times the number of prompts) becomes one GenerateReqInput per
-choice; their native streams are merged and every native item advances one ChoiceTracker,
-which turns the cumulative native dict into the piece of text / logprobs that is new. A
-non-stream response is a single step from nothing to the final item.
+A request becomes one GenerateReqInput per prompt, carrying n; the tokenizer manager fans each
+out into its n choices and merges their native streams (generate_many), every item tagged with
+its choice's "index". Every native item advances one ChoiceTracker, which turns the cumulative
+native dict into the piece of text / logprobs that is new. A non-stream response is a single
+step from nothing to the final item.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from sglang.srt.entrypoints.openai.protocol import (
     _GenerationRequest,
 )
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.tokenizer_manager import ServiceUnavailableError, derive_child_seed
+from sglang.srt.managers.tokenizer_manager import ServiceUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ LogprobEntry = list[Any]
 TopEntries = Optional[list[LogprobEntry]]
 LogprobFormat = Callable[[list[LogprobEntry], list[TopEntries], int], BaseModel]
 RequestT = TypeVar("RequestT", bound=_GenerationRequest)
+# The tokenizer manager's merged native items, each with "index" = its choice.
+Events = AsyncIterator[dict[str, Any]]
 
 
 # ----------------------------------------------------------------------------- wire helpers
@@ -115,21 +118,7 @@ def _error_message(error: Mapping[str, Any]) -> str:
     return error["msg"]
 
 
-# ----------------------------------------------------------------------------- fan-out
-
-
-def fan_out(
-    prompt: dict[str, Any], sampling_params: dict[str, Any], n: int, seed: Optional[int], **kwargs: Any
-) -> list[GenerateReqInput]:
-    """n single-sample requests for one prompt (text= or input_ids= in `prompt`)."""
-    out = []
-    for i in range(n):
-        params = dict(sampling_params, n=1)
-        if seed is not None:
-            # The native API's derivation, so /generate and /v1 give the same choices for a seed.
-            params["sampling_seed"] = seed if n == 1 else derive_child_seed(seed, i)
-        out.append(GenerateReqInput(**prompt, sampling_params=params, **kwargs))
-    return out
+# ----------------------------------------------------------------------------- sampling params
 
 
 def common_sampling_params(req: _GenerationRequest, defaults: Mapping[str, Any]) -> dict[str, Any]:
@@ -178,11 +167,9 @@ def processor_params(req: _GenerationRequest) -> dict[str, Any]:
 
 
 def grammar_params(grammar: Optional[Grammar], server_args: Any, tokenizer: Any, param: str) -> dict[str, str]:
-    """The sampling param a response format sets ({} for none), checked now.
-
-    The engine would refuse a bad grammar too, but its 400 names json_schema / structural_tag,
-    fields the client never sent; here the message and `param` name the client's field.
-    """
+    """The sampling param a response format sets ({} for none), validated here, where the
+    request enters, so that the 400's message and `param` name the client's field (the engine's
+    would name json_schema / structural_tag); the engine is told not to validate it again."""
     if grammar is None:
         return {}
     backend = getattr(server_args, "grammar_backend", "xgrammar")
@@ -199,52 +186,6 @@ def grammar_params(grammar: Optional[Grammar], server_args: Any, tokenizer: Any,
     except ValueError as exc:
         raise RequestError(f"{param}: {exc}", param=param) from None
     return {grammar.kind: grammar.text}
-
-
-async def merge_streams(
-    streams: list[AsyncIterator[dict[str, Any]]],
-) -> AsyncIterator[tuple[int, dict[str, Any]]]:
-    """Interleave several native streams as (stream index, item), in arrival order.
-
-    The first exception of any stream is re-raised here; leaving early (error, client gone)
-    cancels the streams still running, so the engine can abort their requests.
-    """
-    if len(streams) == 1:
-        # One stream (n = 1, the common case): read it here, without a pump task and queue
-        # between it and the response, two task switches a streamed token fewer.
-        stream = streams[0]
-        try:
-            async for item in stream:
-                yield 0, item
-        finally:
-            await stream.aclose()  # leaving early: the request is aborted now, not at garbage collection
-        return
-    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-    done = object()
-
-    async def pump(index: int, stream: AsyncIterator[dict[str, Any]]) -> None:
-        try:
-            async for item in stream:
-                queue.put_nowait((index, item))
-            queue.put_nowait((index, done))
-        except Exception as exc:
-            queue.put_nowait((index, exc))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        running = len(tasks)
-        while running:
-            index, item = await queue.get()
-            if item is done:
-                running -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield index, item
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 # ----------------------------------------------------------------------------- per-choice progress
@@ -312,18 +253,18 @@ def _pad(tops: list[TopEntries], length: int) -> list[TopEntries]:
     return list(tops[:length]) + [None] * (length - len(tops))
 
 
-async def _collect(events: AsyncIterator[tuple[int, dict[str, Any]]], count: int) -> list[dict[str, Any]]:
+async def _collect(events: Events, count: int) -> list[dict[str, Any]]:
     """The last (complete) item of every choice."""
     finals: dict[int, dict[str, Any]] = {}
-    async for index, item in events:
-        finals[index] = item
+    async for item in events:
+        finals[item["index"]] = item
     if len(finals) != count:
         raise RuntimeError("the engine ended a request without output")
     return [finals[i] for i in range(count)]
 
 
 async def collect_unless_disconnected(
-    raw_request: Request, events: AsyncIterator[tuple[int, dict[str, Any]]], count: int
+    raw_request: Request, events: Events, count: int
 ) -> Optional[list[dict[str, Any]]]:
     """The last item of every choice, or None when the client left first; raises what the engine
     raised. Nothing else notices a client that leaves a non-stream request, so it is watched here
@@ -391,12 +332,15 @@ class OpenAIServingBase(ABC, Generic[RequestT]):
             return error_response(str(exc), param=exc.param)
         request_id = req.rid or f"{self.id_prefix}{uuid.uuid4().hex}"
         for i, obj in enumerate(inputs):
-            # A client's rid names its single engine request as it is (SGLang); n > 1 suffixes it.
+            # A client's rid names the engine request of its single prompt as it is (SGLang);
+            # the tokenizer manager names the n > 1 children `{rid}_{i}`.
             obj.rid = req.rid if req.rid and len(inputs) == 1 else f"{request_id}-{i}"
-        events = merge_streams([self.tokenizer_manager.generate_request(obj) for obj in inputs])
+        # A response_format grammar was validated by format_params: the engine does not again.
+        events = self.tokenizer_manager.generate_many(inputs, grammar_checked=req.format_grammar is not None)
+        count = len(inputs) * req.n
         if req.stream:
-            return await self._stream(req, request_id, events, len(inputs))
-        return await self._complete(req, request_id, raw_request, events, len(inputs))
+            return await self._stream(req, request_id, events, count)
+        return await self._complete(req, request_id, raw_request, events, count)
 
     def parse(self, body: bytes) -> RequestT:
         try:
@@ -430,7 +374,8 @@ class OpenAIServingBase(ABC, Generic[RequestT]):
 
     @abstractmethod
     def convert(self, req: RequestT) -> list[GenerateReqInput]:
-        """One engine request per choice, choice i at position i; RequestError if impossible."""
+        """One engine request per prompt, each with sampling_params n = req.n (its choices are
+        at positions k * n .. k * n + n - 1); RequestError if impossible."""
 
     @abstractmethod
     def trackers(self, req: RequestT, count: int) -> list[ChoiceTracker]:
@@ -457,7 +402,7 @@ class OpenAIServingBase(ABC, Generic[RequestT]):
         req: RequestT,
         request_id: str,
         raw_request: Request,
-        events: AsyncIterator[tuple[int, dict[str, Any]]],
+        events: Events,
         count: int,
     ) -> Response:
         try:
@@ -471,7 +416,7 @@ class OpenAIServingBase(ABC, Generic[RequestT]):
         return json_response(self.full_response(req, request_id, pieces, usage_of(finals, req.n)))
 
     async def _stream(
-        self, req: RequestT, request_id: str, events: AsyncIterator[tuple[int, dict[str, Any]]], count: int
+        self, req: RequestT, request_id: str, events: Events, count: int
     ) -> Response:
         # Wait for the first item so that a rejected request still gets a plain 400 response.
         try:
@@ -488,8 +433,8 @@ class OpenAIServingBase(ABC, Generic[RequestT]):
         self,
         req: RequestT,
         request_id: str,
-        first: tuple[int, dict[str, Any]],
-        events: AsyncIterator[tuple[int, dict[str, Any]]],
+        first: dict[str, Any],
+        events: Events,
         count: int,
     ) -> AsyncIterator[bytes]:
         trackers = self.trackers(req, count)
@@ -497,9 +442,9 @@ class OpenAIServingBase(ABC, Generic[RequestT]):
         try:
             for chunk in self.stream_preamble(req, request_id, count):
                 yield sse_event(chunk)
-            async for index, item in prepend(first, events):
-                finals[index] = item
-                piece = trackers[index].step(item)
+            async for item in prepend(first, events):
+                finals[item["index"]] = item
+                piece = trackers[item["index"]].step(item)
                 if not piece.is_empty():
                     usage = usage_of([item], 1) if req.continuous_usage else None
                     yield sse_event(self.stream_chunk(req, request_id, [piece], usage))

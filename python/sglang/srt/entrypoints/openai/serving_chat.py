@@ -31,7 +31,6 @@ from sglang.srt.entrypoints.openai.serving_base import (
     RequestError,
     TopEntries,
     common_sampling_params,
-    fan_out,
 )
 from sglang.srt.managers.io_struct import GenerateReqInput
 
@@ -94,18 +93,21 @@ class OpenAIServingChat(OpenAIServingBase[ChatCompletionRequest]):
         params["max_new_tokens"] = (
             req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         )
-        return fan_out(
-            {"text": prompt},
-            params,
-            req.n,
-            req.seed,
-            return_logprob=req.logprobs,
-            top_logprobs_num=req.top_logprobs,
-            return_text_in_logprobs=True,
-            custom_logit_processor=req.custom_logit_processor,
-            stream=req.stream,
-            extra_key=req.cache_namespace,
-        )
+        params["n"] = req.n
+        if req.seed is not None:
+            params["sampling_seed"] = req.seed
+        return [
+            GenerateReqInput(
+                text=prompt,
+                sampling_params=params,
+                return_logprob=req.logprobs,
+                top_logprobs_num=req.top_logprobs,
+                return_text_in_logprobs=True,
+                custom_logit_processor=req.custom_logit_processor,
+                stream=req.stream,
+                extra_key=req.cache_namespace,
+            )
+        ]
 
     def render(self, req: ChatCompletionRequest) -> str:
         """The prompt text: the chat template applied to the messages.

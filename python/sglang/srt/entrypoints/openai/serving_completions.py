@@ -21,7 +21,6 @@ from sglang.srt.entrypoints.openai.serving_base import (
     Piece,
     TopEntries,
     common_sampling_params,
-    fan_out,
 )
 from sglang.srt.managers.io_struct import GenerateReqInput
 
@@ -47,10 +46,13 @@ class OpenAIServingCompletion(OpenAIServingBase[CompletionRequest]):
             "stream": req.stream,
             "extra_key": req.cache_namespace,
         }
+        params["n"] = req.n
+        if req.seed is not None:
+            params["sampling_seed"] = req.seed
         inputs: list[GenerateReqInput] = []
         for prompt in req.prompts():
             key = "text" if isinstance(prompt, str) else "input_ids"
-            inputs += fan_out({key: prompt}, params, req.n, req.seed, **request_args)
+            inputs.append(GenerateReqInput(**{key: prompt}, sampling_params=dict(params), **request_args))
         return inputs
 
     def trackers(self, req: CompletionRequest, count: int) -> list[ChoiceTracker]:

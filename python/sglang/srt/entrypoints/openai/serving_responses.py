@@ -43,10 +43,10 @@ from sglang.srt.entrypoints.openai.protocol import (
 )
 from sglang.srt.entrypoints.openai.serving_base import (
     ChoiceTracker,
+    Events,
     collect_unless_disconnected,
     describe_failure,
     grammar_params,
-    merge_streams,
     prepend,
     validation_error,
 )
@@ -55,7 +55,6 @@ from sglang.srt.managers.io_struct import GenerateReqInput
 
 MAX_STORED_RESPONSES = 1024
 
-Events = AsyncIterator[tuple[int, dict[str, Any]]]
 Message = dict[str, Any]
 
 
@@ -185,7 +184,7 @@ class Turn:
 
 async def _last_item(events: Events) -> dict[str, Any]:
     final: Optional[dict[str, Any]] = None
-    async for _, item in events:
+    async for item in events:
         final = item
     if final is None:
         raise RuntimeError("the engine ended a request without output")
@@ -226,7 +225,7 @@ class OpenAIServingResponses:
             return responses_error(str(exc), exc.status_code, exc.param)
         except RequestError as exc:
             return responses_error(str(exc), param=exc.param)
-        events = merge_streams([self.tokenizer_manager.generate_request(obj)])
+        events = self.tokenizer_manager.generate_many([obj], grammar_checked=turn.req.format_grammar is not None)
         if turn.req.background:
             return self._start_background(turn, events)
         if turn.req.stream:
@@ -334,7 +333,7 @@ class OpenAIServingResponses:
             return _failure_response(describe_failure(exc))
         return StreamingResponse(self._sse(turn, first, events), media_type="text/event-stream")
 
-    async def _sse(self, turn: Turn, first: tuple[int, dict[str, Any]], events: Events) -> AsyncIterator[bytes]:
+    async def _sse(self, turn: Turn, first: dict[str, Any], events: Events) -> AsyncIterator[bytes]:
         event = _EventWriter()
         started = turn.response("in_progress").model_dump()
         yield event("response.created", response=started)
@@ -343,9 +342,9 @@ class OpenAIServingResponses:
         yield event("response.output_item.added", output_index=0, item=turn.message("", "in_progress").model_dump()
                     | {"content": []})
         yield event("response.content_part.added", **ids, part=ResponseOutputText(text="").model_dump())
-        tracker, final = ChoiceTracker(0, None), first[1]
+        tracker, final = ChoiceTracker(0, None), first
         try:
-            async for _, item in prepend(first, events):
+            async for item in prepend(first, events):
                 final, delta = item, tracker.step(item).text
                 if delta:
                     yield event("response.output_text.delta", **ids, delta=delta, logprobs=[])

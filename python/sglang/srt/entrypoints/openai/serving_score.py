@@ -34,7 +34,6 @@ from sglang.srt.entrypoints.openai.serving_base import (
     describe_failure,
     error_response,
     json_response,
-    merge_streams,
     validation_error,
 )
 from sglang.srt.managers.io_struct import GenerateReqInput
@@ -59,7 +58,7 @@ class OpenAIServingScore:
         request_id = f"score-{uuid.uuid4().hex}"
         for i, obj in enumerate(inputs):
             obj.rid = f"{request_id}-{i}"
-        events = merge_streams([self.tokenizer_manager.generate_request(obj) for obj in inputs])
+        events = self.tokenizer_manager.generate_many(inputs)
         try:
             finals = await collect_unless_disconnected(raw_request, events, len(inputs))
             if finals is None:

@@ -1,0 +1,1 @@
+"""Helpers shared by the tests (test/) and the benchmarks (benchmark/)."""
