@@ -107,8 +107,8 @@ class ChildProcesses:
         self._procs.append((name, proc))
 
     def wait_ready(self, timeout: float) -> SchedulerReady:
-        """The SchedulerReady of replica 0's rank 0, once every replica's rank 0 sent its own;
-        LaunchError on a start-up error, death or timeout."""
+        """The replicas' SchedulerReady messages combined (io_struct.replicas_ready), once every
+        replica's rank 0 sent its own; LaunchError on a start-up error, death or timeout."""
         deadline = time.monotonic() + timeout
         ready: dict[int, SchedulerReady] = {}
         while (remaining := deadline - time.monotonic()) > 0:
