@@ -144,3 +144,12 @@ def test_an_n_gt_1_sibling_admitted_in_the_same_step_reuses_the_prompt_chunk_jus
     step, _ = builder.prefill_step(None, waiting, [])
     assert step.forward_batch.extend_seq_lens_cpu == [5, 1]
     assert [r.cached_tokens for r in step.reqs] == [0, 4]
+
+
+def test_a_prefill_step_admits_no_more_than_max_running_requests_in_all():
+    cache = _cache(rows=4)
+    builder = _builder(cache, chunk=64)  # max_running 4
+    running = [_req(f"r{i}", [9]) for i in range(3)]
+    waiting = deque([_req("a", [1, 2]), _req("b", [3, 4])])
+    step, _ = builder.prefill_step(None, waiting, running)
+    assert [r.rid for r in step.reqs] == ["a"] and [r.rid for r in waiting] == ["b"]
