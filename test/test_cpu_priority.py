@@ -7,7 +7,7 @@ import os
 import re
 
 from engine_utils import generate_ok, greedy, running_server
-from sglang.srt.managers.scheduler import CPU_SCHEDULER_NICE
+from sglang.srt.managers.scheduler_process import CPU_SCHEDULER_NICE
 
 
 def _nice_of_threads(pid: int) -> dict[int, int]:

@@ -169,3 +169,9 @@ class ScheduleBatch:
 
     def batch_size(self) -> int:
         return len(self.reqs)
+
+    def merge(self, other: "ScheduleBatch") -> None:
+        """Append `other`'s requests (newly prefilled). This object stays the one the penalty
+        orchestrator was built on: it reads its reqs."""
+        self.sampling_info.merge_batch(other.sampling_info)
+        self.reqs = self.reqs + other.reqs

@@ -1,0 +1,225 @@
+"""Result processing: read a step's StepResult into its requests (tokens, logprobs, finish
+checks), fail a step that raised, and send the requests' new output to the detokenizer.
+
+A step whose device work or result processing raises fails its requests alone
+(managers/step_failures.py, docs/reliability.md); a TokenDivergenceError ends the scheduler,
+since the TP ranks' states differ and no later step of theirs can be trusted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, wait
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from sglang.srt.constrained.base_grammar_backend import grammar_key
+from sglang.srt.constrained.bitmask import allows_nothing
+from sglang.srt.distributed.communication import TokenDivergenceError
+from sglang.srt.distributed.parallel_state import tp_cpu_group
+from sglang.srt.managers.io_struct import STEP_ERROR, BatchTokenOut, TokenOut, encode
+from sglang.srt.managers.results_channel import ResultsSender
+from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.managers.step_failures import StepError, StepFailureLimit
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+from sglang.srt.mem_cache.radix_cache import RadixCache
+from sglang.srt.metrics.histogram import Histogram
+from sglang.srt.model_executor.step import INVALID_TOKEN_ID, Step, StepResult
+
+logger = logging.getLogger(__name__)
+
+NAN_MESSAGE = "The logits of this request contained NaN or +inf (or no finite value), so no token could be sampled."
+
+
+class ResultProcessor:
+    """Reads step results into requests and sends their output. `sender` is rank 0's results
+    socket; the other TP ranks (None) process the same results and send nothing."""
+
+    def __init__(
+        self,
+        sender: Optional[ResultsSender],
+        tp_size: int,
+        vocab_size: int,
+        stream_interval: int,
+        tree_cache: RadixCache,
+        req_to_token_pool: ReqToTokenPool,
+        failures: StepFailureLimit,
+        step_time: Histogram,
+    ) -> None:
+        self.sender = sender
+        self.tp_size = tp_size
+        self.vocab_size = vocab_size
+        self.stream_interval = stream_interval
+        self.tree_cache = tree_cache
+        self.req_to_token_pool = req_to_token_pool
+        self.failures = failures
+        self.step_time = step_time
+
+    # ------------------------------------------------------------------ reading a step
+
+    def process(self, step: Step, future: Future) -> Optional[BaseException]:
+        """Read a step's result into its requests and send their output; returns the error that
+        failed the step (on any TP rank), to be handed to fail(), or None."""
+        try:
+            error = self._step_error(future)
+            if error is None:
+                try:
+                    self._read(step, future.result())
+                except Exception as err:  # noqa: BLE001 - the same on every rank: host code on the same inputs
+                    error = err
+        finally:
+            step.processed.set()  # the next step's grammar rows may fill their masks now
+        self.step_time.observe(time.perf_counter() - step.submitted_at)
+        if isinstance(error, TokenDivergenceError):
+            raise error  # the ranks' states differ: no later step of theirs can be trusted
+        return error
+
+    def _step_error(self, future: Future) -> Optional[BaseException]:
+        """The step's exception, if its device work raised here or on another TP rank."""
+        error = future.exception()
+        if self.tp_size > 1:
+            failed = torch.tensor([error is not None], dtype=torch.int32)
+            dist.all_reduce(failed, op=dist.ReduceOp.MAX, group=tp_cpu_group())
+            if failed.item() and error is None:
+                error = StepError("the step failed on another TP rank")
+        return error
+
+    def _read(self, step: Step, result: StepResult) -> None:
+        if result.ready is not None:
+            # The one read of the device per step: this step's tokens (the next step is already queued).
+            result.ready.synchronize()
+        next_ids = result.next_ids.tolist()
+        for row, entries in result.input_logprobs.items():
+            _record_input_logprobs(step.reqs[row], entries)
+        sampled = [step.reqs[r] for r in step.sample_rows]
+        for i, req in enumerate(sampled):
+            if req.finished():
+                continue  # finished at the previous step (overlap) or aborted: drop this token
+            self._record_token(req, next_ids[i], result.row_errors.get(i), result.output_logprobs[i])
+        self.send([r for r in step.reqs if r.finished() or (r.stream and self._stream_due(r))])
+
+    def _stream_due(self, req: Req) -> bool:
+        """--stream-interval: the first token at once (it is the TTFT), then every N tokens."""
+        unsent = len(req.output_ids) - req.sent_output_len
+        return unsent > 0 and (req.sent_output_len == 0 or unsent >= self.stream_interval)
+
+    def _record_token(self, req: Req, token: int, error: Optional[str], logprobs: Optional[tuple]) -> None:
+        """Append a sampled token (with its logprobs) and check whether it ends the request; a
+        row the sampler flagged, or a token the grammar refuses, aborts the request."""
+        if token == INVALID_TOKEN_ID:
+            if error is None and req.grammar is not None and allows_nothing(req.grammar, self.vocab_size):
+                # The client's grammar cannot go on from here (e.g. a regex that matches nothing): a 400, not a NaN.
+                kind = grammar_key(req.sampling_params).kind
+                req.abort(f"{kind} allows no token after {len(req.output_ids)} output tokens: the grammar cannot be completed.")
+                return
+            req.abort(error or NAN_MESSAGE, status_code=500, err_type="InternalServerError" if error is None else "CustomLogitProcessorError")
+            return
+        if req.sampling_params.max_new_tokens == 0:
+            req.finished_reason = {"type": "length", "length": 0}
+            return
+        if req.grammar is not None and not req.grammar.accept_token(token):
+            req.abort(f"The grammar rejected the sampled token {token}.", status_code=500, err_type="InternalServerError")
+            return
+        req.output_ids.append(token)
+        if logprobs is not None:
+            token_lp, top, ids = logprobs
+            req.pending_logprobs.output_token.append([token_lp, token])
+            if top is not None:
+                req.pending_logprobs.output_top.append(top)
+            if ids is not None:
+                req.pending_logprobs.output_token_ids.append(ids)
+        req.check_finished()
+
+    # ------------------------------------------------------------------ failed steps
+
+    def fail(self, step: Step, error: BaseException, in_flight: Optional[Future], active: list[Req]) -> None:
+        """Abort every request whose KV row holds a slot the step was to write (its own rows, and
+        those of `active` that matched its prompt chunks in the prefix cache since), cache none of
+        them, log the traceback once, and count the failure (too many end the server).
+        `in_flight` is the step submitted after it, which may still write into rows of these."""
+        message = f"Step {step.index} failed ({type(error).__name__}: {error}); its requests were aborted."
+        logger.error("%s", message, exc_info=error if error.__traceback__ is not None else None)
+        wait([in_flight] if in_flight is not None else [])
+        self.tree_cache.poison(step.kv_slots)
+        victims = {id(r): r for r in step.reqs}
+        for req in active:
+            if req.req_pool_idx is not None and self._writes_into(req, step.kv_slots):
+                victims[id(req)] = req
+        for req in victims.values():
+            req.kv_failed = True
+            if not req.finished():
+                req.abort(message, status_code=500, err_type=STEP_ERROR)
+        self.send(list(victims.values()))
+        self.failures.record(step.index, message)
+
+    def _writes_into(self, req: Req, slots: torch.Tensor) -> bool:
+        """Whether the KV row of `req` holds any of `slots`."""
+        return bool(torch.isin(self.req_to_token_pool.slots_of(req.req_pool_idx, req.kv_len), slots).any())
+
+    # ------------------------------------------------------------------ sending
+
+    def send(self, reqs: list[Req]) -> None:
+        """Send the new output of `reqs` (rank 0), each finished request's last output once."""
+        if self.sender is None:
+            return
+        outs = []
+        for req in reqs:
+            if req.finish_sent:
+                continue  # e.g. aborted by the client while a step was in flight
+            outs.append(_token_out(req))
+            req.finish_sent = req.finished()
+        if outs:
+            self.sender.send(encode(BatchTokenOut(outs=outs)))
+
+    def send_message(self, message: BatchTokenOut) -> None:
+        if self.sender is not None:
+            self.sender.send(encode(message))
+
+
+def _record_input_logprobs(req: Req, entries: list) -> None:
+    """Queue a prefill chunk's prompt logprobs; None stands for the first prompt token (no logprob)."""
+    pending = req.pending_logprobs
+    if pending.input_token is None:
+        pending.input_token, pending.input_top, pending.input_token_ids = [], [], []
+    for entry in entries:
+        if entry is None:
+            pending.input_token.append([None, req.origin_input_ids[0]])
+            pending.input_top.append(None)
+            pending.input_token_ids.append(None)
+            continue
+        token, top, ids = entry
+        pending.input_token.append(token)
+        pending.input_top.append(top)
+        pending.input_token_ids.append(ids)
+
+
+def _token_out(req: Req) -> TokenOut:
+    """The request's output since the last send, and its pending logprobs (taken, not copied)."""
+    params = req.sampling_params
+    first = req.sent_output_len == 0
+    new_ids = req.output_ids[req.sent_output_len :]
+    req.sent_output_len = len(req.output_ids)
+    pending, req.pending_logprobs = req.pending_logprobs, type(req.pending_logprobs)()
+    want = req.logprob
+    return TokenOut(
+        rid=req.rid,
+        new_output_ids=new_ids,
+        finished_reason=req.finished_reason,
+        prompt_tokens=len(req.origin_input_ids),
+        completion_tokens=len(req.output_ids),
+        cached_tokens=req.cached_tokens,
+        skip_special_tokens=params.skip_special_tokens,
+        spaces_between_special_tokens=params.spaces_between_special_tokens,
+        no_stop_trim=params.no_stop_trim,
+        output_token_logprobs=pending.output_token if want else None,
+        output_top_logprobs=pending.output_top if want and want.top_logprobs_num else None,
+        output_token_ids_logprobs=pending.output_token_ids if want and want.token_ids_logprob else None,
+        input_token_logprobs=pending.input_token,
+        input_top_logprobs=pending.input_top if want and want.top_logprobs_num else None,
+        input_token_ids_logprobs=pending.input_token_ids if want and want.token_ids_logprob else None,
+        matched_text=req.matched_text,
+        stop_strs=params.stop_strs if first and req.stream and not params.no_stop_trim else None,
+    )

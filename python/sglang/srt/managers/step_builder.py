@@ -1,0 +1,162 @@
+"""Step building: the prefill (extend) and decode Steps the scheduler submits, with their
+ForwardBatch, the sampling batch of the rows that sample, and the KV slots each step writes.
+Which waiting requests a prefill step takes is the SchedulePolicy's decision."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import NamedTuple, Optional
+
+import torch
+
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.managers.schedule_policy import SchedulePolicy
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+from sglang.srt.mem_cache.radix_cache import RadixCache
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.step import Step
+from sglang.srt.sampling.logits_processor import LoadedLogitsProcessors
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils import host_to_device
+
+
+class PromptChunk(NamedTuple):
+    req: Req
+    start: int  # first prompt position of the chunk (the tokens before it are cached)
+    length: int
+    slots: torch.Tensor  # [length] int64 KV slots, host
+
+
+class StepBuilder:
+    def __init__(
+        self,
+        server_args: ServerArgs,
+        policy: SchedulePolicy,
+        tree_cache: RadixCache,
+        req_to_token_pool: ReqToTokenPool,
+        device: torch.device,
+        vocab_size: int,
+        logits_processors: LoadedLogitsProcessors,
+    ) -> None:
+        self.policy = policy
+        self.tree_cache = tree_cache
+        self.req_to_token_pool = req_to_token_pool
+        self.device = device
+        self.vocab_size = vocab_size
+        self.enable_custom_logit_processor = server_args.enable_custom_logit_processor
+        self.custom_logit_processor_allowlist = server_args.allowlist()
+        self.logits_processors = logits_processors
+
+    def prefill_step(
+        self, chunked_req: Optional[Req], waiting: deque[Req], active: list[Req]
+    ) -> tuple[Optional[Step], Optional[Req]]:
+        """The next prefill step, if any request has prompt tokens to run, and the request it
+        leaves mid-prefill. It continues `chunked_req` (the request the last prefill step left
+        unfinished), then takes requests from the front of `waiting` in policy order while the
+        step's prompt-token budget, the KV budget and the request slots last. `active`: the
+        admitted requests not yet released (`chunked_req` among them)."""
+        budget = self.policy.chunked_prefill_size
+        chunks: list[PromptChunk] = []
+        if chunked_req is not None:
+            budget -= self.add_chunk(chunks, chunked_req, self.policy.chunk_len(chunked_req, budget))
+        reserved = self.policy.reserved_tokens(active)
+        admitted = len(active)
+        self.policy.order(waiting)
+        while waiting and budget > 0 and admitted < self.policy.max_running:
+            req = waiting[0]
+            need = self.policy.try_admit(req, budget, reserved)
+            if need is None:
+                break
+            waiting.popleft()
+            n = self.add_chunk(chunks, req, self.policy.chunk_len(req, budget))
+            reserved += need - n
+            budget -= n
+            admitted += 1
+        if not chunks:
+            return None, None
+        return self.extend_step(chunks)
+
+    def add_chunk(self, chunks: list[PromptChunk], req: Req, length: int) -> int:
+        """Schedule the next `length` prompt tokens of `req` and give them KV slots; returns
+        `length`. The chunk enters the prefix cache at once, so a request admitted later in this
+        same step (an n > 1 sibling) already reuses it."""
+        start = req.kv_len
+        slots = self._allocate_slots([req], [length])
+        self.tree_cache.cache_prefill(req)
+        chunks.append(PromptChunk(req, start, length, slots))
+        return length
+
+    def extend_step(self, chunks: list[PromptChunk]) -> tuple[Step, Optional[Req]]:
+        """The prefill step of `chunks`, and the request whose prompt it leaves unfinished (it
+        continues in the next prefill step), if any. Rows whose prompt completes sample."""
+        reqs, input_ids, sample_rows, spans = [], [], [], []
+        unfinished = None
+        for row, (req, start, n, _) in enumerate(chunks):
+            reqs.append(req)
+            input_ids.extend(req.origin_input_ids[start : start + n])
+            if start + n == len(req.origin_input_ids):
+                sample_rows.append(row)
+            else:
+                unfinished = req
+            if req.logprob is not None and req.logprob.logprob_start_len < len(req.origin_input_ids):
+                spans.append((row, req.logprob.logprob_start_len, start, start + n))
+        prefix_lens = [chunk.start for chunk in chunks]
+        extend_lens = [chunk.length for chunk in chunks]
+        out_cache_loc = torch.cat([chunk.slots for chunk in chunks])  # [sum extend_lens] int64, host
+        forward_batch = self._forward_batch(ForwardMode.EXTEND, reqs, input_ids, prefix_lens, extend_lens, out_cache_loc)
+        forward_batch.return_input_logits = bool(spans)
+        sampled = [reqs[r] for r in sample_rows]
+        sampled_batch = self.sampled_batch(sampled) if sampled else None
+        # [S] the position of each sampled row's last prompt token
+        sample_positions = host_to_device([len(r.origin_input_ids) - 1 for r in sampled], self.device)
+        step = Step(ForwardMode.EXTEND, reqs, forward_batch, sample_rows, sampled_batch, sample_positions, spans, kv_slots=out_cache_loc)
+        return step, unfinished
+
+    def decode_step(self, running: ScheduleBatch) -> Step:
+        """One token for every running request; its input ids are read from future_tokens on the worker."""
+        reqs = list(running.reqs)
+        prefix_lens = [req.kv_len for req in reqs]
+        out_cache_loc = self._allocate_slots(reqs, [1] * len(reqs))  # [B] int64, host
+        forward_batch = self._forward_batch(ForwardMode.DECODE, reqs, None, prefix_lens, [1] * len(reqs), out_cache_loc)
+        # A decode row samples at the position of its one input token.
+        return Step(
+            ForwardMode.DECODE, reqs, forward_batch, list(range(len(reqs))), running, forward_batch.positions,
+            kv_slots=out_cache_loc,
+        )
+
+    def sampled_batch(self, reqs: list[Req]) -> ScheduleBatch:
+        """The ScheduleBatch of newly prefilled requests, with its SamplingBatchInfo; it joins the
+        running batch once its step's result is read."""
+        batch = ScheduleBatch(
+            reqs=list(reqs),
+            device=self.device,
+            enable_custom_logit_processor=self.enable_custom_logit_processor,
+            custom_logit_processor_allowlist=self.custom_logit_processor_allowlist,
+            loaded_logits_processors=self.logits_processors,
+        )
+        batch.sampling_info = SamplingBatchInfo.from_schedule_batch(batch, self.vocab_size)
+        return batch
+
+    def _allocate_slots(self, reqs: list[Req], lens: list[int]) -> torch.Tensor:
+        """[sum lens] int64 KV slots on the host, recorded in req_to_token after each request's kv_len."""
+        slots = self.tree_cache.alloc(sum(lens))
+        if slots is None:
+            raise RuntimeError("KV cache exhausted despite admission control")
+        self.req_to_token_pool.assign([r.req_pool_idx for r in reqs], [r.kv_len for r in reqs], lens, slots)
+        for req, n in zip(reqs, lens):
+            req.kv_len += n
+        return slots
+
+    def _forward_batch(
+        self,
+        mode: ForwardMode,
+        reqs: list[Req],
+        input_ids: Optional[list[int]],
+        prefix_lens: list[int],
+        extend_lens: list[int],
+        out_cache_loc: torch.Tensor,
+    ) -> ForwardBatch:
+        return ForwardBatch.init_new(
+            mode, input_ids, [r.req_pool_idx for r in reqs], prefix_lens, extend_lens, out_cache_loc, self.device
+        )
