@@ -184,7 +184,9 @@ class CudaGraphRunner:
             self.model_runner.future_tokens,
         )
 
-    def replay_sampling(self, info: SamplingBatchInfo, bs: int, generator: Optional[torch.Generator]) -> Optional[torch.Tensor]:
+    def replay_sampling(
+        self, info: SamplingBatchInfo, bs: int, generator: Optional[torch.Generator]
+    ) -> Optional[torch.Tensor]:
         """Sample the decode batch just replayed (`bs` rows of `info`) from its bucket's sampling
         graph: [bs] int64 next ids, or None when the batch's penalties need the eager path."""
         if self.sampling is None or not prepare_replay(self.sampling, info, generator):
