@@ -1,11 +1,11 @@
-"""LogitsProcessor: lm_head projection, TP all-gather hook, padding cut, logit scale, soft-capping."""
+"""LogitsHead: lm_head projection, TP all-gather hook, padding cut, logit scale, soft-capping."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from sglang.srt.layers.logits_processor import LogitsProcessor
+from sglang.srt.layers.logits_processor import LogitsHead
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
 
 
@@ -16,11 +16,11 @@ def _inputs():
 
 def test_projection_and_scale_and_softcap():
     hidden, weight = _inputs()
-    plain = LogitsProcessor(10)(hidden, weight).next_token_logits
+    plain = LogitsHead(10)(hidden, weight).next_token_logits
     torch.testing.assert_close(plain, hidden @ weight.T)
-    scaled = LogitsProcessor(10, logit_scale=0.5)(hidden, weight).next_token_logits
+    scaled = LogitsHead(10, logit_scale=0.5)(hidden, weight).next_token_logits
     torch.testing.assert_close(scaled, 0.5 * (hidden @ weight.T))
-    capped = LogitsProcessor(10, final_logit_softcapping=2.0)(hidden, weight).next_token_logits
+    capped = LogitsHead(10, final_logit_softcapping=2.0)(hidden, weight).next_token_logits
     torch.testing.assert_close(capped, torch.tanh((hidden @ weight.T) / 2.0) * 2.0)
     assert capped.abs().max() < 2.0
 
@@ -34,7 +34,7 @@ def test_tp_all_gather_hook_and_padding_cut():
         padding = torch.full((local.shape[0], 2), 99.0)  # shards padded to a multiple of the TP size
         return torch.cat([local, other, padding], dim=1)
 
-    out = LogitsProcessor(10, tp_all_gather=gather)(hidden, shards[0]).next_token_logits
+    out = LogitsHead(10, tp_all_gather=gather)(hidden, shards[0]).next_token_logits
     torch.testing.assert_close(out, hidden @ weight.T)
 
 
@@ -43,9 +43,9 @@ def test_lm_head_module_with_packed_weight_matches_dense():
     head = ParallelLMHead(10, 8)
     head.weight_loader(head.weight, weight)
     head.process_weights_after_loading()
-    torch.testing.assert_close(LogitsProcessor(10)(hidden, head).next_token_logits, hidden @ weight.T, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(LogitsHead(10)(hidden, head).next_token_logits, hidden @ weight.T, rtol=1e-5, atol=1e-5)
 
 
 def test_bad_softcap_rejected():
     with pytest.raises(ValueError, match="final_logit_softcapping"):
-        LogitsProcessor(10, final_logit_softcapping=0.0)
+        LogitsHead(10, final_logit_softcapping=0.0)

@@ -18,6 +18,8 @@ from sglang.srt.layers.sampler import (
     create_sampler,
     register_sampler_backend,
 )
+from sglang.srt.layers.sampler_cpu import CpuGroupedStep
+from sglang.srt.layers.sampler_torch import TorchStep
 from sglang.srt.layers.sampling_backends import FusedSamplingBackend, SamplingBackend
 from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor, register_custom_logit_processor
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -432,7 +434,7 @@ def test_step_is_chosen_at_construction():
     assert Sampler("ascend", device="cpu").step_name == "torch"
     assert Sampler(_FakeFused()).step_name == "fused"
     cpu = Sampler("pytorch", device="cpu")
-    assert cpu._step == cpu._cpu_grouped_step
+    assert isinstance(cpu.step, CpuGroupedStep)
     lazy = Sampler("pytorch")
     assert lazy.step_name == "undecided" and lazy.device is None
     ids, _ = sample(lazy, _logits(3), [_params(temperature=0.0)] * 3)
@@ -545,7 +547,7 @@ def test_top_p_support_on_a_large_vocab(scale, top_p):
     logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(7)) * scale
     params = [_params(top_p=top_p)] * 4
     info = make_info(params, vocab)
-    logprobs = Sampler(logprobs_mode="processed")._logprobs(logits.clone(), info)
+    logprobs = TorchStep(Sampler(logprobs_mode="processed")).logprobs(logits.clone(), info)
     got = logprobs > torch.finfo(torch.float32).min
     probs = torch.softmax(logits.double(), dim=-1)
     order = probs.argsort(dim=-1, descending=True)
@@ -564,7 +566,7 @@ def test_min_p_support_on_a_large_vocab(scale):
     logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(8)) * scale
     for params in ([_params(min_p=0.05)] * 4, [_params(min_p=0.05)] * 3 + [_params(min_p=0.2, top_k=3000)]):
         info = make_info(params, vocab)
-        logprobs = Sampler(logprobs_mode="processed")._logprobs(logits.clone(), info)
+        logprobs = TorchStep(Sampler(logprobs_mode="processed")).logprobs(logits.clone(), info)
         got = logprobs > torch.finfo(torch.float32).min
         floor = logits.amax(dim=-1, keepdim=True) + torch.log(info.min_ps).unsqueeze(1)
         expected = logits >= torch.maximum(floor, logits.topk(3000, dim=-1).values[:, -1:].where(info.top_ks.unsqueeze(1) < vocab, float("-inf")))
@@ -589,7 +591,7 @@ class _BatchWideSampler(Sampler):
     then a second one over the seeded rows. The CPU pytorch path must give the same tokens."""
 
     def _choose_step(self, device):
-        return sampler_module.TORCH_STEP, self._torch_step
+        return TorchStep(self)
 
 
 def _run(sampler, logits, params, positions, prompts=None):

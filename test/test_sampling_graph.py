@@ -182,6 +182,49 @@ def test_only_the_builtin_triton_sampler_is_captured():
     assert not sampling_graph_supported(create_sampler("pytorch"))
 
 
+def test_each_penalizer_writes_its_own_fused_lists():
+    """penalty_lists asks every prepared penalizer for its part; one without a fused
+    representation (a custom penalizer) sends the batch's penalties down the torch path."""
+    from sglang.srt.sampling.penaltylib import (
+        BatchedFrequencyPenalizer,
+        BatchedPenalizerOrchestrator,
+        BatchedPresencePenalizer,
+    )
+    from sglang.srt.sampling.penaltylib.base import _BatchedPenalizer
+
+    info = make_info(PARAMS, VOCAB, prompts=PROMPTS)
+    lists = penalty_lists(info)
+    freq = info.penalizer_orchestrator.penalizers[BatchedFrequencyPenalizer]
+    assert lists.freq_penalty is freq.penalties and lists.pres_penalty is not None
+    assert lists.stop_ids is not None and lists.rep_penalty is not None and lists.bias_ids is info.logit_bias_ids
+
+    class Custom(_BatchedPenalizer):
+        def _is_required_for(self, sampling_params):
+            return True
+
+        def _prepare(self):
+            pass
+
+        def _teardown(self):
+            pass
+
+        def _cumulate_output_tokens(self, output_ids):
+            pass
+
+        def _apply(self, logits):
+            pass
+
+        def _filter(self, keep_indices):
+            pass
+
+        def _merge(self, their):
+            pass
+
+    batch = info._orchestrator_batch
+    info.penalizer_orchestrator = BatchedPenalizerOrchestrator(VOCAB, batch, [BatchedPresencePenalizer, Custom])
+    assert penalty_lists(info) is None
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA device names")
 def test_one_penalty_table_per_cuda_device_whatever_its_name():
     from sglang.srt.sampling.fused_logits_bias import penalty_table

@@ -24,6 +24,7 @@ from sgl_kernel_ext.sampling import penalties as pen_kernels  # noqa: E402
 from sgl_kernel_ext.sampling import sample as sample_kernels  # noqa: E402
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput  # noqa: E402
 from sglang.srt.layers.sampler import Sampler  # noqa: E402
+from sglang.srt.layers.sampler_fused import FusedStep  # noqa: E402
 from sglang.srt.sampling.fused_logits_bias import apply_logits_bias_fused  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
@@ -301,7 +302,7 @@ def test_sampling_kernels_never_import_sglang():
 
 def test_triton_sampler_takes_the_fused_step():
     sampler = Sampler("triton")
-    assert sampler.step_name == "fused" and sampler._step == sampler._fused_step
+    assert sampler.step_name == "fused" and isinstance(sampler.step, FusedStep)
 
 
 def test_triton_backend_sample_draws_inside_the_support():

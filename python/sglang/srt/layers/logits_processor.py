@@ -1,4 +1,7 @@
-"""Hidden states -> next-token logits, and the output record the sampler fills in."""
+"""Hidden states -> next-token logits (LogitsHead), and the output record the sampler fills in.
+
+LogitsHead is the model's last layer; the user-facing `LogitsProcessor` (batch-level logits
+processors, vLLM's API) is sglang.srt.sampling.logits_processor's."""
 
 from __future__ import annotations
 
@@ -35,8 +38,8 @@ class LMHead(Protocol):
         """hidden [N, H] -> logits of this rank's vocabulary shard [N, V_shard]."""
 
 
-class LogitsProcessor(nn.Module):
-    """lm_head projection, optional TP all-gather of vocab shards, logit scale, final soft-capping."""
+class LogitsHead(nn.Module):
+    """hidden states -> logits: lm_head projection, optional TP all-gather of vocab shards, logit scale, final soft-capping."""
 
     def __init__(
         self,

@@ -15,6 +15,7 @@ from typing import Callable, Optional, Protocol
 
 import torch
 
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampling_ops import (
     Support,
     compute_support,
@@ -23,6 +24,7 @@ from sglang.srt.layers.sampling_ops import (
     min_p_threshold,
     uniform_open_closed,
 )
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
 
 class SamplingBackend(ABC):
@@ -31,7 +33,7 @@ class SamplingBackend(ABC):
     name: str
 
     @abstractmethod
-    def sample(self, scaled: torch.Tensor, info, generator: Optional[torch.Generator]) -> torch.Tensor:
+    def sample(self, scaled: torch.Tensor, info: SamplingBatchInfo, generator: Optional[torch.Generator]) -> torch.Tensor:
         """Token ids [B] int64 drawn from each row's filtered softmax of `scaled` ([B, V] float32)."""
 
 
@@ -53,33 +55,37 @@ class FusedSamplingBackend(SamplingBackend):
 
     @abstractmethod
     def sample_step(
-        self, logits: torch.Tensor, info, positions: Optional[torch.Tensor], generator: Optional[torch.Generator]
+        self,
+        logits: torch.Tensor,
+        info: SamplingBatchInfo,
+        positions: Optional[torch.Tensor],
+        generator: Optional[torch.Generator],
     ) -> FusedStepResult:
         """Every row of the processed, unscaled `logits` ([B, V] float32), which stay unscaled."""
 
     @abstractmethod
     def fill_logprobs(
         self,
-        output,
+        output: LogitsProcessorOutput,
         logits: torch.Tensor,
-        info,
+        info: SamplingBatchInfo,
         result: Optional[FusedStepResult],
         mode: str,
         next_ids: torch.Tensor,
         top_logprobs_nums: Optional[list[int]],
         token_ids_logprobs: Optional[list[Optional[list[int]]]],
     ) -> None:
-        """Set the logprobs of `mode` on `output` (a LogitsProcessorOutput), from sample_step's result."""
+        """Set the logprobs of `mode` on `output`, from sample_step's result."""
 
 
-def batch_support(scaled: torch.Tensor, info) -> Optional[Support]:
+def batch_support(scaled: torch.Tensor, info: SamplingBatchInfo) -> Optional[Support]:
     """The batch's support thresholds, or None when no sampled row filters anything."""
     if not (info.need_top_k_sampling or info.need_top_p_sampling or info.need_min_p_sampling):
         return None
     return every_row_support(scaled, info)
 
 
-def every_row_support(scaled: torch.Tensor, info) -> Support:
+def every_row_support(scaled: torch.Tensor, info: SamplingBatchInfo) -> Support:
     """The support of every row of the batch (`scaled` [B, V]), greedy rows (top_k 1) included."""
     return compute_support(
         scaled,
@@ -98,7 +104,7 @@ class PytorchBackend(SamplingBackend):
 
     name = "pytorch"
 
-    def sample(self, scaled: torch.Tensor, info, generator: Optional[torch.Generator]) -> torch.Tensor:
+    def sample(self, scaled: torch.Tensor, info: SamplingBatchInfo, generator: Optional[torch.Generator]) -> torch.Tensor:
         return draw_unseeded(scaled, batch_support(scaled, info), generator)
 
 
@@ -118,7 +124,7 @@ class FlashInferBackend(SamplingBackend):
                 "Use --sampling-backend pytorch instead."
             ) from err
 
-    def sample(self, scaled: torch.Tensor, info, generator: Optional[torch.Generator]) -> torch.Tensor:
+    def sample(self, scaled: torch.Tensor, info: SamplingBatchInfo, generator: Optional[torch.Generator]) -> torch.Tensor:
         probs = torch.softmax(scaled, dim=-1)  # [B, V] float32
         if info.need_min_p_sampling:
             support = batch_support(scaled, info)
@@ -149,7 +155,7 @@ class AscendBackend(SamplingBackend):
         self._npu_top_k_top_p = getattr(torch_npu, "npu_top_k_top_p", None)
         self._fallback = PytorchBackend()
 
-    def sample(self, scaled: torch.Tensor, info, generator: Optional[torch.Generator]) -> torch.Tensor:
+    def sample(self, scaled: torch.Tensor, info: SamplingBatchInfo, generator: Optional[torch.Generator]) -> torch.Tensor:
         if self._npu_top_k_top_p is None or not info.npu_top_k_top_p_eligible:
             return self._fallback.sample(scaled, info, generator)
         filtered = self._npu_top_k_top_p(scaled, info.top_ps, info.top_ks)  # [B, V], dropped -> -inf

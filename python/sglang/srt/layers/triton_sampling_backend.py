@@ -17,8 +17,10 @@ from typing import Optional
 
 import torch
 
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.logprob_processor import clamped_log_softmax, fill_logprobs, fill_token_ids_logprobs
 from sglang.srt.layers.sampling_backends import FusedSamplingBackend
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 # Odd 64-bit constant (2**64 / golden ratio, as int64): row r's seed is noise + r * stride, distinct
@@ -61,7 +63,7 @@ class TritonBackend(FusedSamplingBackend):
         self._logprobs = _kernels("logprobs")
         self._offsets: dict[torch.device, torch.Tensor] = {}  # row_seed_offsets, grown to the largest batch
 
-    def sample(self, scaled: torch.Tensor, info, generator: Optional[torch.Generator]) -> torch.Tensor:
+    def sample(self, scaled: torch.Tensor, info: SamplingBatchInfo, generator: Optional[torch.Generator]) -> torch.Tensor:
         ones = torch.ones(scaled.shape[0], dtype=torch.float32, device=scaled.device)  # [B]
         seeds = self._random_seeds(scaled.shape[0], scaled.device, generator)
         positions = torch.zeros_like(seeds)
@@ -73,7 +75,11 @@ class TritonBackend(FusedSamplingBackend):
         return self._sample.greedy_triton(logits)
 
     def sample_step(
-        self, logits: torch.Tensor, info, positions: Optional[torch.Tensor], generator: Optional[torch.Generator]
+        self,
+        logits: torch.Tensor,
+        info: SamplingBatchInfo,
+        positions: Optional[torch.Tensor],
+        generator: Optional[torch.Generator],
     ):
         """Every row of the processed `logits` ([B, V] float32): a SampleResult (ids, invalid, lse, ...),
         whose row statistics fill_logprobs reads."""
@@ -86,9 +92,9 @@ class TritonBackend(FusedSamplingBackend):
 
     def fill_logprobs(
         self,
-        output,
+        output: LogitsProcessorOutput,
         logits: torch.Tensor,
-        info,
+        info: SamplingBatchInfo,
         result,
         mode: str,
         next_ids: torch.Tensor,
@@ -114,7 +120,9 @@ class TritonBackend(FusedSamplingBackend):
             output.next_token_top_logprobs_idx = indices
         fill_token_ids_logprobs(output, token_ids_logprobs, logits.device, gather)
 
-    def _seeds(self, info, rows: int, device: torch.device, generator: Optional[torch.Generator]) -> torch.Tensor:
+    def _seeds(
+        self, info: SamplingBatchInfo, rows: int, device: torch.device, generator: Optional[torch.Generator]
+    ) -> torch.Tensor:
         """[B] int64: the request's seed on seeded rows, a fresh random one elsewhere."""
         if info.all_seeded:
             return info.sampling_seed

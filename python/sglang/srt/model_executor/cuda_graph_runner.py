@@ -33,10 +33,11 @@ from sglang.srt.model_executor.sampling_graph import (
     prepare_replay,
     sample_in_graph,
 )
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
 logger = logging.getLogger(__name__)
 
-# SGLang's default bucket list: every small size, then steps of 8.
+# The default buckets: every small size, then steps of 8.
 SMALL_BUCKETS = (1, 2, 4, 8, 12)
 BUCKET_STEP = 8
 
@@ -183,7 +184,9 @@ class CudaGraphRunner:
             self.model_runner.future_tokens,
         )
 
-    def replay_sampling(self, info, bs: int, generator: torch.Generator) -> Optional[torch.Tensor]:
+    def replay_sampling(
+        self, info: SamplingBatchInfo, bs: int, generator: Optional[torch.Generator]
+    ) -> Optional[torch.Tensor]:
         """Sample the decode batch just replayed (`bs` rows of `info`) from its bucket's sampling
         graph: [bs] int64 next ids, or None when the batch's penalties need the eager path."""
         if self.sampling is None or not prepare_replay(self.sampling, info, generator):

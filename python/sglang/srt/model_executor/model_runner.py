@@ -1,5 +1,6 @@
-"""ModelRunner: the model, its KV cache pools, the sampler, and one step (prepare -> forward ->
-sample, nano-vllm's shape): the scheduler decides steps and reads their results."""
+"""ModelRunner: the model, its KV cache pools, the sampler, and one step: prepare the inputs,
+forward, hand the Sampler the sampled rows' logits and metadata, package its result. The scheduler
+decides steps and reads their results."""
 
 from __future__ import annotations
 
@@ -14,22 +15,20 @@ from sgl_kernel_ext.layer.decode_layer_cpu import decode_layer_kernel_available
 from sgl_kernel_ext.norm.rmsnorm_cpu import rmsnorm_cpu_applies
 from sgl_kernel_ext.rotary.rope_store_cpu import rope_store_cpu_applies
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.constrained.bitmask import grammar_bitmask
 from sglang.srt.distributed.communication import check_token_agreement, min_across_ranks, token_agreement_check_requested
 from sglang.srt.distributed.parallel_state import tp_cpu_group, tp_device_group
 from sglang.srt.layers.attention import create_attention_backend, default_attention_backend
 from sglang.srt.layers.batch_invariant import batch_invariant
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
-from sglang.srt.layers.sampler import create_sampler
+from sglang.srt.layers.sampler import SamplerInput, create_sampler
 from sglang.srt.mem_cache.memory_pool import KVCache, ReqToTokenPool, TokenToKVPoolAllocator
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.piecewise_cuda_graph_runner import PiecewiseCudaGraphRunner, capture_token_counts
-from sglang.srt.model_executor.sampling_graph import needs_eager_sampling, sampling_graph_supported
+from sglang.srt.model_executor.sampling_graph import sampling_graph_supported
 from sglang.srt.model_executor.step import Step, StepResult
 from sglang.srt.model_executor.step_output import copy_to_host, input_logprobs, output_logprobs
 from sglang.srt.model_loader import load_model
-from sglang.srt.sampling.logits_processor.pipeline import check_requested as logits_processor_check_requested
 from sglang.srt.sampling.step_noise import step_noise_seed
 from sglang.srt.utils import host_to_device
 
@@ -43,8 +42,7 @@ CPU_KV_RAM_FRACTION = 0.2
 CPU_MAX_RUNNING_REQUESTS = 64
 # On CUDA the KV pool takes this share of the memory left after the weights (the rest: activations,
 # a prefill chunk's logits, CUDA graphs), and the running-request limit follows from the pool
-# as SGLang sizes it (pool / context * 512), within [1024, 2048]: SGLang bounds it by [2048, 4096]
-# with an int32 table; ours is int64 and mirrored on the host.
+# (pool / context * 512), within [1024, 2048]: the request table is int64 and mirrored on the host.
 CUDA_KV_FREE_FRACTION = 0.8
 CUDA_MAX_RUNNING_BOUNDS = (1024, 2048)
 # Largest decode batch captured by default (--cuda-graph-max-bs); larger batches run eagerly.
@@ -119,7 +117,6 @@ class ModelRunner:
             tp_group=tp_device_group() if self.tp_size > 1 else None,
         )
         self.check_token_agreement = self.tp_size > 1 and token_agreement_check_requested()
-        self.check_logits_processors = logits_processor_check_requested()
         # Last sampled id of every request slot: a decode step reads its inputs on the device. The
         # extra row is the pool's padding row, which a sampling graph's padding rows write.
         self.future_tokens = torch.zeros(self.req_to_token_pool.size + 1, dtype=torch.int64, device=self.device)  # [R + 1] int64
@@ -159,6 +156,9 @@ class ModelRunner:
         sizes = capture_batch_sizes(max_bs, explicit)
         with torch.inference_mode():
             self.cuda_graph_runner = CudaGraphRunner(self, sizes, capture_sampling=sampling_graph_supported(self.sampler))
+        # The agreement check reads every step's ids on the host, which a captured sampling step never does.
+        if self.cuda_graph_runner.sampling is not None and not self.check_token_agreement:
+            self.sampler.attach_graph(self.cuda_graph_runner)
 
     def _init_piecewise_cuda_graphs(self, max_tokens: Optional[int], explicit: Optional[list[int]]) -> None:
         if self.deterministic:
@@ -223,63 +223,35 @@ class ModelRunner:
         prompt_logprobs = input_logprobs(step, batch, output)
         if step.sampled_batch is None:
             return StepResult(torch.empty(0, dtype=torch.int64), None, {}, [], prompt_logprobs)
-        if replayed and not needs_eager_sampling(step, self.sampler, self.check_token_agreement):
-            result = self._sample_replayed(step, prompt_logprobs)
-            if result is not None:
-                return result
+        self.noise_generator.manual_seed(step_noise_seed(self.random_seed, step.index))
+        sampled = self.sampler.sample_step(self._sampler_input(step, output, replayed))
+        if self.check_token_agreement:
+            rids = [step.reqs[r].rid for r in step.sample_rows]
+            check_token_agreement(sampled.next_ids, step.index, rids, tp_device_group())
+        ids_host, ready = copy_to_host(sampled.next_ids)
+        logprobs = [None] * len(sampled.asks)
+        if sampled.logprobs is not None:
+            logprobs = output_logprobs(sampled.logprobs, sampled.asks)
+        return StepResult(ids_host, ready, sampled.row_errors, logprobs, prompt_logprobs)
+
+    def _sampler_input(self, step: Step, output: LogitsProcessorOutput, replayed: bool) -> SamplerInput:
+        """The sampled rows' logits and metadata; their ids go to `future_tokens` at their request slots."""
+        batch = step.forward_batch
         if len(step.sample_rows) == batch.batch_size:
-            logits, pool_indices = output.next_token_logits, batch.req_pool_indices  # [B, V]
+            logits, slots = output.next_token_logits, batch.req_pool_indices  # [B, V], [B]
         else:
             rows = host_to_device(step.sample_rows, self.device)
             logits = output.next_token_logits.index_select(0, rows)  # [S, V]
-            pool_indices = batch.req_pool_indices.index_select(0, rows)
-        return self._sample(step, logits, pool_indices, prompt_logprobs)
-
-    def _sample_replayed(self, step: Step, prompt_logprobs: dict) -> Optional[StepResult]:
-        """The sampling graph of the decode batch just replayed; None when it must sample eagerly."""
-        self.noise_generator.manual_seed(step_noise_seed(self.random_seed, step.index))
-        info = step.sampling_info
-        next_ids = self.cuda_graph_runner.replay_sampling(info, step.forward_batch.batch_size, self.noise_generator)
-        if next_ids is None:
-            return None
-        ids_host, ready = copy_to_host(next_ids)
-        return StepResult(ids_host, ready, {}, [None] * len(step.reqs), prompt_logprobs)
-
-    def _sample(self, step: Step, logits: torch.Tensor, pool_indices: torch.Tensor, prompt_logprobs: dict) -> StepResult:
-        info = step.sampling_info
-        sampled_reqs = [step.reqs[r] for r in step.sample_rows]
-        if step.grammar_wait is not None:
-            step.grammar_wait.wait()  # the previous step's tokens reach the grammars and output lists (overlap)
-        if info.grammars is not None:
-            info.vocab_mask = grammar_bitmask(sampled_reqs, self.vocab_size, self.device)
-        try:
-            info.apply_logits_bias(logits)
-        finally:
-            info.vocab_mask = None
-        row_errors = {}
-        if info.logits_processors is not None:
-            truth = sampled_reqs if self.check_logits_processors else None
-            row_errors = info.logits_processors.run(logits, info.rows, info.is_all_greedy, truth)
-        wants = [r.logprob for r in sampled_reqs]
-        return_logprob = any(w is not None for w in wants)
-        out = LogitsProcessorOutput(next_token_logits=logits)
-        self.noise_generator.manual_seed(step_noise_seed(self.random_seed, step.index))
-        next_ids = self.sampler(
-            out,
-            info,
-            return_logprob=return_logprob,
-            top_logprobs_nums=[w.top_logprobs_num if w else 0 for w in wants],
-            token_ids_logprobs=[w.token_ids_logprob if w else None for w in wants],
+            slots = batch.req_pool_indices.index_select(0, rows)  # [S]
+        return SamplerInput(
+            logits=logits,
+            info=step.sampling_info,
             positions=step.positions,
-            row_errors=row_errors,
+            rows=[step.reqs[r] for r in step.sample_rows],
+            host_ready=step.grammar_wait,
+            graph_rows=batch.batch_size if replayed else None,
+            token_store=(self.future_tokens, slots),
         )
-        if self.check_token_agreement:
-            check_token_agreement(next_ids, step.index, [r.rid for r in sampled_reqs], tp_device_group())
-        info.update_penalties(next_ids)
-        self.future_tokens.index_copy_(0, pool_indices, next_ids)
-        ids_host, ready = copy_to_host(next_ids)
-        sampled_logprobs = output_logprobs(out, wants) if return_logprob else [None] * len(wants)
-        return StepResult(ids_host, ready, dict(out.row_errors), sampled_logprobs, prompt_logprobs)
 
 
 def _build_cpu_kernels() -> None:

@@ -12,10 +12,12 @@ runner's `future_tokens`. Its inputs live at fixed addresses:
 - the penalty table (sgl_kernel_ext/sampling/penalties.py), rewritten when a penalty list moves.
 Padding rows sample garbage from stale parameters and are never read; the penalty kernels skip them.
 
-A step samples eagerly instead when it needs host work or outputs the graph does not produce
-(`needs_eager_sampling`): custom logit processors, batch-level logits processors (they run on
-the host's view of the batch between the penalties and the draw), logprobs, a grammar's vocab mask, a custom
-penalizer, the TP token all-reduce or agreement check.
+The Sampler replays it (the graph runner is its GraphSampling) for a decode batch that needs no host
+work and no output the graph does not produce (Sampler.graph_step_applies, decided once per batch
+composition): no custom logit processors, no batch-level logits processors (they run on the host's
+view of the batch between the penalties and the draw), no logprobs, no grammar's vocab mask, no
+TP token all-reduce. A custom penalizer (no fused representation) samples eagerly too, and the
+runner attaches no graph when the TP agreement check reads every step's ids.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from sglang.srt.layers.sampler import Sampler
 from sglang.srt.layers.triton_sampling_backend import TritonBackend, draw_noise, row_seed_offsets, unseeded_seeds
 from sglang.srt.model_executor.step import Step
 from sglang.srt.sampling.fused_logits_bias import penalty_table, record_fused_update, write_penalty_table
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
 
 def sampling_graph_supported(sampler: Sampler) -> bool:
@@ -36,15 +39,9 @@ def sampling_graph_supported(sampler: Sampler) -> bool:
 
 
 def needs_eager_sampling(step: Step, sampler: Sampler, check_token_agreement: bool) -> bool:
-    info = step.sampling_info
-    return (
-        info.has_custom_logit_processor
-        or info.logits_processors is not None
-        or info.grammars is not None
-        or any(req.logprob is not None for req in step.reqs)
-        or check_token_agreement
-        or (sampler.tp_group is not None and sampler.sync_token_ids)
-    )
+    """Whether `step` must sample eagerly even after its decode forward replayed a graph."""
+    wants_logprobs = any(req.logprob is not None for req in step.reqs)
+    return check_token_agreement or not sampler.graph_step_applies(step.sampling_info, wants_logprobs)
 
 
 class SamplingInputBuffers:
@@ -67,7 +64,7 @@ class SamplingInputBuffers:
         self.workspace = new_workspace(max_bs, vocab_size, device)
         self._loaded: Optional[torch.Tensor] = None  # the loaded info's temperatures (new on every rebuild)
 
-    def load(self, info) -> None:
+    def load(self, info: SamplingBatchInfo) -> None:
         """Copy the batch's parameters in, unless they are already there."""
         if self._loaded is info.temperatures:
             return
@@ -115,7 +112,7 @@ def prepare_capture(device: torch.device) -> None:
     penalty_table(device).clear()
 
 
-def prepare_replay(inputs: SamplingInputBuffers, info, generator: torch.Generator) -> bool:
+def prepare_replay(inputs: SamplingInputBuffers, info: SamplingBatchInfo, generator: torch.Generator) -> bool:
     """Point the graph's inputs at this step's batch; False when its penalties need the torch path."""
     if not write_penalty_table(info, inputs.noise.device):
         return False
@@ -124,6 +121,6 @@ def prepare_replay(inputs: SamplingInputBuffers, info, generator: torch.Generato
     return True
 
 
-def finish_replay(info) -> None:
+def finish_replay(info: SamplingBatchInfo) -> None:
     """Host bookkeeping of the penalty state the replay updated."""
     record_fused_update(info)

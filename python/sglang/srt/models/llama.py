@@ -33,7 +33,7 @@ from sglang.srt.layers.linear import (
     RowParallelLinear,
     block_kernel_serves,
 )
-from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from sglang.srt.layers.logits_processor import LogitsHead, LogitsProcessorOutput
 from sglang.srt.layers.rotary import RotaryEmbedding, apply_rotary_emb
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -307,7 +307,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = ParallelLMHead(
                 config.vocab_size, config.hidden_size, params_dtype=dtype, tp_rank=tp_rank, tp_size=tp_size
             )
-        self.logits_processor = LogitsProcessor(
+        self.logits_head = LogitsHead(
             config.vocab_size, tp_all_gather=_vocab_all_gather(tp_size) if tp_size > 1 else None
         )
 
@@ -318,13 +318,13 @@ class LlamaForCausalLM(nn.Module):
         """Logits from the final hidden states [N, H] (the piecewise graph runner calls this after
         replaying the model body)."""
         if forward_batch.return_input_logits:
-            out = self.logits_processor(hidden, self.lm_head)
+            out = self.logits_head(hidden, self.lm_head)
             out.input_token_logits = out.next_token_logits  # [N, V]
             out.next_token_logits = out.input_token_logits[_last_token_indices(forward_batch)]  # [B, V]
             return out
         if forward_batch.forward_mode.is_extend():
             hidden = hidden[_last_token_indices(forward_batch)]  # [B, H]
-        return self.logits_processor(hidden, self.lm_head)
+        return self.logits_head(hidden, self.lm_head)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """weights: (HF parameter name, full unsharded tensor) pairs."""

@@ -7,19 +7,25 @@ from __future__ import annotations
 
 import importlib.util
 from functools import lru_cache
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Protocol
 
 import torch
 
-from sglang.srt.sampling.penaltylib import (
-    BatchedFrequencyPenalizer,
-    BatchedMinNewTokensPenalizer,
-    BatchedPresencePenalizer,
-    BatchedRepetitionPenalizer,
-)
+from sglang.srt.sampling.penaltylib import BatchedPenalizerOrchestrator
+from sglang.srt.sampling.penaltylib.base import _BatchedPenalizer
 
 if TYPE_CHECKING:
     from sgl_kernel_ext.sampling.penalties import PenaltyLists, PenaltyTable
+
+
+class PenaltySource(Protocol):
+    """What the fused kernels read of a batch (its SamplingBatchInfo, which imports this module)."""
+
+    penalizer_orchestrator: Optional[BatchedPenalizerOrchestrator]
+    logit_bias_ids: Optional[torch.Tensor]  # [B, K] int64
+    logit_bias_values: Optional[torch.Tensor]  # [B, K] float32
+
+    def __len__(self) -> int: ...
 
 
 @lru_cache(maxsize=None)
@@ -27,32 +33,20 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def penalty_lists(info) -> Optional["PenaltyLists"]:
-    """The batch's PenaltyLists, or None when a penalizer the kernel does not know is active."""
+def penalty_lists(info: PenaltySource) -> Optional["PenaltyLists"]:
+    """The batch's PenaltyLists, each prepared penalizer writing its own part; None when one has
+    no fused representation."""
     from sgl_kernel_ext.sampling.penalties import PenaltyLists
 
     lists = PenaltyLists()
     for penalizer in _prepared_penalizers(info):
-        kind = type(penalizer)
-        if kind is BatchedFrequencyPenalizer:
-            (lists.freq_ids, lists.freq_counts), lists.freq_lengths = penalizer.output_counts.storage, penalizer.output_counts.lengths
-            lists.freq_penalty = penalizer.penalties
-        elif kind is BatchedPresencePenalizer:
-            (lists.pres_ids, lists.pres_counts), lists.pres_lengths = penalizer.output_counts.storage, penalizer.output_counts.lengths
-            lists.pres_penalty = penalizer.penalties
-        elif kind is BatchedMinNewTokensPenalizer:
-            lists.stop_ids, lists.output_lens = penalizer.stop_ids, penalizer.output_lens
-            lists.min_new_tokens = penalizer.min_new_tokens
-        elif kind is BatchedRepetitionPenalizer:
-            (lists.rep_ids, lists.rep_counts), lists.rep_lengths = penalizer.seen.storage, penalizer.seen.lengths
-            lists.rep_penalty = penalizer.penalties
-        else:
+        if not penalizer.write_fused(lists):
             return None
     lists.bias_ids, lists.bias_values = info.logit_bias_ids, info.logit_bias_values
     return lists
 
 
-def _prepared_penalizers(info) -> list:
+def _prepared_penalizers(info: PenaltySource) -> list[_BatchedPenalizer]:
     orchestrator = info.penalizer_orchestrator
     if orchestrator is None:
         return []
@@ -74,7 +68,7 @@ def penalty_table(device: torch.device) -> "PenaltyTable":
     return _TABLES[device]
 
 
-def write_penalty_table(info, device: torch.device) -> bool:
+def write_penalty_table(info: PenaltySource, device: torch.device) -> bool:
     """Point the device's table at `info`'s lists; False when the torch path must run instead:
     no triton, or a custom penalizer."""
     if not triton_available():
@@ -86,7 +80,7 @@ def write_penalty_table(info, device: torch.device) -> bool:
     return True
 
 
-def apply_logits_bias_fused(info, logits: torch.Tensor) -> bool:
+def apply_logits_bias_fused(info: PenaltySource, logits: torch.Tensor) -> bool:
     """Penalties and logit bias in place with one kernel; False (nothing done) when the torch path
     must run instead (see write_penalty_table)."""
     if not write_penalty_table(info, logits.device):
@@ -98,7 +92,7 @@ def apply_logits_bias_fused(info, logits: torch.Tensor) -> bool:
     return True
 
 
-def update_penalties_fused(info, next_ids: torch.Tensor) -> bool:
+def update_penalties_fused(info: PenaltySource, next_ids: torch.Tensor) -> bool:
     """Record the step's tokens ([B] int64 on the device) in every penalty's state with one kernel;
     False (nothing done) when the penalizers' own torch updates must run instead."""
     if not write_penalty_table(info, next_ids.device):
@@ -110,10 +104,7 @@ def update_penalties_fused(info, next_ids: torch.Tensor) -> bool:
     return True
 
 
-def record_fused_update(info) -> None:
+def record_fused_update(info: PenaltySource) -> None:
     """Host bookkeeping after a kernel recorded a step's tokens (see TokenCounts.record_added)."""
     for penalizer in _prepared_penalizers(info):
-        if isinstance(penalizer, (BatchedFrequencyPenalizer, BatchedPresencePenalizer)):
-            penalizer.output_counts.record_added()
-        elif isinstance(penalizer, BatchedRepetitionPenalizer):
-            penalizer.seen.record_added()
+        penalizer.record_fused_update()

@@ -73,8 +73,10 @@ class SamplingBatchInfo:
     # Per-row grammar objects (None where a row has none), or None without grammar rows; their
     # presence turns on the TP token all-reduce and the eager sampling step.
     grammars: Optional[list[Any]] = field(init=False)
-    # The CPU sampler's grouping of these rows, built on first use (see sampler._CpuPlan).
+    # The CPU sampler's grouping of these rows, built on first use (layers/sampler_cpu.py's CpuPlan).
     cpu_sample_plan: Optional[Any] = field(init=False, default=None)
+    # (sampler, whether its captured sampling graph can sample these rows), decided on first use.
+    graph_choice: Optional[tuple[Any, bool]] = field(init=False, default=None)
     # The processors acting on some row of this batch (logits_processor.LogitsProcessorPipeline),
     # None when none does: that batch's step runs no processor code at all.
     logits_processors: Optional[Any] = field(init=False, default=None)
@@ -119,7 +121,7 @@ class SamplingBatchInfo:
 
     def _rebuild(self) -> None:
         params = [row.params for row in self.rows]
-        self.cpu_sample_plan = None
+        self.cpu_sample_plan = self.graph_choice = None
         self._refresh_flags(params)
         self._build_param_tensors(params)
         self._build_seeds(params)
@@ -248,10 +250,8 @@ class SamplingBatchInfo:
     def apply_logits_bias(self, logits: torch.Tensor) -> None:
         """In place: penalties (additive, then repetition), logit_bias, then the grammar mask.
 
-        SGLang masks before the bias so that a bias cannot re-enable a masked token; masking last
-        gives the same logits bit for bit (a masked token is -inf either way, a bias is finite and
-        the other tokens see the same arithmetic), and lets CUDA keep its one fused
-        penalties-and-bias kernel."""
+        The mask comes last so that CUDA keeps one fused penalties-and-bias kernel; a bias still
+        cannot re-enable a masked token (it is finite, the masked token ends -inf)."""
         if not (logits.is_cuda and apply_logits_bias_fused(self, logits)):
             if self.penalizer_orchestrator is not None:
                 self.penalizer_orchestrator.apply(logits)

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import abc
 import weakref
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from sglang.srt.sampling.penaltylib.token_counts import TokenCounts
+
+if TYPE_CHECKING:
+    from sgl_kernel_ext.sampling.penalties import PenaltyLists
 
 
 class PenalizerHost(Protocol):
@@ -91,6 +94,14 @@ class _BatchedPenalizer(abc.ABC):
         their.prepare()
         self._merge(their)
 
+    def write_fused(self, lists: "PenaltyLists") -> bool:
+        """Point the fused penalty kernels' `lists` at this penalty's state; False when the kernels
+        do not know this penalty, and the batch's penalties run through `apply` instead."""
+        return False
+
+    def record_fused_update(self) -> None:
+        """Host bookkeeping after the fused update kernel recorded a step's tokens in this state."""
+
     @abc.abstractmethod
     def _is_required_for(self, sampling_params: Any) -> bool: ...
 
@@ -153,6 +164,9 @@ class _OutputTokenPenalizer(_BatchedPenalizer):
     def _merge(self, their: _OutputTokenPenalizer) -> None:
         self.penalties = torch.cat([self.penalties, their.penalties])
         self.output_counts.merge(their.output_counts)
+
+    def record_fused_update(self) -> None:
+        self.output_counts.record_added()
 
     @staticmethod
     @abc.abstractmethod

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from sglang.srt.sampling.penaltylib.base import _BatchedPenalizer
+
+if TYPE_CHECKING:
+    from sgl_kernel_ext.sampling.penalties import PenaltyLists
 
 _PAD = -1
 
@@ -63,6 +66,10 @@ class BatchedMinNewTokensPenalizer(_BatchedPenalizer):
         self.stop_ids = torch.cat([_pad_to(self.stop_ids, width), _pad_to(their.stop_ids, width)])
         self.min_new_tokens = torch.cat([self.min_new_tokens, their.min_new_tokens])
         self.output_lens = torch.cat([self.output_lens, their.output_lens])
+
+    def write_fused(self, lists: "PenaltyLists") -> bool:
+        lists.stop_ids, lists.output_lens, lists.min_new_tokens = self.stop_ids, self.output_lens, self.min_new_tokens
+        return True
 
 
 def _pad_to(stop_ids: torch.Tensor, width: int) -> torch.Tensor:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from sglang.srt.sampling.penaltylib.base import _OutputTokenPenalizer
+
+if TYPE_CHECKING:
+    from sgl_kernel_ext.sampling.penalties import PenaltyLists
 
 
 class BatchedPresencePenalizer(_OutputTokenPenalizer):
@@ -19,3 +22,8 @@ class BatchedPresencePenalizer(_OutputTokenPenalizer):
     @staticmethod
     def _weight(counts: torch.Tensor) -> torch.Tensor:
         return (counts > 0).to(torch.float32)
+
+    def write_fused(self, lists: "PenaltyLists") -> bool:
+        (lists.pres_ids, lists.pres_counts), lists.pres_lengths = self.output_counts.storage, self.output_counts.lengths
+        lists.pres_penalty = self.penalties
+        return True

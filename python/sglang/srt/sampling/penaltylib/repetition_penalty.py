@@ -3,12 +3,15 @@ made less likely by a factor, logit / p when positive and logit * p otherwise.""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from sglang.srt.sampling.penaltylib.base import _BatchedPenalizer, per_row_tensor
 from sglang.srt.sampling.penaltylib.token_counts import TokenCounts
+
+if TYPE_CHECKING:
+    from sgl_kernel_ext.sampling.penalties import PenaltyLists
 
 
 class BatchedRepetitionPenalizer(_BatchedPenalizer):
@@ -50,3 +53,11 @@ class BatchedRepetitionPenalizer(_BatchedPenalizer):
     def _merge(self, their: BatchedRepetitionPenalizer) -> None:
         self.penalties = torch.cat([self.penalties, their.penalties])
         self.seen.merge(their.seen)
+
+    def write_fused(self, lists: "PenaltyLists") -> bool:
+        (lists.rep_ids, lists.rep_counts), lists.rep_lengths = self.seen.storage, self.seen.lengths
+        lists.rep_penalty = self.penalties
+        return True
+
+    def record_fused_update(self) -> None:
+        self.seen.record_added()
