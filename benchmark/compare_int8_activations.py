@@ -8,9 +8,9 @@ that every system is scored at the same positions of the same text:
 
   int8        `ModelRunner(cpu_int8_activations=True)`: each linear's input rounded to 8 bits per
               block of 32, integer dot products (block_quant_linear_q8.c)
-  llama.cpp   the `llama_cpp` package's `Llama` (its vendored llama.cpp, default settings: q8_1
-              activations for Q4_1 weights, float16 KV cache), fed the same token ids; skipped
-              with a message when the package is not importable
+  llama.cpp   the `llama_cpp` package's `Llama` (its vendored llama.cpp: q8_1 activations for the
+              Q4_1 weights, q8_0 for the Q8_0 LM head, float16 KV cache; see LlamaCppSystem), fed
+              the same token ids; skipped with a message when the package does not import
 
 Per position (log-softmax in float64): |logprob difference| of the exact mode's greedy token and
 of the exact mode's top-k tokens, KL(exact || other), and whether the other's argmax is the exact
@@ -81,12 +81,30 @@ MORE_PROMPTS = [
 
 class LlamaCppSystem:
     """llama.cpp through the `llama_cpp` package: a prompt's ids evaluated at once, then one token a
-    step, the logits of the last position read after each."""
+    step, the logits of the last position read after each.
+
+    Without llama.cpp's extra weight buffer types (its `--no-repack`): they hold repacked copies of
+    the same blocks for other kernels (AMX tiles, interleaved rows), which crash on CPUs whose AMX
+    the OS does not enable; the plain path multiplies the same Q4_1 / Q8_0 blocks by the same 8-bit
+    activations, as llama.cpp does on CPUs without those kernels."""
 
     def __init__(self, model_path: str, threads: int) -> None:
+        import llama_cpp.llama_cpp as lib
         from llama_cpp import Llama
 
-        self.llm = Llama(model_path=model_path, n_ctx=1024, n_threads=threads, n_threads_batch=threads, verbose=False)
+        default_params = lib.llama_model_default_params
+
+        def plain_buffers() -> Any:
+            params = default_params()
+            params.use_extra_bufts = False
+            return params
+
+        lib.llama_model_default_params = plain_buffers  # read once, by the constructor below
+        try:
+            self.llm = Llama(model_path=model_path, n_ctx=512, n_threads=threads, n_threads_batch=threads,
+                             logits_all=True, verbose=False)
+        finally:
+            lib.llama_model_default_params = default_params
 
     def teacher_forced(self, prompt: list[int], tokens: list[int]) -> torch.Tensor:
         """Logits after the prompt and after each of tokens[:-1]: [len(tokens), V] float32."""
@@ -188,7 +206,7 @@ def batches(items: list, size: int) -> Iterator[tuple[int, list]]:
 
 def measure(prompts: list[list[int]], args: argparse.Namespace) -> dict[str, Any]:
     exact_runner, int8_runner = runner(False, args.batch), runner(True, args.batch)
-    llama_cpp = None if args.no_llama_cpp else load_llama_cpp(torch.get_num_threads())
+    llama_cpp = None if args.no_llama_cpp else load_llama_cpp(args.llama_cpp_threads)
     systems = [INT8] + ([LLAMA] if llama_cpp else [])
     parts: dict[str, list] = {s: [] for s in systems}
     records: dict[str, list] = {s: [] for s in systems}
@@ -270,6 +288,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=20, help="The exact mode's top-k tokens whose logprobs are compared.")
     parser.add_argument("--batch", type=int, default=8, help="Prompts decoded together (at most 32: the block kernels' rows).")
     parser.add_argument("--no-llama-cpp", action="store_true", help="Only the int8 mode against the exact one.")
+    parser.add_argument("--llama-cpp-threads", type=int, default=1,
+                        help="llama.cpp's threads (its numbers do not depend on them; one spins least on a busy machine).")
     args = parser.parse_args()
     started = datetime.datetime.now(datetime.timezone.utc)
     prompts = prompt_ids(args.prompts)
