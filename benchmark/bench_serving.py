@@ -600,7 +600,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--ours-flags", type=shlex.split, default=[], metavar="FLAGS",
         help="extra flags for every server this benchmark launches, one quoted string, e.g. "
-        "--ours-flags='--disable-cpu-int8-activations --max-queued-requests 64'",
+        "--ours-flags='--cpu-int8-activations --max-queued-requests 64'",
     )
     parser.add_argument("--out-dir", type=Path, default=RESULTS_DIR)
     return parser.parse_args()

@@ -73,7 +73,7 @@ def test_row_blocked_matmul_rows_do_not_depend_on_the_batch(packed: bool) -> Non
     assert torch.allclose(row_blocked(lambda rows: F.linear(rows, dense), x), x @ dense.T, atol=1e-5)
 
 
-# The deterministic mode holds with the exact linears and with int8 activations (the CPU default).
+# The deterministic mode holds with the exact linears and with --cpu-int8-activations.
 INT8_MODES = {"exact": False, "int8-activations": True}
 
 
@@ -135,8 +135,8 @@ def test_safetensors_model_rows_do_not_depend_on_the_batch(case: str, tmp_path) 
 
 @pytest.fixture(scope="module", params=list(INT8_MODES))
 def server(request):
-    exact = () if INT8_MODES[request.param] else ("--disable-cpu-int8-activations",)
-    with running_server(*FLAGS, *exact) as srv:
+    int8 = ("--cpu-int8-activations",) if INT8_MODES[request.param] else ()
+    with running_server(*FLAGS, *int8) as srv:
         yield srv
 
 

@@ -10,10 +10,7 @@ import requests
 
 from engine_utils import generate_ok, running_server
 
-# The exact linears: with int8 activations (the CPU default) an extend batch of more than 32 rows
-# keeps float32 matmuls and a smaller one rounds its inputs to 8 bits, so two schedules that batch
-# the prefills differently may resolve near-ties differently (docs/cpu_kernels.md).
-FLAGS = ("--chunked-prefill-size", "48", "--max-running-requests", "12", "--disable-cpu-int8-activations")
+FLAGS = ("--chunked-prefill-size", "48", "--max-running-requests", "12")
 
 
 def _requests() -> list[tuple[str, dict]]:

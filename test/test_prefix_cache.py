@@ -25,11 +25,6 @@ PROMPTS = [SYSTEM[:cut] + q for cut in (len(SYSTEM), 120, 40, 0) for q in QUESTI
 SEEDED = {"temperature": 0.9, "top_p": 0.95, "sampling_seed": 7, "frequency_penalty": 0.3, "max_new_tokens": 12}
 # Room for a few requests only: the cache must evict while the workload runs.
 SMALL_POOL = ("--max-total-tokens", "700", "--chunked-prefill-size", "48")
-# Cached and uncached prompts agree up to the order of float32 sums with the exact linears. With
-# int8 activations (the CPU default) a prefill of more than 32 rows keeps float32 matmuls while a
-# cache hit's shorter extend rounds its inputs to 8 bits, so near-ties may resolve differently
-# (docs/cpu_kernels.md); the deterministic test below holds to the bit in both modes.
-EXACT_LINEARS = ("--disable-cpu-int8-activations",)
 
 
 def _run_workload(server, params: dict) -> tuple[list[list[int]], list[int]]:
@@ -47,13 +42,13 @@ def _run_workload(server, params: dict) -> tuple[list[list[int]], list[int]]:
 
 @pytest.fixture(scope="module")
 def cached():
-    with running_server(*SMALL_POOL, *EXACT_LINEARS) as srv:
+    with running_server(*SMALL_POOL) as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
 def uncached():
-    with running_server(*SMALL_POOL, *EXACT_LINEARS, "--disable-radix-cache") as srv:
+    with running_server(*SMALL_POOL, "--disable-radix-cache") as srv:
         yield srv
 
 
@@ -156,7 +151,7 @@ def test_tp2_cached_equals_uncached(tiny_path: str) -> None:
         assert max(hits) > 0 and set(no_hits) == {0}
 
 
-@pytest.mark.parametrize("linears", [(), EXACT_LINEARS], ids=["int8-activations", "exact"])
+@pytest.mark.parametrize("linears", [(), ("--cpu-int8-activations",)], ids=["exact", "int8-activations"])
 def test_deterministic_mode_cached_equals_uncached_to_the_bit(linears: tuple[str, ...]) -> None:
     flags = ("--enable-deterministic-inference", "--chunked-prefill-size", "16", *linears)
     fields = {"sampling_params": SEEDED, "return_logprob": True}

@@ -168,13 +168,3 @@ def test_cpu_int8_activations_is_refused_off_the_cpu() -> None:
     with pytest.raises(ValueError, match="--cpu-int8-activations applies to the CPU engine only, got --device cuda"):
         ServerArgs(cpu_int8_activations=True, device="cuda").validate()
     assert prepare_server_args(["--cpu-int8-activations"]).cpu_int8_activations
-
-
-def test_cpu_int8_activations_are_the_cpu_default_with_an_opt_out() -> None:
-    assert ServerArgs(device="cpu").resolve().cpu_int8_activations is True
-    assert ServerArgs(device="cpu", cpu_int8_activations=False).resolve().cpu_int8_activations is False
-    ServerArgs(device="cuda").validate()  # unset: resolve turns it off off the CPU
-    assert prepare_server_args([]).cpu_int8_activations is None
-    assert prepare_server_args(["--disable-cpu-int8-activations"]).cpu_int8_activations is False
-    with pytest.raises(SystemExit):
-        prepare_server_args(["--cpu-int8-activations", "--disable-cpu-int8-activations"])

@@ -56,8 +56,7 @@ class ServerArgs:
     logits_processors: Optional[list[str]] = None
     thinking_markers: tuple[str, str] = ("<think>", "</think>")
     enable_deterministic_inference: bool = False
-    # None: on for the CPU engine (resolve); False: the exact float32 linears.
-    cpu_int8_activations: Optional[bool] = None
+    cpu_int8_activations: bool = False
     disable_overlap_schedule: bool = False
     detokenizer_mode: Optional[str] = None
     attention_backend: Optional[str] = None
@@ -111,8 +110,6 @@ class ServerArgs:
             self.served_model_name = os.path.basename(os.path.normpath(self.model_path))
         if self.device is None:
             self.device = _default_device()
-        if self.cpu_int8_activations is None:
-            self.cpu_int8_activations = self.device == "cpu"
         if self.sampling_backend is None:
             self.sampling_backend = _default_sampling_backend(self.device)
         if self.chunked_prefill_size is None:
@@ -350,13 +347,9 @@ class ServerArgs:
         add("--attention-backend", default=d.attention_backend, choices=["triton", "torch_native", "cpu", "flashinfer"],
             help="Attention kernels: triton (CUDA default: paged split-KV decode, paged extend), torch_native (SDPA over "
             "gathered K/V), cpu (CPU default: C decode kernel), flashinfer (not shipped in this build).")
-        int8 = group.add_mutually_exclusive_group()
-        int8.add_argument("--cpu-int8-activations", dest="cpu_int8_activations", action="store_const", const=True,
-            default=d.cpu_int8_activations,
+        add("--cpu-int8-activations", action="store_true",
             help="CPU, GGUF Q4_1/Q8_0 weights: round each linear's input to 8 bits per block of 32 and multiply in "
-            "integers, as llama.cpp does (the CPU default; refused with --device cuda; see docs/cpu_kernels.md).")
-        int8.add_argument("--disable-cpu-int8-activations", dest="cpu_int8_activations", action="store_const", const=False,
-            help="CPU: the exact float32 linears instead (the dequantised GGUF weights, float32 inputs; slower decode).")
+            "integers, as llama.cpp does (faster decode; no longer the exact float32 result, see docs/cpu_kernels.md).")
         add("--disable-cuda-graph", action="store_true", help="Run decode steps eagerly instead of replaying CUDA graphs.")
         add("--cuda-graph-max-bs", type=int, default=d.cuda_graph_max_bs,
             help="Largest decode batch captured in a CUDA graph (default: min(max running requests, 256)).")
