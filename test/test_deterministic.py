@@ -73,9 +73,16 @@ def test_row_blocked_matmul_rows_do_not_depend_on_the_batch(packed: bool) -> Non
     assert torch.allclose(row_blocked(lambda rows: F.linear(rows, dense), x), x @ dense.T, atol=1e-5)
 
 
-@pytest.fixture(scope="module")
-def deterministic_runner(gguf_path: str) -> ModelRunner:
-    return ModelRunner(gguf_path, max_total_tokens=4096, max_running_requests=16, deterministic=True)
+# The deterministic mode holds with the exact linears and with --cpu-int8-activations.
+INT8_MODES = {"exact": False, "int8-activations": True}
+
+
+@pytest.fixture(scope="module", params=list(INT8_MODES))
+def deterministic_runner(gguf_path: str, request) -> ModelRunner:
+    return ModelRunner(
+        gguf_path, max_total_tokens=4096, max_running_requests=16, deterministic=True,
+        cpu_int8_activations=INT8_MODES[request.param],
+    )
 
 
 def _assert_rows_do_not_depend_on_the_batch(
@@ -126,9 +133,10 @@ def test_safetensors_model_rows_do_not_depend_on_the_batch(case: str, tmp_path) 
 # --- the server: SGLang's single / mixed / prefix checks --------------------------------------
 
 
-@pytest.fixture(scope="module")
-def server():
-    with running_server(*FLAGS) as srv:
+@pytest.fixture(scope="module", params=list(INT8_MODES))
+def server(request):
+    int8 = ("--cpu-int8-activations",) if INT8_MODES[request.param] else ()
+    with running_server(*FLAGS, *int8) as srv:
         yield srv
 
 

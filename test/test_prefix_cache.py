@@ -151,8 +151,9 @@ def test_tp2_cached_equals_uncached(tiny_path: str) -> None:
         assert max(hits) > 0 and set(no_hits) == {0}
 
 
-def test_deterministic_mode_cached_equals_uncached_to_the_bit() -> None:
-    flags = ("--enable-deterministic-inference", "--chunked-prefill-size", "16")
+@pytest.mark.parametrize("linears", [(), ("--cpu-int8-activations",)], ids=["exact", "int8-activations"])
+def test_deterministic_mode_cached_equals_uncached_to_the_bit(linears: tuple[str, ...]) -> None:
+    flags = ("--enable-deterministic-inference", "--chunked-prefill-size", "16", *linears)
     fields = {"sampling_params": SEEDED, "return_logprob": True}
     runs = {}
     for name, extra in (("cache", ()), ("none", ("--disable-radix-cache",))):
