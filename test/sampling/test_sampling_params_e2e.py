@@ -7,9 +7,8 @@ import concurrent.futures
 import openai
 import pytest
 
-from engine_utils import generate, generate_ok, greedy, running_server, stream_chunks
+from engine_utils import generate, generate_ok, greedy, processor_shipped_by_value, running_server, stream_chunks
 from sglang.srt.managers.tokenizer_manager import derive_child_seed
-from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
 
 PROMPT = "The capital of France is"
 REPETITIVE = "one two three one two three one two three one two three one two three"
@@ -183,7 +182,7 @@ def test_builtin_processor_by_name_and_raising_processor_fails_alone(server):
     )
     assert by_name["output_ids"][0] != baseline[0]
 
-    Boom = _processor_shipped_by_value("raise RuntimeError('boom from a processor')")
+    Boom = processor_shipped_by_value("raise RuntimeError('boom from a processor')")
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         bad = pool.submit(generate, server, PROMPT, sampling_params=greedy(16, custom_params={}), custom_logit_processor=Boom.to_str())
         good = [pool.submit(generate_ok, server, PROMPT, sampling_params=greedy(16)) for _ in range(2)]
@@ -192,16 +191,6 @@ def test_builtin_processor_by_name_and_raising_processor_fails_alone(server):
     finish = bad_result.json()["meta_info"]["finish_reason"]
     assert finish["type"] == "abort" and "boom from a processor" in finish["message"]
     assert all(r["output_ids"] == baseline for r in good_results)
-
-
-def _processor_shipped_by_value(body: str) -> type:
-    """A processor class the server cannot import, so dill carries its code: built in a
-    namespace named __main__, because a class from this test module would pickle a reference to
-    a module the server does not have."""
-    namespace = {"CustomLogitProcessor": CustomLogitProcessor, "__name__": "__main__"}
-    source = f"class Processor(CustomLogitProcessor):\n    def __call__(self, logits, custom_param_list):\n        {body}\n"
-    exec(source, namespace)  # noqa: S102 - test-only code we wrote above
-    return namespace["Processor"]
 
 
 # ----------------------------------------------------------------------------------------- OpenAI client

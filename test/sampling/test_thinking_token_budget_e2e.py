@@ -15,7 +15,7 @@ import requests
 from engine_utils import running_server
 from fake_scheduler import build_test_tokenizer
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmark"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmark"))
 from random_checkpoint import write_qwen3_checkpoint  # noqa: E402
 
 CHAT_TEMPLATE = (

@@ -20,7 +20,7 @@ import requests
 import torch
 import torch.multiprocessing as mp
 
-from engine_utils import free_port, generate, generate_ok, running_server
+from engine_utils import free_port, generate, generate_ok, processor_shipped_by_value, running_server
 from scaling_utils import EXIT_WAIT_S, wait_exit
 from sglang import launch_server
 from sglang.srt.configs.model_config import ModelConfig
@@ -29,7 +29,6 @@ from sglang.srt.distributed.tp_sizes import supported_tp_sizes, tp_split_problem
 from sglang.srt.entrypoints.http_server import ServerProcess
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.server_args import ServerArgs
-from test_engine_e2e import _processor_shipped_by_value
 from test_model_runner import LOGIT_ATOL, _save_tiny
 from tp_workers import PROMPTS, collectives_worker, forward_logits, invariant_reduce_worker, logits_worker
 
@@ -154,7 +153,7 @@ def rank_dependent_processor() -> str:
     """A processor that pushes TP rank r towards token FAVOURED + r: a processor reading
     rank-local state, which is how real deployments diverge."""
     body = f"import torch.distributed as dist; logits[:, {FAVOURED} + dist.get_rank()] = 1e4; return logits"
-    return _processor_shipped_by_value(body).to_str()
+    return processor_shipped_by_value(body).to_str()
 
 
 @contextlib.contextmanager

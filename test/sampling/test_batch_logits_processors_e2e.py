@@ -21,7 +21,7 @@ from engine_utils import free_port, iter_stream
 
 from sglang.srt.entrypoints.http_server import ServerProcess
 
-TEST_DIR = os.path.dirname(os.path.abspath(__file__))
+TEST_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # test/, which holds the helper modules
 PLUGINS = [f"logits_processor_plugins:{name}" for name in
            ("RecordingProcessor", "ForceTokenProcessor", "RaisingProcessor", "FirstPromptProcessor")]
 FLAGS = ("--chunked-prefill-size", "48", "--max-running-requests", "12")

@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from sampling_utils import assert_matches_distribution, make_info, sample
+from sampling_utils import BASE, CASES, DRAWS, assert_matches_distribution, expected_distribution, make_info, sample
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import Sampler
 from sglang.srt.sampling.sampling_params import SamplingParams
-from test_sampler import BASE, CASES, DRAWS, _expected
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def _flashinfer_importable() -> bool:
@@ -42,7 +41,7 @@ def test_cuda_distribution(backend, name):
     case = CASES[name]
     sampler = Sampler(backend, generator=torch.Generator(device="cuda").manual_seed(3))
     ids, _ = sample(sampler, _logits(DRAWS), [SamplingParams(**case) for _ in range(DRAWS)])
-    assert_matches_distribution(ids, _expected(case))
+    assert_matches_distribution(ids, expected_distribution(case))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from sampling_utils import assert_matches_distribution, make_info, reference_distribution, sample
+from sampling_utils import BASE, CASES, DRAWS, V, assert_matches_distribution, expected_distribution, make_info, sample
 from sglang.srt.layers import sampler as sampler_module
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import (
@@ -22,25 +22,7 @@ from sglang.srt.layers.sampling_backends import FusedSamplingBackend, SamplingBa
 from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor, register_custom_logit_processor
 from sglang.srt.sampling.sampling_params import SamplingParams
 
-# A tie at 1.5 (ranks 2 and 3) and a -inf token that must never be drawn.
-BASE = [2.0, 1.5, 1.5, 1.0, 0.5, 0.2, 0.0, -0.3, -1.0, -2.0, -3.0, float("-inf")]
-V = len(BASE)
-DRAWS = 20_000
 CPU_BACKENDS = ["pytorch", "ascend"]
-
-CASES = {
-    "temperature_0.7": dict(temperature=0.7),
-    "temperature_1.5": dict(temperature=1.5),
-    "top_k_2_keeps_tie": dict(top_k=2),
-    "top_k_5": dict(top_k=5),
-    "top_k_above_vocab": dict(top_k=1000),
-    "top_p_0.6": dict(top_p=0.6),
-    "top_p_0.95": dict(top_p=0.95),
-    "min_p_0.2": dict(min_p=0.2),
-    "top_k_top_p": dict(temperature=0.8, top_k=6, top_p=0.8),
-    "top_k_top_p_min_p": dict(temperature=0.8, top_k=5, top_p=0.9, min_p=0.05),
-    "top_p_min_p": dict(temperature=1.2, top_p=0.7, min_p=0.1),
-}
 
 
 def _params(**kw) -> SamplingParams:
@@ -51,24 +33,13 @@ def _logits(rows: int, values=BASE) -> torch.Tensor:
     return torch.tensor([values] * rows, dtype=torch.float32)
 
 
-def _expected(case: dict) -> np.ndarray:
-    top_k = case.get("top_k")
-    return reference_distribution(
-        BASE,
-        temperature=case.get("temperature", 1.0),
-        top_k=top_k if top_k is not None and top_k < V else None,
-        top_p=case.get("top_p", 1.0),
-        min_p=case.get("min_p", 0.0),
-    )
-
-
 @pytest.mark.parametrize("backend", CPU_BACKENDS)
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_unseeded_distribution(backend, name):
     case = CASES[name]
     sampler = Sampler(backend, generator=torch.Generator().manual_seed(1234))
     ids, _ = sample(sampler, _logits(DRAWS), [_params(**case) for _ in range(DRAWS)])
-    assert_matches_distribution(ids, _expected(case))
+    assert_matches_distribution(ids, expected_distribution(case))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -77,7 +48,7 @@ def test_seeded_distribution(name):
     case = CASES[name]
     params = [_params(sampling_seed=s, **case) for s in range(DRAWS)]
     ids, _ = sample(Sampler("pytorch"), _logits(DRAWS), params, positions=torch.full((DRAWS,), 7))
-    assert_matches_distribution(ids, _expected(case))
+    assert_matches_distribution(ids, expected_distribution(case))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -100,7 +71,7 @@ def test_backends_identical_support_sets():
         for case in CASES.values():
             sampler = Sampler(backend, generator=torch.Generator().manual_seed(5))
             ids, _ = sample(sampler, _logits(4000), [_params(**case) for _ in range(4000)])
-            assert set(ids.tolist()) == set(np.nonzero(_expected(case))[0].tolist()), (backend, case)
+            assert set(ids.tolist()) == set(np.nonzero(expected_distribution(case))[0].tolist()), (backend, case)
 
 
 def test_greedy_is_argmax_lowest_id_on_ties():
@@ -263,7 +234,7 @@ def test_raw_logprobs_ignore_temperature(monkeypatch):
 def test_processed_logprobs_renormalise_over_support():
     case = dict(temperature=0.8, top_k=5, top_p=0.9, min_p=0.05)
     ids, out = sample(Sampler(logprobs_mode="processed"), _logits(50), [_params(**case)] * 50, return_logprob=True, top_logprobs_nums=[V] * 50)
-    expected = _expected(case)
+    expected = expected_distribution(case)
     got = torch.zeros(V, dtype=torch.float64)
     got[out.next_token_top_logprobs_idx[0]] = out.next_token_top_logprobs_val[0].double().exp()
     np.testing.assert_allclose(got.numpy(), expected, atol=1e-6)
@@ -529,7 +500,7 @@ def test_flashinfer_backend_wiring(monkeypatch, name):
     case = CASES[name]
     n = 4000
     ids, _ = sample(Sampler("flashinfer", generator=torch.Generator().manual_seed(2)), _logits(n), [_params(**case)] * n)
-    assert set(ids.tolist()) == set(np.nonzero(_expected(case))[0].tolist())
+    assert set(ids.tolist()) == set(np.nonzero(expected_distribution(case))[0].tolist())
     if case.get("min_p"):
         assert calls == ["sampling_from_probs"]
     elif "top_k" in case or "top_p" in case:
@@ -668,7 +639,7 @@ def test_distribution_of_rows_in_a_mixed_batch(name):
     for i in range(DRAWS):
         params += [_params(**case), mates[i % 3], _params(sampling_seed=i, **case)]
     ids, _ = sample(Sampler(generator=torch.Generator().manual_seed(9)), _logits(len(params)), params, positions=torch.full((len(params),), 5))
-    assert_matches_distribution(ids[0::3], _expected(case))
-    assert_matches_distribution(ids[2::3], _expected(case))
+    assert_matches_distribution(ids[0::3], expected_distribution(case))
+    assert_matches_distribution(ids[2::3], expected_distribution(case))
     mate_ids = ids[1::3]
     assert set(mate_ids[0::3].tolist()) == {0} and set(mate_ids[1::3].tolist()) <= {0, 1, 2}
