@@ -217,7 +217,7 @@ def _force_token_processor() -> type:
     """Upstream's DeterministicLogitProcessor: every row samples its custom_params token_id.
     Upstream runs its file as __main__, so dill ships the class by value; under pytest a class of
     this module would be pickled as a reference to a module the server cannot import, so it is
-    built in a namespace named __main__ (as test_engine_e2e does)."""
+    built in a namespace named __main__ (as engine_utils.processor_shipped_by_value does)."""
     namespace = {"CustomLogitProcessor": CustomLogitProcessor, "__name__": "__main__"}
     exec(FORCE_TOKEN_SOURCE, namespace)  # noqa: S102 - test-only code written above
     return namespace["DeterministicLogitProcessor"]
