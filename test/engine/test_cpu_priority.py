@@ -6,8 +6,12 @@ from __future__ import annotations
 import os
 import re
 
+import pytest
+
 from engine_utils import generate_ok, greedy, running_server
 from sglang.srt.managers.scheduler import CPU_SCHEDULER_NICE
+
+pytestmark = pytest.mark.e2e
 
 
 def _nice_of_threads(pid: int) -> dict[int, int]:

@@ -16,6 +16,8 @@ from sglang.srt.layers.batch_invariant import ROW_BLOCK, batch_invariant, row_bl
 from sglang.srt.layers.linear import cpu_pack_supported, dense_matmul
 from sglang.srt.model_executor.model_runner import ModelRunner
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 FLAGS = (
     "--enable-deterministic-inference", "--chunked-prefill-size", "16", "--max-running-requests", "16",
     "--enable-custom-logit-processor",

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import concurrent.futures
 
+import pytest
 import requests
 
 from engine_utils import generate_ok, running_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 FLAGS = ("--chunked-prefill-size", "48", "--max-running-requests", "12")
 

@@ -10,6 +10,8 @@ import pytest
 import sglang as sgl
 from test_model_runner import _save_tiny
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 GREEDY = {"temperature": 0.0, "max_new_tokens": 6}
 
 

@@ -21,6 +21,8 @@ import sglang as sgl
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 from upstream_helpers import post_ok
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 SUNNY = "Today is a sunny day and I like"
 GREEDY8 = {"temperature": 0, "max_new_tokens": 8}
 

@@ -14,6 +14,8 @@ import requests
 from engine_utils import generate_ok, greedy, running_server
 from test_model_runner import _save_tiny
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 SYSTEM = (
     "You are a careful assistant for a small museum. Visitors ask about paintings, sculptures, "
     "opening hours, tickets and the history of the building, which was a railway station until "

@@ -19,6 +19,8 @@ import random
 import pytest
 from upstream_helpers import EXTRA_CONTEXT_LEN, post
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 pytest_plugins = ["upstream_servers"]
 
 

@@ -27,6 +27,8 @@ from engine_utils import free_port, running_server
 from flag_helpers import wait_until
 from scaling_utils import PROMPTS, model_flags, save_tiny_full_vocab
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 pytest.importorskip("sglang_router")
 
 NEW_TOKENS = 6

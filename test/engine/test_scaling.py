@@ -36,6 +36,8 @@ from sglang.srt.managers.io_struct import ReplicaLoad
 from sglang.srt.server_args import ServerArgs
 from test_tp import _comparable_requests, _run_concurrently
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 REPORT_WAIT_S = 30
 
 

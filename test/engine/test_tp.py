@@ -32,6 +32,8 @@ from sglang.srt.server_args import ServerArgs
 from test_model_runner import LOGIT_ATOL, _save_tiny
 from tp_workers import PROMPTS, collectives_worker, forward_logits, invariant_reduce_worker, logits_worker
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 TINY_CASE = "qwen3_head_dim_32_sharded"  # 4 heads, 2 KV heads, vocab 300, 14 safetensors shards
 TINY_TP_ATOL = 1e-4  # logits of |x| ~ 10: only the all-reduce's summation order differs
 FAVOURED = 10  # the token RankDependentProcessor pushes rank r towards: FAVOURED + r

@@ -30,6 +30,8 @@ import requests
 
 from engine_utils import generate, greedy, iter_stream, running_server
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 TIMEOUT = 600  # seconds per request: the machine is shared and slow
 BIASED_TOKEN = 16591  # "blue": a bias of 100 on it makes the unconstrained model repeat it
 

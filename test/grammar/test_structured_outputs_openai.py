@@ -18,6 +18,8 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
+pytestmark = pytest.mark.e2e
+
 MODEL = "smollm"
 MAX_TOKENS = 200  # enough for the JSON below to close (about 40 to 90 tokens)
 

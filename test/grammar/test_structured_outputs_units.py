@@ -78,6 +78,7 @@ def test_cpu_kernel_matches_reference_on_strided_rows_and_short_masks():
     assert torch.isinf(logits[0]).all() and torch.isinf(logits[1, 224:]).all() and torch.isfinite(logits[1, :224]).all()
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA only")
 def test_apply_matches_reference_cuda():
     gen = torch.Generator().manual_seed(1)

@@ -865,6 +865,7 @@ def _post(server: Any, path: str, body: dict[str, Any]) -> dict[str, Any]:
     return response.json()
 
 
+@pytest.mark.e2e
 def test_continue_final_message_continues_the_text_end_to_end(smollm_server: Any) -> None:
     messages = [
         {"role": "user", "content": "What is the capital of France?"},
@@ -891,6 +892,7 @@ def _banned_everywhere_but(kept: list[int], vocab: int = 49152) -> dict[str, Any
     return {"processor": DisallowedTokensLogitsProcessor.to_str(), "params": {"token_ids": banned}}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_masked_token_logprob_is_float32_min_on_every_route(smollm_server: Any, temperature: float) -> None:
     ban = _banned_everywhere_but([7042, 30])  # " Paris", "."

@@ -22,6 +22,8 @@ import pytest
 import requests
 from upstream_helpers import openai_client, served_model
 
+pytestmark = pytest.mark.e2e
+
 pytest_plugins = ["upstream_servers"]
 
 

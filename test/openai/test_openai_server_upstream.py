@@ -26,6 +26,8 @@ from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 from upstream_helpers import openai_client, post_ok, served_model
 
+pytestmark = pytest.mark.e2e
+
 
 PROMPT = "The capital of France is"
 MAX_TOKENS = 8

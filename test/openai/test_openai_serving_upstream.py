@@ -23,6 +23,8 @@ import requests
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 from upstream_helpers import served_model, sse_data
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def tokenizer(gguf_path: str):

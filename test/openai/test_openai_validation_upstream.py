@@ -25,6 +25,8 @@ import requests
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 from upstream_helpers import EXTRA_CONTEXT_LEN, openai_client, served_model
 
+pytestmark = pytest.mark.e2e
+
 pytest_plugins = ["upstream_servers"]
 
 MANY_NEW_TOKENS_PROMPT = """

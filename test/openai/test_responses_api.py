@@ -72,6 +72,7 @@ def output_text(response: dict[str, Any]) -> str:
 # ----------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.e2e
 def test_create_generates_from_the_templated_input(smollm_server: ServerProcess) -> None:
     body = create_ok(smollm_server, input="Name a fruit.", instructions="Answer in one word.", **GREEDY)
     expected = greedy_text(smollm_server, chatml(("user", "Name a fruit."), system="Answer in one word."))
@@ -90,6 +91,7 @@ def test_create_generates_from_the_templated_input(smollm_server: ServerProcess)
     assert (body["instructions"], body["max_output_tokens"], body["temperature"]) == ("Answer in one word.", 12, 0.0)
 
 
+@pytest.mark.e2e
 def test_create_matches_chat_completions_for_a_message_list(smollm_server: ServerProcess) -> None:
     messages = [
         {"role": "user", "content": "Hi"},
@@ -108,12 +110,14 @@ def test_create_matches_chat_completions_for_a_message_list(smollm_server: Serve
     assert output_text(body) == expected["text"]
 
 
+@pytest.mark.e2e
 def test_retrieve_returns_what_create_returned(smollm_server: ServerProcess) -> None:
     body = create_ok(smollm_server, input="Say hello.", metadata={"k": "v"}, **GREEDY)
     got = requests.get(f"{smollm_server.url}/v1/responses/{body['id']}", timeout=TIMEOUT)
     assert got.status_code == 200 and got.json() == body and body["metadata"] == {"k": "v"}
 
 
+@pytest.mark.e2e
 def test_stream_events_are_well_formed_and_deltas_make_the_text(smollm_server: ServerProcess) -> None:
     plain = create_ok(smollm_server, input="Count to five.", **GREEDY)
     response = create(smollm_server, input="Count to five.", stream=True, **GREEDY)
@@ -136,6 +140,7 @@ def test_stream_events_are_well_formed_and_deltas_make_the_text(smollm_server: S
     assert stored == final
 
 
+@pytest.mark.e2e
 def test_previous_response_id_continues_the_conversation(smollm_server: ServerProcess) -> None:
     first = create_ok(smollm_server, input="My name is Ada.", instructions="Be brief.", **GREEDY)
     second = create_ok(smollm_server, input="What is my name?", previous_response_id=first["id"], **GREEDY)
@@ -145,6 +150,7 @@ def test_previous_response_id_continues_the_conversation(smollm_server: ServerPr
     assert second["previous_response_id"] == first["id"]
 
 
+@pytest.mark.e2e
 def test_store_false_is_not_retrievable_and_delete_removes(smollm_server: ServerProcess) -> None:
     unstored = create_ok(smollm_server, input="hi", store=False, temperature=0.0, max_output_tokens=2)
     missing = requests.get(f"{smollm_server.url}/v1/responses/{unstored['id']}", timeout=TIMEOUT)
@@ -157,6 +163,7 @@ def test_store_false_is_not_retrievable_and_delete_removes(smollm_server: Server
     assert requests.delete(url, timeout=TIMEOUT).status_code == 404
 
 
+@pytest.mark.e2e
 def test_the_openai_client_works_unchanged(smollm_server: ServerProcess) -> None:
     client = openai.OpenAI(base_url=smollm_server.url + "/v1", api_key="unused", max_retries=0)
     response = client.responses.create(model="any", input="Name a colour.", temperature=0.0, max_output_tokens=8)
@@ -171,6 +178,7 @@ def test_the_openai_client_works_unchanged(smollm_server: ServerProcess) -> None
         client.responses.retrieve(response.id)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "body, status, param",
     [
@@ -199,12 +207,14 @@ def test_bad_requests_get_nested_errors_naming_the_field(
     assert error["param"] == param and error["code"] == status and error["message"], error
 
 
+@pytest.mark.e2e
 def test_engine_rejection_is_a_400_also_when_streaming(smollm_server: ServerProcess) -> None:
     for stream in (False, True):
         response = create(smollm_server, input="x", max_output_tokens=10**7, stream=stream)
         assert response.status_code == 400 and "context length" in response.json()["error"]["message"]
 
 
+@pytest.mark.e2e
 def test_unknown_or_malformed_ids(smollm_server: ServerProcess) -> None:
     assert requests.get(smollm_server.url + "/v1/responses/resp_nope", timeout=TIMEOUT).status_code == 404
     bad = requests.get(smollm_server.url + "/v1/responses/nope", timeout=TIMEOUT)

@@ -57,6 +57,7 @@ def labels(smollm_server: ServerProcess) -> list[int]:
 # ----------------------------------------------------------------------------- end to end
 
 
+@pytest.mark.e2e
 def test_scores_are_the_label_probabilities_after_query_then_item(
     smollm_server: ServerProcess, labels: list[int]
 ) -> None:
@@ -68,6 +69,7 @@ def test_scores_are_the_label_probabilities_after_query_then_item(
         assert all(0.0 <= s <= 1.0 for s in scores) and sum(scores) < 1.0  # the rest of the vocabulary
 
 
+@pytest.mark.e2e
 def test_apply_softmax_normalises_over_the_labels(smollm_server: ServerProcess, labels: list[int]) -> None:
     body = score(smollm_server, query=QUERY, items=ITEMS, label_token_ids=labels, apply_softmax=True)
     for item, scores in zip(ITEMS, body["scores"]):
@@ -77,6 +79,7 @@ def test_apply_softmax_normalises_over_the_labels(smollm_server: ServerProcess, 
         assert sum(scores) == pytest.approx(1.0, abs=1e-9)
 
 
+@pytest.mark.e2e
 def test_item_first_puts_the_item_before_the_query(smollm_server: ServerProcess, labels: list[int]) -> None:
     items = ["Tokyo", "Paris"]
     body = score(smollm_server, query=" is a city in", items=items, label_token_ids=labels, item_first=True)
@@ -85,6 +88,7 @@ def test_item_first_puts_the_item_before_the_query(smollm_server: ServerProcess,
         assert scores == pytest.approx(expected, rel=1e-3, abs=1e-12)
 
 
+@pytest.mark.e2e
 def test_token_id_inputs_are_concatenated_as_ids(smollm_server: ServerProcess, labels: list[int]) -> None:
     query = token_ids(smollm_server, QUERY)
     items = [token_ids(smollm_server, " to the flag"), token_ids(smollm_server, " of")]
@@ -97,6 +101,7 @@ def test_token_id_inputs_are_concatenated_as_ids(smollm_server: ServerProcess, l
     assert flipped["scores"][1] == pytest.approx(expected, rel=1e-3, abs=1e-12)
 
 
+@pytest.mark.e2e
 def test_a_single_text_item_and_the_response_fields(smollm_server: ServerProcess, labels: list[int]) -> None:
     body = score(smollm_server, query=QUERY, items=" to", label_token_ids=labels[:2], model="my-name")
     prompt_tokens = len(token_ids(smollm_server, QUERY + " to"))
@@ -108,11 +113,13 @@ def test_a_single_text_item_and_the_response_fields(smollm_server: ServerProcess
     assert score(smollm_server, query=QUERY, items=" to", label_token_ids=labels[:1])["model"] == served
 
 
+@pytest.mark.e2e
 def test_repeated_labels_get_the_same_score(smollm_server: ServerProcess, labels: list[int]) -> None:
     (scores,) = score(smollm_server, query=QUERY, items=[" to"], label_token_ids=[labels[0], labels[1], labels[0]])["scores"]
     assert scores[0] == scores[2] and scores[0] != scores[1]
 
 
+@pytest.mark.e2e
 def test_an_engine_rejection_is_a_400(smollm_server: ServerProcess, labels: list[int]) -> None:
     response = requests.post(
         smollm_server.url + "/v1/score", json={"query": "", "items": [""], "label_token_ids": labels}, timeout=TIMEOUT

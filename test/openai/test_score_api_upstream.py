@@ -23,6 +23,8 @@ import requests
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 from upstream_helpers import post_ok, served_model
 
+pytestmark = pytest.mark.e2e
+
 TOLERANCE = 0.01  # upstream: 1% between HF and SGLang
 
 

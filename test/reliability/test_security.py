@@ -9,11 +9,14 @@ import pickle
 import socket
 import struct
 
+import pytest
 import psutil
 import requests
 import zmq
 
 from reliability_utils import API_KEY
+
+pytestmark = pytest.mark.e2e
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 

@@ -21,6 +21,8 @@ from engine_utils import free_port, iter_stream
 
 from sglang.srt.entrypoints.http_server import ServerProcess
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 TEST_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # test/, which holds the helper modules
 PLUGINS = [f"logits_processor_plugins:{name}" for name in
            ("RecordingProcessor", "ForceTokenProcessor", "RaisingProcessor", "FirstPromptProcessor")]

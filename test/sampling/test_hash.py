@@ -194,6 +194,7 @@ def test_gumbel_finite_at_u_equal_zero():
     assert g == pytest.approx(-math.log(torch.finfo(torch.float64).max))  # ~ -709.78
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_cpu():
     gen = torch.Generator().manual_seed(0)

@@ -394,6 +394,7 @@ def test_merge_of_two_unrequired_sides_is_a_no_op() -> None:
     assert not left.is_required
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_width_bound_retightens_on_cuda_without_a_sync() -> None:
     counts = TokenCounts.from_lists([[1, 2, 3, 4, 5], [1]], "cuda")
@@ -413,6 +414,7 @@ def test_width_bound_retightens_on_cuda_without_a_sync() -> None:
     assert counts.width == 2 and counts.ids.tolist() == [[1, 7]]
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_hot_path_does_not_sync_the_device() -> None:
     params = dict(

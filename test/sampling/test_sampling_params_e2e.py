@@ -10,6 +10,8 @@ import pytest
 from engine_utils import generate, generate_ok, greedy, processor_shipped_by_value, running_server, stream_chunks
 from sglang.srt.managers.tokenizer_manager import derive_child_seed
 
+pytestmark = pytest.mark.e2e
+
 PROMPT = "The capital of France is"
 REPETITIVE = "one two three one two three one two three one two three one two three"
 CHAT_SHORT = "<|im_start|>user\nSay only the word yes.<|im_end|>\n<|im_start|>assistant\n"

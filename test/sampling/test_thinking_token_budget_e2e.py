@@ -18,6 +18,8 @@ from fake_scheduler import build_test_tokenizer
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmark"))
 from random_checkpoint import write_qwen3_checkpoint  # noqa: E402
 
+pytestmark = pytest.mark.e2e
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}"

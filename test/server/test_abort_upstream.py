@@ -20,9 +20,12 @@ import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
+import pytest
 import requests
 from flag_helpers import wait_until
 from upstream_helpers import post_ok
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def _flush(server) -> int:

@@ -16,9 +16,12 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
+import pytest
 import requests
 from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
 from upstream_helpers import EXTRA_CHUNKED_PREFILL, post_ok, sse_data
+
+pytestmark = pytest.mark.e2e
 
 pytest_plugins = ["upstream_servers"]
 

@@ -25,6 +25,8 @@ from sglang.srt.managers.io_struct import BatchTokenOut, TokenOut
 from sglang.srt.managers.tokenizer_manager import derive_child_seed
 from sglang.srt.sampling.custom_logit_processor import DISABLED_MESSAGE
 
+pytestmark = pytest.mark.e2e
+
 TEST_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # test/, which holds the helper modules
 API_KEY = "test-secret"
 TIMEOUT = 30

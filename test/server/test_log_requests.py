@@ -13,6 +13,8 @@ from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.request_logger import RequestLogger, truncated_repr
 from sglang.srt.server_args import ServerArgs, prepare_server_args
 
+pytestmark = pytest.mark.e2e
+
 pytest_plugins = ["flag_servers"]  # one set of servers for the flag tests of a session
 
 REQ = GenerateReqInput(text="hello world", sampling_params={"temperature": 0.5}, rid="r-1")

@@ -12,6 +12,8 @@ import requests
 
 from engine_utils import generate, generate_ok, greedy, running_server, stream_chunks
 
+pytestmark = pytest.mark.e2e
+
 PROMPTS = [f"Write a short sentence about the number {i}." for i in range(8)]
 
 NATIVE_BAD = [

@@ -14,6 +14,8 @@ import requests
 from flag_helpers import CHAT_SHORT, EOS, PROMPT, post, post_ok, stream, token_ids
 from sglang.srt.server_args import ServerArgs, prepare_server_args
 
+pytestmark = pytest.mark.e2e
+
 pytest_plugins = ["flag_servers"]  # one set of servers for the flag tests of a session
 
 

@@ -20,6 +20,8 @@ import requests
 from flag_helpers import CHAT_SHORT, post_ok, stream
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
+pytestmark = pytest.mark.e2e
+
 pytest_plugins = ["flag_servers"]
 
 PROMPT = "The capital of France is"

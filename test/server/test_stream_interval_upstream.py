@@ -12,6 +12,8 @@ import pytest
 import requests
 from upstream_helpers import EXTRA_STREAM_INTERVAL, post
 
+pytestmark = pytest.mark.e2e
+
 pytest_plugins = ["upstream_servers"]
 
 BODY = {"text": "The capital of France is", "sampling_params": {"temperature": 0, "max_new_tokens": 32}}

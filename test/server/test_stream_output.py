@@ -12,6 +12,8 @@ import pytest
 from flag_helpers import CHAT_SHORT, PROMPT, post_ok, stream
 from sglang.srt.server_args import ServerArgs, prepare_server_args
 
+pytestmark = pytest.mark.e2e
+
 pytest_plugins = ["flag_servers"]  # one set of servers for the flag tests of a session
 
 

@@ -13,6 +13,8 @@ import pytest
 import requests
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def tokenizer(gguf_path: str):
