@@ -48,14 +48,16 @@ def test_engine_token_ids_consistency(engine, gguf_path) -> None:
 
 def test_sync_async_stream_combination(engine) -> None:
     prompt = "AI safety is"
-    params = {"temperature": 0.8, "top_p": 0.95, "max_new_tokens": 16}
+    # Seeded, so that the four ways of asking give the same text.
+    params = {"temperature": 0.8, "top_p": 0.95, "max_new_tokens": 16, "sampling_seed": 7}
 
     # 1. sync, not streamed
-    assert isinstance(engine.generate(prompt, params)["text"], str)
+    text = engine.generate(prompt, params)["text"]
 
     # 2. sync, streamed: each chunk's text extends the previous one
     texts = [chunk["text"] for chunk in engine.generate(prompt, params, stream=True)]
     assert texts and all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+    assert texts[-1] == text
 
     async def run() -> tuple[dict, list[str]]:
         # 3. async, not streamed
@@ -66,8 +68,9 @@ def test_sync_async_stream_combination(engine) -> None:
         return result, chunks
 
     result, chunks = asyncio.run(run())
-    assert isinstance(result["text"], str)
+    assert result["text"] == text
     assert chunks and all(b.startswith(a) for a, b in zip(chunks, chunks[1:]))
+    assert chunks[-1] == text
 
 
 def test_engine_cpu_offload(engine, gguf_path) -> None:

@@ -31,6 +31,7 @@ pytestmark = pytest.mark.e2e
 
 PROMPT = "The capital of France is"
 MAX_TOKENS = 8
+PENALTY_TOKENS = 32  # long enough for the greedy answer to repeat a token
 # Upstream forces token ids 0..31 and 5 of Llama 3 ('!'..'@' and '&'); in SmolLM2 those
 # characters are ids 17..48 and 22 (its ids 0..16 are added tokens such as <|im_end|>).
 UPSTREAM_TOKENS_0_TO_31 = range(17, 49)
@@ -95,7 +96,8 @@ def test_completion(client, model, tokenizer, echo, logprobs, use_list_input, pa
             assert lp.token_logprobs[0]
     assert response.id and response.created
     assert response.usage.prompt_tokens == num_prompt_tokens
-    assert response.usage.completion_tokens > 0 and response.usage.total_tokens > 0
+    assert 0 < response.usage.completion_tokens <= MAX_TOKENS * num_choices * parallel_sample_num
+    assert response.usage.total_tokens == response.usage.prompt_tokens + response.usage.completion_tokens
 
 
 @pytest.mark.parametrize("echo, logprobs, use_list_input, parallel_sample_num, token_input", COMPLETION_CASES)
@@ -194,12 +196,16 @@ def test_chat_completion_stream(client, model, logprobs, parallel_sample_num) ->
 
 
 def test_penalty(client, model) -> None:
-    response = client.chat.completions.create(
-        model=model,
-        messages=[CHAT_MESSAGES[0], {"role": "user", "content": "Introduce the capital of France."}],
-        temperature=0, max_tokens=MAX_TOKENS, frequency_penalty=1.0,
-    )
-    assert isinstance(response.choices[0].message.content, str)
+    """frequency_penalty reaches sampling: the penalised greedy answer is not the unpenalised one."""
+    def answer(**penalty: float) -> str:
+        response = client.chat.completions.create(
+            model=model,
+            messages=[CHAT_MESSAGES[0], {"role": "user", "content": "Introduce the capital of France."}],
+            temperature=0, max_tokens=PENALTY_TOKENS, **penalty,
+        )
+        return response.choices[0].message.content
+
+    assert answer(frequency_penalty=1.0) != answer()
 
 
 PRODUCT = """
@@ -268,18 +274,24 @@ def _response_payload(model: str, input_text: str = PROMPT, **overrides: Any) ->
     return {k: v for k, v in payload.items() if v is not None}
 
 
-def _check_response(resp) -> None:
+def _check_response(resp, server, tokenizer, max_output_tokens: int) -> None:
+    """The response's fields, and its text and token counts equal to /generate on the templated input."""
     assert resp.id
     assert resp.object == "response"
     assert resp.created_at
     assert isinstance(resp.model, str)
     assert isinstance(resp.output, list)
-    assert resp.status in ("completed", "in_progress", "queued", "failed", "cancelled")
-    if resp.status == "completed":
-        assert resp.usage is not None
-        assert resp.usage.prompt_tokens >= 0  # SGLang's names, next to OpenAI's input/output_tokens
-        assert resp.usage.completion_tokens >= 0
-        assert resp.usage.total_tokens >= 0
+    assert resp.status == "completed"  # a synchronous create answers when generation ends
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], tokenize=False,
+                                             add_generation_prompt=True)
+    reference = post_ok(server, "/generate", {
+        "text": rendered, "sampling_params": {"temperature": 0, "max_new_tokens": max_output_tokens},
+    })
+    assert resp.output_text == reference["text"]
+    usage = resp.usage  # SGLang's prompt/completion names next to OpenAI's input/output_tokens
+    assert usage.prompt_tokens == usage.input_tokens == len(tokenizer.encode(rendered, add_special_tokens=False))
+    assert usage.completion_tokens == usage.output_tokens == reference["meta_info"]["completion_tokens"]
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
     assert getattr(resp, "error", None) is None
     assert getattr(resp, "incomplete_details", None) is None
     text = getattr(resp, "text", None)
@@ -304,8 +316,9 @@ def _run_response_stream(client, model: str, **overrides: Any) -> tuple[str, boo
     return text, created, in_progress, completed
 
 
-def test_response(client, model) -> None:
-    _check_response(client.responses.create(**_response_payload(model, max_output_tokens=32)))
+def test_response(client, model, smollm_server, tokenizer) -> None:
+    _check_response(client.responses.create(**_response_payload(model, max_output_tokens=32)), smollm_server,
+                    tokenizer, 32)
 
 
 def test_response_stream(client, model) -> None:
@@ -313,14 +326,14 @@ def test_response_stream(client, model) -> None:
     assert created, "no response.created"
     assert in_progress, "no response.in_progress"
     assert completed, "no response.completed"
-    assert isinstance(text, str)
+    assert text == client.responses.create(**_response_payload(model, max_output_tokens=32)).output_text
 
 
 def test_response_completion(client, model) -> None:
     resp = client.responses.create(**_response_payload(model, max_output_tokens=16))
-    assert resp.status in ("completed", "in_progress", "queued")
-    if resp.status == "completed":
-        assert resp.usage is not None and resp.usage.total_tokens >= 0
+    assert resp.status == "completed"
+    assert 0 < resp.usage.output_tokens <= 16
+    assert resp.usage.total_tokens == resp.usage.input_tokens + resp.usage.output_tokens
 
 
 def test_response_completion_stream(client, model) -> None:
@@ -339,16 +352,18 @@ def test_response_error(smollm_server, model) -> None:
 
 
 def test_response_penalty(smollm_server, model) -> None:
-    r = requests.post(smollm_server.url + "/v1/responses", json={
-        "model": model, "input": "Introduce the capital of France.", "temperature": 0, "max_output_tokens": 32,
-        "frequency_penalty": 1.0,
-    }, timeout=300)
-    assert r.status_code == 200, r.text
-    body = r.json()
-    assert body.get("object") == "response"
-    assert "output" in body and "status" in body
-    if "usage" in body:
-        assert "prompt_tokens" in body["usage"] and "total_tokens" in body["usage"]
+    """frequency_penalty reaches sampling on /v1/responses: the penalised greedy text changes."""
+    def answer(**penalty: float) -> str:
+        r = requests.post(smollm_server.url + "/v1/responses", json={
+            "model": model, "input": "Introduce the capital of France.", "temperature": 0,
+            "max_output_tokens": PENALTY_TOKENS, **penalty,
+        }, timeout=300)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["object"] == "response" and body["status"] == "completed"
+        return "".join(part["text"] for item in body["output"] for part in item["content"])
+
+    assert answer(frequency_penalty=1.0) != answer()
 
 
 # ----------------------------------------------------------- TestOpenAIServerCustomLogitProcessor
