@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from reliability_utils import LONG, replay_mismatches, run_load, server_rss_mib, wait_idle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -9,8 +9,8 @@ import pickle
 import socket
 import struct
 
-import pytest
 import psutil
+import pytest
 import requests
 import zmq
 
