@@ -30,7 +30,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$OUT/device.txt"
 python3 -c "import torch, triton, flashinfer.sampling as s; print('torch', torch.__version__, 'triton', triton.__version__, 'flashinfer sampling ok')" 2>&1 | tee -a "$OUT/device.txt"
 # Bounded, so that a hung test still leaves the benchmark its time. GPU_CHECK_TESTS narrows the
 # pytest arguments for a focused iteration.
-TESTS=${GPU_CHECK_TESTS:-"test/test_sgl_kernel_ext.py test/test_sampler_cuda.py test/test_hash.py test/test_penaltylib.py test/test_decode_attention.py"}
+TESTS=${GPU_CHECK_TESTS:-"test/kernels/test_sgl_kernel_ext.py test/gpu/test_sampler_cuda.py test/sampling/test_hash.py test/sampling/test_penaltylib.py test/kernels/test_decode_attention.py"}
 # shellcheck disable=SC2086  # TESTS is a word list
 timeout 300 python3 -m pytest -q -p no:cacheprovider --durations=5 $TESTS
 python3 benchmark/bench_sampler.py --device cuda --no-hf --cases greedy topk_topp topp minp penalties --out-dir "$OUT" "$@"

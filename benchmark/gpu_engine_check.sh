@@ -32,20 +32,20 @@ git log -1 --format='commit %h %s' 2>/dev/null || true
 case "$phase" in
   tests)
     timeout 300 python3 -m pytest -q -p no:cacheprovider --durations=5 \
-      test/test_paged_attention.py test/test_fused_layer_kernels.py test/test_decode_attention.py \
-      test/test_sgl_kernel_ext.py test/test_sampler_cuda.py test/test_hash.py test/test_penaltylib.py \
-      test/test_cuda_graph_runner.py test/test_sampling_graph.py
+      test/kernels/test_paged_attention.py test/kernels/test_fused_layer_kernels.py test/kernels/test_decode_attention.py \
+      test/kernels/test_sgl_kernel_ext.py test/gpu/test_sampler_cuda.py test/sampling/test_hash.py test/sampling/test_penaltylib.py \
+      test/kernels/test_cuda_graph_runner.py test/sampling/test_sampling_graph.py
     timeout 420 python3 benchmark/gpu_engine_check.py --out "$OUT" --tokenizer .carry_engine/tokenizer "$@"
     timeout 300 python3 benchmark/gpu_sampling_graph_check.py --out-dir "$OUT/sampling_graph"
     ;;
   cache)
-    timeout 60 python3 -m pytest -q -p no:cacheprovider test/test_radix_cache.py
+    timeout 60 python3 -m pytest -q -p no:cacheprovider test/engine/test_radix_cache.py
     timeout 330 python3 benchmark/gpu_prefix_cache_check.py --out-dir "$OUT/prefix_cache"
     timeout 200 python3 benchmark/gpu_sampling_graph_check.py --out-dir "$OUT/sampling_graph"
     ;;
   grammar)
-    timeout 200 python3 -m pytest -q -p no:cacheprovider test/test_structured_outputs_units.py \
-      test/test_sampling_batch_info.py test/test_sampler_cuda.py test/test_sampling_graph.py
+    timeout 200 python3 -m pytest -q -p no:cacheprovider test/grammar/test_structured_outputs_units.py \
+      test/sampling/test_sampling_batch_info.py test/gpu/test_sampler_cuda.py test/sampling/test_sampling_graph.py
     timeout 480 python3 benchmark/gpu_grammar_check.py --tokenizer .carry_engine/tokenizer --out-dir "$OUT/grammar"
     ;;
   grammar-bench)

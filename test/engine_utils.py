@@ -8,6 +8,7 @@ from typing import Any, Iterator
 
 import requests
 
+from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
 from sglang.test.server_process import ServerProcess, free_port
 
 
@@ -58,3 +59,12 @@ def greedy(max_new_tokens: int = 16, **params: Any) -> dict[str, Any]:
 def output_ids(result: dict) -> list[int]:
     return result["output_ids"]
 
+
+def processor_shipped_by_value(body: str) -> type:
+    """A processor class the server cannot import, so dill carries its code: built in a
+    namespace named __main__, because a class from a test module would pickle a reference to
+    a module the server does not have."""
+    namespace = {"CustomLogitProcessor": CustomLogitProcessor, "__name__": "__main__"}
+    source = f"class Processor(CustomLogitProcessor):\n    def __call__(self, logits, custom_param_list):\n        {body}\n"
+    exec(source, namespace)  # noqa: S102 - test-only code we wrote above
+    return namespace["Processor"]

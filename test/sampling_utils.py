@@ -1,4 +1,5 @@
-"""Shared builders for sampler tests: batches of Reqs and an independent reference distribution."""
+"""Shared builders for sampler tests: batches of Reqs, an independent reference distribution and the
+distribution cases the CPU and CUDA sampler tests share."""
 
 from __future__ import annotations
 
@@ -98,3 +99,36 @@ def assert_matches_distribution(ids: torch.Tensor, expected: np.ndarray, *, min_
         assert stat.pvalue > min_p_value, (counts.tolist(), (expected * counts.sum()).round(1).tolist())
     tv = 0.5 * np.abs(counts / counts.sum() - expected).sum()
     assert tv < 0.03, f"total variation {tv:.4f}"
+
+
+# The distribution cases of the CPU and CUDA sampler tests.
+# A tie at 1.5 (ranks 2 and 3) and a -inf token that must never be drawn.
+BASE = [2.0, 1.5, 1.5, 1.0, 0.5, 0.2, 0.0, -0.3, -1.0, -2.0, -3.0, float("-inf")]
+V = len(BASE)
+DRAWS = 20_000
+
+CASES = {
+    "temperature_0.7": dict(temperature=0.7),
+    "temperature_1.5": dict(temperature=1.5),
+    "top_k_2_keeps_tie": dict(top_k=2),
+    "top_k_5": dict(top_k=5),
+    "top_k_above_vocab": dict(top_k=1000),
+    "top_p_0.6": dict(top_p=0.6),
+    "top_p_0.95": dict(top_p=0.95),
+    "min_p_0.2": dict(min_p=0.2),
+    "top_k_top_p": dict(temperature=0.8, top_k=6, top_p=0.8),
+    "top_k_top_p_min_p": dict(temperature=0.8, top_k=5, top_p=0.9, min_p=0.05),
+    "top_p_min_p": dict(temperature=1.2, top_p=0.7, min_p=0.1),
+}
+
+
+def expected_distribution(case: dict) -> np.ndarray:
+    """The reference distribution over BASE of one of CASES."""
+    top_k = case.get("top_k")
+    return reference_distribution(
+        BASE,
+        temperature=case.get("temperature", 1.0),
+        top_k=top_k if top_k is not None and top_k < V else None,
+        top_p=case.get("top_p", 1.0),
+        min_p=case.get("min_p", 0.0),
+    )

@@ -1,4 +1,4 @@
-"""Helpers and constants of the ports of SGLang's upstream tests (test_upstream_*.py); the
+"""Helpers and constants of the ports of SGLang's upstream tests (test/*/test_*_upstream.py); the
 extra server they share is the upstream_servers plugin."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Shared pieces of the ports of SGLang's upstream tests (test_upstream_*.py).
+"""Shared pieces of the ports of SGLang's upstream tests (test/*/test_*_upstream.py).
 
 A pytest plugin (modules name it in `pytest_plugins`): one extra real server, started once per
 session, for the upstream tests that need launch flags the shared `smollm_server` does not have:

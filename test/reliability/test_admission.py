@@ -13,6 +13,8 @@ import requests
 
 from reliability_utils import Record, server, stream_request, wait_for_load, wait_idle
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 CONTEXT = 256
 BODY_LIMIT = 100_000
 LONG_RUN = 3000  # tokens: minutes of CPU decoding, so these requests are running while the test acts

@@ -12,6 +12,8 @@ import requests
 
 from reliability_utils import LONG, Record, kill_streams, metric, stream_request, wait_for_load, wait_idle
 
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
 KILLS = 1000 if LONG else 200  # CI: 200 (1,000 took over 30 min on the shared 2-core machine); the soak: 1,000
 CLIENT_CLOSED = {"reason": "ClientClosedRequest"}
 

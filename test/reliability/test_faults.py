@@ -9,10 +9,13 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import requests
 
 from reliability_utils import PROMPTS, metric, replay_mismatches, Record, sampling_params, server, wait_idle
 from sglang.srt.managers.step_failures import INJECTED_FAULT, STEP_FAULT_ENV
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 STEP_ERROR = {"reason": "StepError"}
 NO_LIMIT = ("--step-failure-limit", "1000", "--step-failure-window", "100")

@@ -7,12 +7,15 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 import requests
 import schemathesis
 from hypothesis import HealthCheck, given, settings, strategies as st
 from schemathesis import GenerationMode
 
 from reliability_utils import API_KEY, LONG
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 FUZZED_PATHS = "^/(generate|v1/completions|v1/chat/completions|v1/responses)$"
 EXAMPLES = 400 if LONG else 15

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from reliability_utils import LONG, replay_mismatches, run_load, server_rss_mib, wait_idle
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 REPLAY_SAMPLE = 64  # short version: this many completed requests replayed; long: all
 # The KV pool is resident from launch, so a minute of load should leave RSS where it was; a

@@ -10,10 +10,13 @@ import socket
 import struct
 
 import psutil
+import pytest
 import requests
 import zmq
 
 from reliability_utils import API_KEY
+
+pytestmark = pytest.mark.e2e
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
