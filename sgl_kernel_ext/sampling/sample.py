@@ -28,7 +28,7 @@ Two launches, no host synchronisation, every decision per row on the device:
      top-k or top-p is set), then Gumbel over the whole row, which takes two more launches:
   3. full draw (grid B x chunks): for full-row rows only, each chunk's best Gumbel score and its
      token, and its kept mass (the Gumbel scores are float64 hashes, too slow for one CTA over a
-     whole row: a flat row with min-p, e.g. high temperature, used to take ~200 µs there);
+     whole row, e.g. a flat row with min-p at high temperature);
   4. full reduce (grid B): the row's token (best score, lowest id on ties) and kept logsumexp.
 """
 

@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 from typing import Iterator, Optional
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"sglang": ROOT / "python" / "sglang", "sgl_kernel_ext": ROOT / "sgl_kernel_ext"}
 LOWER_LAYERS = tuple(
     f"sglang.srt.{name}" for name in ("model_executor", "layers", "sampling", "mem_cache", "metrics")

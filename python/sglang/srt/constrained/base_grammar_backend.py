@@ -78,8 +78,8 @@ class BaseGrammarObject(ABC):
     @classmethod
     def fill_vocab_masks(cls, grammars: list["BaseGrammarObject"], bitmask: torch.Tensor, rows: list[int], parallel: bool) -> None:
         """Fill `rows` of a host bitmask from grammars of this class. `parallel`: the library may
-        use its own threads (not when the model runs on the CPU, whose OpenMP team owns the cores:
-        measured on 2 cores, threaded fills took 5-20x longer at the p90)."""
+        use its own threads (not when the model runs on the CPU, whose OpenMP team owns the cores and
+        would make threaded fills wait; docs/structured_outputs.md)."""
         if parallel and len(grammars) > 1:
             cls.fill_vocab_masks_threaded(grammars, bitmask, rows)
             return

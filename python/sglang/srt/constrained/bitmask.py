@@ -3,8 +3,8 @@
 Layout (xgrammar's and llguidance's): [B, ceil(V / 32)] int32, bit `t % 32` of word `t // 32` set
 when token t is allowed; a row without a grammar is all ones. Tokens past 32 * W are masked.
 
-Applying it is our Triton kernel on CUDA and our C kernel on the CPU (both measured faster than
-xgrammar's kernels), chosen once per device type; `apply_token_bitmask_reference`
+Applying it is our Triton kernel on CUDA and our C kernel on the CPU (faster than xgrammar's
+kernels: docs/benchmarks.md), chosen once per device type; `apply_token_bitmask_reference`
 (sgl_kernel_ext/sampling/bitmask.py) is the plain torch definition the tests compare them with.
 """
 
@@ -40,9 +40,8 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
 
 
 def _choose_apply(device_type: str) -> Callable[[torch.Tensor, torch.Tensor], None]:
-    """Ours on both: the C kernel on the CPU (about 7x faster than xgrammar's C++ kernel and than
-    torch at B = 16, V = 49152 on the 2-core machine) and the Triton kernel on CUDA (faster than
-    xgrammar's Triton kernel per step, docs/benchmarks.md); the reference elsewhere."""
+    """Ours on both: the C kernel on the CPU and the Triton kernel on CUDA (each faster than
+    xgrammar's and torch's, docs/benchmarks.md); the reference elsewhere."""
     if device_type == "cpu":
         return _apply_cpu
     if device_type == "cuda":

@@ -41,7 +41,7 @@ class VocabParallelEmbedding(nn.Module):
         param.data[rows:].zero_()
 
     # The LM-head matmul is the largest of a decode step: on CPU it runs from oneDNN's blocked
-    # layout (~3x faster than dense) or, for few rows, from the weight's integer blocks. Both are
+    # layout (faster than dense, docs/cpu_kernels.md) or, for few rows, from the weight's integer blocks. Both are
     # copies, because the dense rows still serve embedding lookups (tied heads).
     _packed: Optional[torch.Tensor] = None
     _blocks: Optional[BlockQuantWeight] = None

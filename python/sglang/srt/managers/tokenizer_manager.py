@@ -157,7 +157,7 @@ class TokenizerManager:
         self._send_sock.setsockopt(zmq.LINGER, 0)
         self._send_sock.connect(port_args.scheduler_input_ipc)
         # Read from the loop's own reader callbacks, not zmq.asyncio, whose futures and flag
-        # enums cost ~0.3 ms of CPU per message: a streamed token's message on 2 cores.
+        # enums cost CPU on every streamed token's message (docs/serving.md).
         self._decode_results = _results_decoder(server_args.detokenizer_process(), tokenizer)
         self._results = results_source(server_args, port_args, self._sync_ctx, self._on_results)
         self._states: dict[str, _ReqState] = {}
