@@ -45,6 +45,9 @@ class ModelConfig:
     # Checkpoint dtype name ("bfloat16", ...); None when the file does not say (GGUF is quantised).
     dtype: Optional[str] = None
     bos_token_id: Optional[int] = None
+    # The checkpoint's config.json as read ({} for GGUF): family-specific keys (soft-capping,
+    # sliding windows, expert counts, ...) are read by the model class that uses them.
+    hf_config: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_path(cls, model_path: str, context_length: Optional[int] = None) -> "ModelConfig":
@@ -98,6 +101,7 @@ def _from_hf_folder(folder: str) -> ModelConfig:
         rope_scaling=_hf_rope_scaling(cfg),
         dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
         bos_token_id=cfg.get("bos_token_id"),
+        hf_config=cfg,
     )
 
 
