@@ -17,6 +17,13 @@ SCHEDULE_POLICY_CHOICES = ("lpm", "random", "fcfs", "dfs-weight", "lof", "priori
 SCHEDULE_POLICY_SUPPORTED = ("fcfs", "lpm")
 LOG_REQUESTS_LEVELS = (0, 1, 2, 3)
 GRAMMAR_BACKEND_CHOICES = ("xgrammar", "llguidance", "none")
+# --load-format: ours, and the rest of SGLang 0.5.23's LoadFormat values (refused by name).
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+SGLANG_LOAD_FORMATS = LOAD_FORMATS + (
+    "pt", "instanttensor", "npcache", "sharded_state", "presharded", "expert_pack", "bitsandbytes", "mistral",
+    "layered", "flash_rl", "jax", "remote", "remote_instance", "rdma", "local_cached", "fastsafetensors", "private",
+    "runai_streamer", "ipc_cache",
+)
 ATTENTION_BACKEND_CHOICES = ("triton", "torch_native", "cpu", "flashinfer")
 LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue", "minimum_tokens")
 
@@ -32,6 +39,7 @@ class ServerArgs:
     host: str = "127.0.0.1"
     port: int = 30000
     dtype: str = "auto"
+    load_format: str = "auto"
     device: Optional[str] = None
     tp_size: int = 1
     dist_timeout: int = 300
@@ -172,6 +180,12 @@ class ServerArgs:
             raise ValueError(f"--cpu-int8-activations applies to the CPU engine only, got --device {self.device}.")
         if self.max_top_logprobs_num < 0:
             raise ValueError(f"--max-top-logprobs-num must be >= 0, got {self.max_top_logprobs_num}.")
+        if self.load_format not in LOAD_FORMATS:
+            known = "SGLang's" if self.load_format in SGLANG_LOAD_FORMATS else "an unknown"
+            raise ValueError(
+                f"--load-format {self.load_format!r} is {known} format that this server does not implement; "
+                f"supported: {', '.join(LOAD_FORMATS)}."
+            )
         self.preferred_sampling_params_dict()
 
     def _validate_parallelism(self) -> None:
@@ -262,6 +276,9 @@ class ServerArgs:
         add("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"],
             help="Weight and activation dtype; auto = float32 on CPU, bfloat16 on CUDA.")
         add("--context-length", type=int, default=d.context_length, help="Maximum tokens per request; default from the model config.")
+        add("--load-format", default=d.load_format,
+            help="auto (by the model path), safetensors, gguf, or dummy (random weights from config.json alone, "
+            "for benchmarks of large shapes); SGLang's other values are refused.")
 
         group = parser.add_argument_group("Device and parallelism")
         add = group.add_argument

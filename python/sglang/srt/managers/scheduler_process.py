@@ -71,6 +71,7 @@ def start_forward_worker(
         ModelRunner,
         args.model_path,
         dtype=args.dtype,
+        load_format=args.load_format,
         device=str(device),
         context_length=args.context_length,
         max_total_tokens=args.max_total_tokens,

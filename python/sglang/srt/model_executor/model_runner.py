@@ -58,6 +58,7 @@ class ModelRunner:
         model_path: str,
         *,
         dtype: str = "auto",
+        load_format: str = "auto",
         device: str = "cpu",
         context_length: Optional[int] = None,
         max_total_tokens: Optional[int] = None,
@@ -89,7 +90,8 @@ class ModelRunner:
         if self.device.type == "cpu":
             _build_cpu_kernels()
         self.model = load_model(
-            self.model_config, model_path, self.dtype, self.device, tp_rank, tp_size, int8_activations=cpu_int8_activations
+            self.model_config, model_path, self.dtype, self.device, tp_rank, tp_size, int8_activations=cpu_int8_activations,
+            load_format=load_format,
         )
         self.mem_fraction_static = mem_fraction_static
         self._init_pools(max_total_tokens, max_running_requests)

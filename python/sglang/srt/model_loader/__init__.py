@@ -1,4 +1,5 @@
-"""Build a model for a ModelConfig and fill its weights from GGUF or safetensors."""
+"""Build a model for a ModelConfig and fill its weights from GGUF, safetensors, or (load format
+`dummy`) small random values."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ from sglang.srt.model_loader.gguf_loader import iter_gguf_weights
 from sglang.srt.model_loader.safetensors_loader import iter_safetensors_weights
 from sglang.srt.models.registry import get_model_class
 
+# Dummy weights are uniform in [-DUMMY_RANGE, DUMMY_RANGE] (small, so activations stay finite).
+DUMMY_RANGE = 1e-3
+DUMMY_SEED = 0
+
 
 def load_model(
     config: ModelConfig,
@@ -22,18 +27,40 @@ def load_model(
     tp_rank: int = 0,
     tp_size: int = 1,
     int8_activations: bool = False,
+    load_format: str = "auto",
 ) -> nn.Module:
     """The model on `device` in `dtype`, holding this TP rank's shard of every weight.
-    int8_activations: CPU linears with GGUF integer blocks round their inputs to 8 bits."""
+    int8_activations: CPU linears with GGUF integer blocks round their inputs to 8 bits.
+    load_format: auto / safetensors / gguf (must match the path) or dummy (random weights)."""
+    _check_load_format(load_format, config)
     with torch.device(device):
         model = get_model_class(config.arch)(config, dtype=dtype, tp_rank=tp_rank, tp_size=tp_size)
-    if config.format == "gguf":
-        weights = iter_gguf_weights(model_path, config)
+    if load_format == "dummy":
+        init_dummy_weights(model, seed=DUMMY_SEED + tp_rank)
+    elif config.format == "gguf":
+        model.load_weights(iter_gguf_weights(model_path, config))
     else:
-        weights = iter_safetensors_weights(model_path)
-    model.load_weights(weights)
+        model.load_weights(iter_safetensors_weights(model_path))
     with block_quant_int8_activations(int8_activations):
         for module in model.modules():
             if hasattr(module, "process_weights_after_loading"):
                 module.process_weights_after_loading()
     return model.eval()
+
+
+def _check_load_format(load_format: str, config: ModelConfig) -> None:
+    if load_format == "dummy" and config.format == "gguf":
+        raise ValueError("--load-format dummy needs a folder with config.json, not a GGUF file.")
+    if load_format in ("safetensors", "gguf") and load_format != config.format:
+        raise ValueError(f"--load-format {load_format} does not match the model path, which is {config.format}.")
+
+
+@torch.no_grad()
+def init_dummy_weights(model: nn.Module, seed: int) -> None:
+    """Every parameter uniform in [-DUMMY_RANGE, DUMMY_RANGE], drawn in float32 and cast to the
+    parameter's dtype (float8 parameters included); one seed per parameter, in order."""
+    for param in model.parameters():
+        generator = torch.Generator(param.device).manual_seed(seed)
+        values = torch.empty(param.shape, dtype=torch.float32, device=param.device)
+        param.copy_(values.uniform_(-DUMMY_RANGE, DUMMY_RANGE, generator=generator).to(param.dtype))
+        seed += 1
