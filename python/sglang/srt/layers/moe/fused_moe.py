@@ -137,7 +137,9 @@ class FusedMoE(nn.Module):
         local_ids = topk_ids if self.num_local_experts == self.num_experts else topk_ids - self.expert_start
         kernels = _triton_moe() if x.is_cuda else None
         if kernels is not None and kernels.fused_experts_triton_applies(x, self.w13_weight):
-            out = kernels.fused_experts_triton(x, self.w13_weight, self.w2_weight, topk_weights, local_ids)
+            out = kernels.fused_experts_triton(
+                x, self.w13_weight, self.w2_weight, topk_weights, local_ids, batch_invariant=is_batch_invariant()
+            )
         else:
             out = experts_torch(x, self.w13_weight, self.w2_weight, topk_weights, local_ids)
         if self.reduce_results and self.tp_size > 1:
