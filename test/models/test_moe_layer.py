@@ -138,3 +138,11 @@ def test_expert_parallel_size_reaches_layers_and_refuses_dense_models() -> None:
     with pytest.raises(ValueError, match="--ep-size 2 applies to mixture-of-experts models only"):
         with expert_parallel(2):
             torch.nn.Linear(2, 2)
+
+
+def test_server_args_refuse_an_ep_size_that_does_not_divide_tp() -> None:
+    from sglang.srt.server_args import ServerArgs
+
+    with pytest.raises(ValueError, match="--ep-size 3 must be at least 1 and divide --tp-size 4"):
+        ServerArgs(model_path="/m", tp_size=4, ep_size=3).validate()
+    ServerArgs(model_path="/m", tp_size=4, ep_size=2).validate()
