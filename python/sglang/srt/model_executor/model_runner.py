@@ -66,6 +66,7 @@ class ModelRunner:
         mem_fraction_static: Optional[float] = None,
         tp_rank: int = 0,
         tp_size: int = 1,
+        ep_size: int = 1,
         deterministic: bool = False,
         cpu_int8_activations: bool = False,
         attention_backend: Optional[str] = None,
@@ -92,6 +93,7 @@ class ModelRunner:
         self.model = load_model(
             self.model_config, model_path, self.dtype, self.device, tp_rank, tp_size, int8_activations=cpu_int8_activations,
             load_format=load_format,
+            ep_size=ep_size,
         )
         self.mem_fraction_static = mem_fraction_static
         self._init_pools(max_total_tokens, max_running_requests)
