@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from sglang.srt.models.deepseek_v3 import DeepseekV3ForCausalLM
 from sglang.srt.models.llama import LlamaForCausalLM
 from sglang.srt.models.qwen2 import Qwen2ForCausalLM
 from sglang.srt.models.qwen3 import Qwen3ForCausalLM
@@ -12,6 +13,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,
     "qwen2": Qwen2ForCausalLM,
     "qwen3": Qwen3ForCausalLM,
+    "deepseek_v3": DeepseekV3ForCausalLM,
 }
 
 
