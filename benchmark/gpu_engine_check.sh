@@ -12,13 +12,15 @@
 #             independent, overlap on = off, llguidance, pytorch sampler, tok/s)
 #   grammar-bench - benchmark/bench_grammar.py --device cuda (mask fill + apply per step at V=151936)
 #   bench   - benchmark/bench_serving_gpu.py: ours vs HF generate (eager, static cache + compile)
+#   deepseek - DeepSeek-V3 (MLA, YaRN, MoE) in bf16 against float32 transformers: the MLA unit tests, then
+#             benchmark/gpu_deepseek_v3_check.py (graphs on/off, deterministic, a V3-attention-shaped case)
 #   dp      - --dp-size 2, both replicas on GPU 0: benchmark/gpu_tp_check.py --tp-size 1 --dp-size 2 in bf16
 #             (outputs against one replica), then bench_serving_gpu.py, ours at N=256 with --dp-size 1 and 2
 # Run through the device tool from the repo root with carry [".carry_engine"] (benchmark/make_engine_carry.sh):
 #   bash benchmark/gpu_engine_check.sh tests|cache      |      bash benchmark/gpu_engine_check.sh bench [bench args]
 # Everything printed also goes to $OUT/gpu_engine_<phase>.txt (committed under docs/gpu/).
 set -uo pipefail
-phase=${1:?usage: gpu_engine_check.sh tests|cache|grammar|grammar-bench|bench|dp [args]}
+phase=${1:?usage: gpu_engine_check.sh tests|cache|grammar|grammar-bench|bench|dp|deepseek [args]}
 shift
 OUT=${OUT:-/tmp/gpu_engine_out}
 mkdir -p "$OUT"
@@ -61,6 +63,10 @@ case "$phase" in
       timeout 160 python3 benchmark/bench_serving_gpu.py --out-dir "$OUT" --tokenizer .carry_engine/tokenizer --systems ours \
         --concurrency 256 --rounds 2 --dp-size "$dp" --server-args "--gpu-id-step 0" --time-budget-s 120 --tag "$tag-dp$dp" "$@"
     done
+    ;;
+  deepseek)
+    timeout 200 python3 -m pytest -q -p no:cacheprovider test/models/test_mla_units.py test/models/test_rope_yarn.py
+    timeout 480 python3 benchmark/gpu_deepseek_v3_check.py --out "$OUT/deepseek_v3" "$@"
     ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac

@@ -16,11 +16,12 @@ ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "MixtralForCausalLM": "mixtral",
+    "DeepseekV3ForCausalLM": "deepseek_v3",
 }
 MODEL_ARCHS = frozenset(ARCHITECTURES.values())
 # Architectures whose checkpoints load from safetensors only (no GGUF tensor mapping).
-SAFETENSORS_ONLY_ARCHS = frozenset({"qwen3_moe", "mixtral"})
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SAFETENSORS_ONLY_ARCHS = frozenset({"qwen3_moe", "mixtral", "deepseek_v3"})
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 # generation_config.json keys that become the model's default sampling parameters.
 GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
@@ -150,7 +151,21 @@ def _hf_rope_scaling(cfg: dict[str, Any]) -> Optional[dict[str, Any]]:
         raise ValueError(f"RoPE scaling {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}.")
     if rope_type == "default":
         return None
-    return {k: v for k, v in scaling.items() if k not in ("type", "rope_theta")} | {"rope_type": rope_type}
+    scaling = {k: v for k, v in scaling.items() if k not in ("type", "rope_theta")} | {"rope_type": rope_type}
+    if rope_type == "yarn":
+        _fill_yarn_defaults(scaling, cfg)
+    return scaling
+
+
+def _fill_yarn_defaults(scaling: dict[str, Any], cfg: dict[str, Any]) -> None:
+    """YaRN's pre-training length and factor as transformers fills them: the length from the config's
+    top level, else max_position_embeddings; a missing factor is the ratio of the two."""
+    max_len = cfg.get("max_position_embeddings", 2048)
+    if cfg.get("original_max_position_embeddings") is not None:
+        scaling["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
+    scaling.setdefault("original_max_position_embeddings", max_len)
+    if scaling.get("factor") is None:
+        scaling["factor"] = max_len / scaling["original_max_position_embeddings"]
 
 
 def _as_id_list(value: Any) -> list[int]:

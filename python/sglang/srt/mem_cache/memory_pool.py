@@ -11,12 +11,28 @@ write goes through. Nothing in scheduling reads the device.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
 
 from sglang.srt.utils import host_to_device
 
+
+@dataclass(frozen=True)
+class KVCacheLayout:
+    """What a model stores per token in each of its KV layers, on one TP rank (the model declares
+    it: `kv_cache_layout()`)."""
+
+    num_layers: int  # layers that own K/V; a model maps its attention layers onto 0..num_layers-1
+    num_kv_heads: int
+    head_dim: int  # K's width per head
+    # V's width per head; 0: no V buffer, the values are read from the K rows (MLA stores one
+    # latent row per token and attends it as both key and value).
+    v_head_dim: int
+
+    def bytes_per_token(self, itemsize: int) -> int:
+        return self.num_layers * self.num_kv_heads * (self.head_dim + self.v_head_dim) * itemsize
 
 
 class ReqToTokenPool:
@@ -110,7 +126,8 @@ class TokenToKVPoolAllocator:
 
 class KVCache:
     """Per-layer K and V buffers [size + 2, num_kv_heads, head_dim]: row 0 is the padding slot
-    read by padded positions, row size + 1 the one padding rows write to."""
+    read by padded positions, row size + 1 the one padding rows write to. With v_head_dim 0
+    there is one buffer per layer, returned as both K and V (KVCacheLayout)."""
 
     def __init__(
         self,
@@ -120,6 +137,7 @@ class KVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: Union[str, torch.device],
+        v_head_dim: Optional[int] = None,
     ) -> None:
         self.size = size
         self.dtype = dtype
@@ -130,17 +148,31 @@ class KVCache:
         # soak saw +2 GiB that way). Row 0, the padding slot, must be zeros anyway.
         shape = (size + 2, num_kv_heads, head_dim)
         self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        v_head_dim = head_dim if v_head_dim is None else v_head_dim
+        self.shared_kv = v_head_dim == 0
+        if self.shared_kv:
+            self.v_buffers = self.k_buffers
+        else:
+            v_shape = (size + 2, num_kv_heads, v_head_dim)
+            self.v_buffers = [torch.zeros(v_shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
-    def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """loc [N] int64 slots; k, v [N, num_kv_heads, head_dim]."""
+    @classmethod
+    def from_layout(cls, size: int, layout: KVCacheLayout, dtype: torch.dtype,
+                    device: Union[str, torch.device]) -> "KVCache":
+        return cls(size, layout.num_layers, layout.num_kv_heads, layout.head_dim, dtype, device, layout.v_head_dim)
+
+    def set_kv(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: Optional[torch.Tensor]) -> None:
+        """loc [N] int64 slots; k [N, num_kv_heads, head_dim], v [N, num_kv_heads, v_head_dim]
+        (None where K and V share the buffer)."""
         # index_copy_ copies whole rows; buf[loc] = k (index_put_) goes through the general
         # advanced-indexing kernel, slower per call on CPU.
         self.k_buffers[layer_id].index_copy_(0, loc, k)
-        self.v_buffers[layer_id].index_copy_(0, loc, v)
+        if not self.shared_kv:
+            self.v_buffers[layer_id].index_copy_(0, loc, v)
 
     def get_kv(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k_buffers[layer_id], self.v_buffers[layer_id]
 
     def mem_bytes(self) -> int:
-        return sum(b.numel() * b.element_size() for b in self.k_buffers + self.v_buffers)
+        buffers = self.k_buffers if self.shared_kv else self.k_buffers + self.v_buffers
+        return sum(b.numel() * b.element_size() for b in buffers)

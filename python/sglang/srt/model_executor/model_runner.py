@@ -97,10 +97,10 @@ class ModelRunner:
         )
         self.mem_fraction_static = mem_fraction_static
         self._init_pools(max_total_tokens, max_running_requests)
-        attn = self.model.model.layers[0].self_attn
+        layout = self.kv_cache_layout
         self.attn_backend = create_attention_backend(
-            attention_backend or default_attention_backend(self.device.type),
-            self.req_to_token_pool.req_to_token, attn.num_heads, attn.num_kv_heads, self.model_config.head_dim, self.dtype,
+            attention_backend or default_attention_backend(self.device.type), self.req_to_token_pool.req_to_token,
+            self.model.model.layers[0].self_attn.num_heads, layout.num_kv_heads, layout.head_dim, self.dtype,
         )
         self._init_sampling(sampling_backend, random_seed)
         self.cuda_graph_runner: Optional[CudaGraphRunner] = None
@@ -127,6 +127,7 @@ class ModelRunner:
 
     def _init_pools(self, max_total_tokens: Optional[int], max_running_requests: Optional[int]) -> None:
         cuda = self.device.type == "cuda"
+        self.kv_cache_layout = self.model.kv_cache_layout()
         if max_running_requests is None and not cuda:
             max_running_requests = CPU_MAX_RUNNING_REQUESTS
         self.max_total_num_tokens = max_total_tokens or self._default_max_total_tokens(max_running_requests)
@@ -137,15 +138,7 @@ class ModelRunner:
         # One spare request slot: a chunked prefill can hold one while a full batch decodes.
         self.req_to_token_pool = ReqToTokenPool(max_running_requests + 1, self.model_config.context_len, self.device)
         self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(self.max_total_num_tokens)
-        attn = self.model.model.layers[0].self_attn
-        self.kv_cache = KVCache(
-            self.max_total_num_tokens,
-            self.model_config.num_hidden_layers,
-            attn.num_kv_heads,
-            self.model_config.head_dim,
-            self.dtype,
-            self.device,
-        )
+        self.kv_cache = KVCache.from_layout(self.max_total_num_tokens, self.kv_cache_layout, self.dtype, self.device)
         logger.info(
             "KV cache: %d tokens (%.1f MiB, %s) for %d running requests, context %d.",
             self.max_total_num_tokens, self.kv_cache.mem_bytes() / 2**20, self.dtype, max_running_requests,
@@ -174,7 +167,7 @@ class ModelRunner:
             self.piecewise_runner = PiecewiseCudaGraphRunner(self, counts)
 
     def _default_max_total_tokens(self, max_running_requests: Optional[int]) -> int:
-        per_token = self.model_config.kv_cache_bytes_per_token(self.dtype.itemsize, self.tp_size)
+        per_token = self.kv_cache_layout.bytes_per_token(self.dtype.itemsize)
         tokens = max(1, self._kv_budget_bytes() // per_token)
         if max_running_requests is not None:
             tokens = min(tokens, max_running_requests * min(self.model_config.context_len, DEFAULT_TOKENS_PER_REQUEST))

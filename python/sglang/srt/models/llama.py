@@ -36,6 +36,7 @@ from sglang.srt.layers.linear import (
 from sglang.srt.layers.logits_processor import LogitsHead, LogitsProcessorOutput
 from sglang.srt.layers.rotary import RotaryEmbedding, apply_rotary_emb
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from sglang.srt.mem_cache.memory_pool import KVCacheLayout
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 
@@ -319,6 +320,11 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         return self.compute_logits(self.model(forward_batch), forward_batch)  # model: [N, H]
+
+    def kv_cache_layout(self) -> KVCacheLayout:
+        """Every layer keeps K and V of its (TP-local) KV heads."""
+        attn = self.model.layers[0].self_attn
+        return KVCacheLayout(len(self.model.layers), attn.num_kv_heads, attn.attn.head_dim, attn.attn.head_dim)
 
     def compute_logits(self, hidden: torch.Tensor, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         """Logits from the final hidden states [N, H] (the piecewise graph runner calls this after

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from sglang.srt.models.deepseek_v3 import DeepseekV3ForCausalLM
 from sglang.srt.models.llama import LlamaForCausalLM
 from sglang.srt.models.mixtral import MixtralForCausalLM
 from sglang.srt.models.qwen2 import Qwen2ForCausalLM
@@ -16,6 +17,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "qwen3": Qwen3ForCausalLM,
     "qwen3_moe": Qwen3MoeForCausalLM,
     "mixtral": MixtralForCausalLM,
+    "deepseek_v3": DeepseekV3ForCausalLM,
 }
 
 
