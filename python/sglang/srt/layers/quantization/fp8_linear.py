@@ -31,6 +31,12 @@ def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, loa
     return param
 
 
+def _max_scale_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id: Optional[object] = None) -> None:
+    """A static input_scale: the parts of a fused linear read the same input, so the largest of
+    their scales serves all without clipping."""
+    param.data.copy_(torch.maximum(param.data, loaded.float().reshape(1)))
+
+
 class Fp8LinearMethod:
     """The FP8 weight of one linear (`prefix` names it in errors)."""
 
@@ -74,10 +80,11 @@ class Fp8LinearMethod:
             tail = offset + size == layer.weight.shape[dim] and math.ceil((start + size) / block) == loaded.shape[dim]
             if offset % block or start % block or (size % block and not tail):
                 what = "output rows" if dim == 0 else "input columns"
+                part = "" if shard_id is None else f" (part {shard_id})"
                 raise ValueError(
-                    f"FP8 block scales of {self.prefix} cannot be split: its {what} [{start}, {start + size}) "
-                    f"(shard {shard_id}) do not start and end on {block}-wide scale blocks; choose a TP size "
-                    f"whose shards are multiples of {block}."
+                    f"FP8 block scales of {self.prefix} cannot be split: this rank's {what} [{start}, {start + size})"
+                    f"{part} do not start and end on {block}-wide scale blocks; choose a TP size whose shards "
+                    f"are multiples of {block}."
                 )
             blocks = math.ceil(size / block)
             param.data.narrow(dim, offset // block, blocks).copy_(loaded.float().narrow(dim, start // block, blocks))
