@@ -186,15 +186,18 @@ def test_online_fp8_quantises_bf16_checkpoint_per_channel(block_pair):
     assert model.lm_head.weight.dtype == torch.float32
 
 
-def test_fp8_linear_apply_off_cuda_is_the_reference():
-    layer = ColumnParallelLinear(256, 128, bias=True)
-    weight = torch.randn(128, 256)
-    layer.weight.data.copy_(weight)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fp8_linear_apply_off_cuda_is_the_reference(dtype):
+    """Activations per token where the rule picks _scaled_mm (bf16), per group of 128 columns
+    where it picks the Triton kernel (_scaled_mm's row-wise scales write bf16 only)."""
+    layer = ColumnParallelLinear(256, 128, bias=True, params_dtype=dtype)
+    layer.weight.data.copy_(torch.randn(128, 256))
     layer.bias.data.normal_()
     layer.quant_method = Fp8LinearMethod(Fp8Scheme(False, "channel"), "probe")
     layer.process_weights_after_loading()
-    x = torch.randn(3, 256)
-    expected = fp8_linear_reference(x, layer.weight, layer.weight_scale, None, 256, layer.bias)
+    x = torch.randn(3, 256).to(dtype)
+    group = 256 if dtype == torch.bfloat16 else 128
+    expected = fp8_linear_reference(x, layer.weight, layer.weight_scale, None, group) + layer.bias
     torch.testing.assert_close(layer(x), expected)
 
 

@@ -9,7 +9,7 @@ Two kernels:
 The rule (docs/models.md, "Quantisation"): block-scaled weights run the Triton kernel, the only
 one that takes their scales. Per-channel (and per-tensor) weights run the Triton kernel up to
 ROWWISE_TRITON_MAX_ROWS rows and torch._scaled_mm above, or the Triton kernel where
-_scaled_mm cannot take the shape (K or N not a multiple of 16). benchmark/gpu_fp8_check.py
+_scaled_mm cannot take the shape (K or N not a multiple of 16) or the model is not bf16. benchmark/gpu_fp8_check.py
 times both on Qwen3-8B's shapes and reports the threshold its measurements give.
 """
 
@@ -32,9 +32,10 @@ def scaled_mm_applies(n: int, k: int) -> bool:
     return n % SCALED_MM_MULTIPLE == 0 and k % SCALED_MM_MULTIPLE == 0
 
 
-def rowwise_backend(m: int, n: int, k: int) -> str:
-    """"triton" or "scaled_mm" for an [M, K] x [K, N] GEMM with a per-channel weight."""
-    if m <= ROWWISE_TRITON_MAX_ROWS or not scaled_mm_applies(n, k):
+def rowwise_backend(m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16) -> str:
+    """"triton" or "scaled_mm" for an [M, K] x [K, N] GEMM with a per-channel weight, in a
+    model of `dtype` (row-wise _scaled_mm writes bf16 only)."""
+    if m <= ROWWISE_TRITON_MAX_ROWS or not scaled_mm_applies(n, k) or dtype != torch.bfloat16:
         return "triton"
     return "scaled_mm"
 

@@ -106,7 +106,7 @@ class Fp8LinearMethod:
     def apply(self, layer: LinearBase, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         """x [..., K] -> [..., N] in x's dtype. Off CUDA (the tests; the CPU engine refuses FP8)
         the torch reference computes the same quantised product."""
-        rows = x.reshape(-1, x.shape[-1])  # [M, K]
+        rows = x.reshape(-1, x.shape[-1]).contiguous()  # [M, K]; the kernels read unit column strides
         out = self._matmul(layer, rows)  # [M, N]
         if bias is not None:
             out = out + bias
@@ -117,7 +117,7 @@ class Fp8LinearMethod:
         input_scale = getattr(layer, "input_scale", None)
         m, k = x.shape
         n = layer.weight.shape[0]
-        backend = "triton" if block is not None else rowwise_backend(m, n, k)
+        backend = "triton" if block is not None else rowwise_backend(m, n, k, x.dtype)
         if not x.is_cuda:
             group = GROUP if backend == "triton" else k
             return fp8_linear_reference(x, layer.weight, scale, block, group, input_scale=input_scale)
