@@ -16,10 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel_ext.gemm.fp8_reference import FP8_DTYPE, FP8_MAX, MIN_SCALE
+from sgl_kernel_ext.gemm.fp8_reference import FP8_DTYPE, FP8_MAX, GROUP, MIN_SCALE
 from sgl_kernel_ext.triton_launch import launch
 
-GROUP = 128  # activation columns per scale = the GEMM's K tile
 QUANT_CHUNK = 1024  # columns a quantisation program reads at a time
 
 

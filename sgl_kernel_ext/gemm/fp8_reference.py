@@ -20,6 +20,8 @@ FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
 # Smallest scale: a row of zeros quantises to zeros instead of dividing by zero.
 MIN_SCALE = 1e-12
+# Activation columns per scale in the block-scaled W8A8 linear (the Triton kernel's K tile).
+GROUP = 128
 
 
 def quantize_rows_reference(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:

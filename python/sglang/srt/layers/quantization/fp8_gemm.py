@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from sgl_kernel_ext.gemm.fp8_reference import FP8_DTYPE, FP8_MAX
+from sgl_kernel_ext.gemm.fp8_reference import FP8_DTYPE, FP8_MAX, GROUP
 
 # Per-channel FP8 weights: batches of at most this many rows go to the Triton kernel, larger
 # ones to torch._scaled_mm (0: always _scaled_mm where the shape allows).
@@ -79,7 +79,7 @@ def triton_fp8_linear(
 ) -> torch.Tensor:
     """x [M, K] -> [M, N] in x's dtype through the Triton kernel (weight_scale [ceil(N / bn),
     ceil(K / bk)] for scale_block (bn, bk))."""
-    from sgl_kernel_ext.gemm.fp8_block_triton import GROUP, fp8_block_matmul
+    from sgl_kernel_ext.gemm.fp8_block_triton import fp8_block_matmul
 
     codes, scales = quantize_input(x, GROUP, x.shape[0], input_scale)
     return fp8_block_matmul(codes, scales, weight, weight_scale, scale_block, x.dtype)

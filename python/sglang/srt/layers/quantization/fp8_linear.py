@@ -11,21 +11,23 @@ quantised per output channel. The LM head and the embeddings are not linears and
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
 
-from sgl_kernel_ext.gemm.fp8_reference import FP8_DTYPE, fp8_linear_reference, quantize_weight_rows
+from sgl_kernel_ext.gemm.fp8_reference import FP8_DTYPE, GROUP, fp8_linear_reference, quantize_weight_rows
 from sglang.srt.layers.linear import LinearBase
 from sglang.srt.layers.quantization.base import Fp8Scheme, QuantConfig
 from sglang.srt.layers.quantization.fp8_gemm import rowwise_backend, scaled_mm_rowwise, triton_fp8_linear
 
-GROUP = 128  # activation columns per scale for the Triton kernel and its reference
-
-
-def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, loader, fill: Optional[float] = None) -> nn.Parameter:
-    data = torch.empty(shape, dtype=dtype, device=device) if fill is None else torch.full(shape, fill, dtype=dtype, device=device)
+def _param(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, loader: Callable, fill: Optional[float] = None
+) -> nn.Parameter:
+    if fill is None:
+        data = torch.empty(shape, dtype=dtype, device=device)
+    else:
+        data = torch.full(shape, fill, dtype=dtype, device=device)
     param = nn.Parameter(data, requires_grad=False)
     param.weight_loader = loader
     return param
@@ -60,7 +62,7 @@ class Fp8LinearMethod:
         if self.scheme.static_input:
             layer.input_scale = _param((1,), torch.float32, device, _max_scale_loader, fill=0.0)
 
-    def _row_scale_loader(self, layer: LinearBase):
+    def _row_scale_loader(self, layer: LinearBase) -> Callable:
         def load(param: nn.Parameter, loaded: torch.Tensor, shard_id: Optional[object] = None) -> None:
             values = loaded.float().reshape(-1)  # [1] per tensor or [N] per channel
             if layer.shard_dim == 1:  # the output rows are not split
@@ -72,7 +74,7 @@ class Fp8LinearMethod:
 
         return load
 
-    def _block_scale_loader(self, layer: LinearBase):
+    def _block_scale_loader(self, layer: LinearBase) -> Callable:
         def load(param: nn.Parameter, loaded: torch.Tensor, shard_id: Optional[object] = None) -> None:
             dim = layer.shard_dim
             block = self.scheme.block[dim]
