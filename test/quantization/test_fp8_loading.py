@@ -205,7 +205,7 @@ def test_cpu_engine_refuses_fp8_at_start_up(block_pair):
     fp8, twin = block_pair
     from sglang.srt.model_executor.model_runner import ModelRunner
 
-    with pytest.raises(ValueError, match="FP8 weights need a CUDA GPU: this fp8 FP8 checkpoint cannot be served by the cpu engine"):
+    with pytest.raises(ValueError, match="FP8 weights need a CUDA GPU: this FP8 checkpoint \\(fp8\\) cannot be served by the cpu engine"):
         ModelRunner(fp8, device="cpu")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     for argv in (["--model-path", fp8], ["--model-path", twin, "--quantization", "fp8"]):

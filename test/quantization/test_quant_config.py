@@ -119,7 +119,7 @@ def test_unknown_value_is_refused():
 def test_cpu_engine_refuses_fp8():
     with pytest.raises(ValueError, match="FP8 weights need a CUDA GPU: --quantization fp8 cannot be served by the cpu engine"):
         check_quantization_device(resolve(None, "fp8"), "cpu")
-    with pytest.raises(ValueError, match="this fp8 FP8 checkpoint cannot be served by the cpu engine"):
+    with pytest.raises(ValueError, match="this FP8 checkpoint \\(fp8\\) cannot be served by the cpu engine"):
         check_quantization_device(resolve(FP8_BLOCK), "cpu")
     check_quantization_device(resolve(FP8_BLOCK), "cuda")
 

@@ -65,7 +65,7 @@ def resolve_quant_config(hf_config: dict[str, Any], flag: Optional[str], fmt: st
 def check_quantization_device(config: Optional[QuantConfig], device: str) -> None:
     """FP8 linears run on CUDA only: the CPU engine refuses them at start-up."""
     if config is not None and device != "cuda":
-        what = "--quantization fp8" if not config.scheme.checkpoint_fp8 else f"this {config.method} FP8 checkpoint"
+        what = "--quantization fp8" if not config.scheme.checkpoint_fp8 else f"this FP8 checkpoint ({config.method})"
         raise ValueError(
             f"FP8 weights need a CUDA GPU: {what} cannot be served by the {device} engine. Serve a bf16/fp32 "
             "(or GGUF) checkpoint on the CPU, or use --device cuda."
