@@ -15,6 +15,7 @@
    disagree, and |logprob difference| of the twin's tokens.
 
     PYTHONPATH=python:. python benchmark/gpu_fp8_check.py --out $OUT --tokenizer .carry_engine/tokenizer
+    (--only gemm / --only model split it over two calls; --layers N for a shorter model check)
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ def gemm_check() -> dict:
                         failures.append(f"{kernel} {name} M={m}: relative error {err:.3g}")
                 record[f"{kernel}_ms"] = graph_time_ms(fn)
             rows_out.append(record)
-            print("  " + "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in record.items()), flush=True)
+            print("  " + "  ".join(f"{key}={val:.4g}" if isinstance(val, float) else f"{key}={val}"
+                                   for key, val in record.items()), flush=True)
     return {"records": rows_out, "failures": failures, **rule_verdict(rows_out)}
 
 
@@ -146,7 +148,8 @@ def run_model(path: str, quantization: Optional[str], forced: Optional[list[list
     """Greedy tokens (or `forced` ones) for every prompt; per step the argmax, the chosen (or
     forced) token's logprob and the top-2 margin."""
     runner = ModelRunner(path, device="cuda", max_total_tokens=PROMPTS * (PROMPT_LEN + PROMPTS + NEW_TOKENS + 8),
-                         max_running_requests=PROMPTS, cuda_graph_max_bs=PROMPTS, quantization=quantization)
+                         max_running_requests=PROMPTS, cuda_graph_max_bs=PROMPTS,
+                         piecewise_cuda_graph_max_tokens=PROMPTS * (PROMPT_LEN + PROMPTS), quantization=quantization)
     driver = Driver(runner)
     prompts = make_prompts()
     reqs = [driver.new_req() for _ in prompts]
