@@ -232,7 +232,7 @@ class ServerArgs:
         from sglang.srt.configs.model_config import ModelConfig
         from sglang.srt.layers.quantization import check_quantization_device, resolve_quant_config
 
-        config = ModelConfig.from_path(self.model_path, self.context_length)
+        config = ModelConfig.from_path(self.model_path)
         check_quantization_device(resolve_quant_config(config.hf_config, self.quantization, config.format), self.device)
 
     def _check_tp_size(self) -> None:
