@@ -19,8 +19,13 @@ The GPU sibling of benchmark/bench_serving.py. On a random-weight Qwen3-0.6B-sha
   generated token; ITL = (total - TTFT) / (new tokens - 1).
 - weight_read_floor: parameter bytes / measured device-to-device copy bandwidth = the shortest
   possible decode step (every weight read once) -> ms per step and tok/s at N = 1. For a
-  mixture-of-experts checkpoint (--arch qwen3_moe) the bytes are the active weights of one token:
+  mixture-of-experts checkpoint (--preset qwen3-30b-a3b) the bytes are the active weights of one token:
   each MoE layer's experts count num_experts_per_tok / num_experts of their size.
+  possible decode step (every weight read once) -> ms per step and tok/s at N = 1.
+- ours_fp8 / ours_fp8_online (when named in --systems): our server on the block-FP8 twin of the
+  checkpoint (random_checkpoint.py --fp8-block; the bf16 checkpoint is then its dequantised twin,
+  so every system serves the same model), and on the bf16 checkpoint with --quantization fp8.
+  Each record's `quant` says which.
 
 Ours runs first, in its own server process, and is stopped (its whole process group) before HF
 loads: the server takes most of the free GPU memory for its KV cache, and its exit returns all
@@ -39,7 +44,9 @@ benchmark/make_engine_carry.sh, and PYTHONPATH=python):
   # split over two calls of limited length, one table:
   python benchmark/bench_serving_gpu.py --systems ours weight_read_floor hf_eager --out-dir A
   python benchmark/bench_serving_gpu.py --systems hf_static_compiled --merge A/serving_gpu.json --out-dir B
-  python benchmark/bench_serving_gpu.py --arch qwen3_moe --systems ours weight_read_floor --concurrency 1 64 256
+  python benchmark/bench_serving_gpu.py --preset qwen3-30b-a3b --systems ours weight_read_floor --concurrency 1 64 256
+  python benchmark/bench_serving_gpu.py --preset qwen3-8b --checkpoint /tmp/qwen3-8b-bf16 --concurrency 1 64 256 \\
+      --systems ours ours_fp8 ours_fp8_online weight_read_floor hf_static_compiled --tag h100_fp8
   python benchmark/bench_serving_gpu.py --checkpoint /tmp/tiny --layers 2 --concurrency 1 2 \\
       --new-tokens 8 --rounds 1 --tokenizer .carry_engine/tokenizer   # a dry run on the CPU
 """
@@ -62,6 +69,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -79,7 +87,15 @@ from sglang.test.server_process import ServerProcess, free_port, percentile
 
 HERE = Path(__file__).resolve().parent
 RESULTS_DIR = HERE / "results"
-SYSTEMS = ("ours", "hf_eager", "hf_static_compiled", "weight_read_floor")
+SYSTEMS = ("ours", "ours_fp8", "ours_fp8_online", "hf_eager", "hf_static_compiled", "weight_read_floor")
+DEFAULT_SYSTEMS = ("ours", "hf_eager", "hf_static_compiled", "weight_read_floor")
+# Our server on the checkpoint (bf16), on its block-FP8 twin, and with --quantization fp8.
+OURS_SYSTEMS = ("ours", "ours_fp8", "ours_fp8_online")
+QUANT = {"ours_fp8": "fp8 checkpoint (128x128 block scales)", "ours_fp8_online": "--quantization fp8 (per-channel, at load)"}
+# The issue's FP8 targets: ours_fp8 output tok/s over ours (bf16) at N.
+FP8_TARGET_RATIO = {1: 1.6, 256: 1.3}
+# bf16 N=1 against the weight-read floor.
+FLOOR_TARGET = 0.8
 HF_SYSTEMS = ("hf_eager", "hf_static_compiled")
 # The issue's targets for ours (output tok/s at N) and its ratio to hf_static_compiled at every N.
 TARGET_TOK_S = {1: 650.0, 64: 15000.0, 256: 35000.0}
@@ -261,8 +277,8 @@ def ms(values: list[float], q: Optional[float] = None) -> Optional[float]:
 
 
 def base_record(ctx: "Context", system: str, n: int) -> dict[str, Any]:
-    ours = system == "ours"  # the HF systems run on one GPU, unreplicated
-    return {"device": ctx.device_name, "system": system, "model": ctx.model_name, "N": n,
+    ours = system in OURS_SYSTEMS  # the HF systems run on one GPU, unreplicated
+    return {"device": ctx.device_name, "system": system, "model": ctx.model_name, "quant": QUANT.get(system, "none"), "N": n,
             "tp": ctx.tp if ours else 1, "dp": ctx.dp if ours else 1,
             "output_tok_s": None, "ttft_ms": None, "itl_ms": None, "ttft_ms_p90": None, "itl_ms_p90": None,
             "rounds": ctx.args.rounds, "new_tokens": ctx.args.new_tokens, "errors": [], "error_count": 0}
@@ -272,7 +288,7 @@ def error_record(ctx: "Context", system: str, n: int, error: str) -> dict[str, A
     return {**base_record(ctx, system, n), "errors": [error[-4000:]], "error_count": 1}
 
 
-def ours_cell(ctx: "Context", client: Client, n: int) -> dict[str, Any]:
+def ours_cell(ctx: "Context", client: Client, n: int, system: str = "ours") -> dict[str, Any]:
     """One warm-up run, then --rounds timed runs of N concurrent requests, pooled."""
     bodies = payloads(n, ctx.args.new_tokens, ctx.consts)
     t0 = time.monotonic()
@@ -282,19 +298,20 @@ def ours_cell(ctx: "Context", client: Client, n: int) -> dict[str, Any]:
     for k in range(ctx.args.rounds):
         got, round_wall = client.run(bodies)
         tokens = sum(r["tokens"] for r in got)
-        print(f"  ours N={n} round {k + 1}/{ctx.args.rounds}: {tokens / round_wall:,.1f} tok/s ({round_wall:.2f} s)", flush=True)
+        print(f"  {system} N={n} round {k + 1}/{ctx.args.rounds}: {tokens / round_wall:,.1f} tok/s ({round_wall:.2f} s)", flush=True)
         results += got
         wall += round_wall
-    return ours_record(ctx, n, results, wall, warmup_s, warm)
+    return ours_record(ctx, n, results, wall, warmup_s, warm, system)
 
 
-def ours_record(ctx: "Context", n: int, results: list[dict], wall: float, warmup_s: float, warm: list[dict]) -> dict:
+def ours_record(ctx: "Context", n: int, results: list[dict], wall: float, warmup_s: float, warm: list[dict],
+                system: str = "ours") -> dict:
     failed, messages = failures(results, ctx.args.new_tokens)
     tokens = sum(r["tokens"] for r in results)
     ttft = [r["ttft_s"] for r in results if r["ttft_s"] is not None]
     itl = [gap for r in results for gap in r["itl_s"]]
     return {
-        **base_record(ctx, "ours", n),
+        **base_record(ctx, system, n),
         "output_tok_s": tokens / wall if wall > 0 else None,
         "ttft_ms": ms(ttft), "ttft_ms_p90": ms(ttft, 0.9), "itl_ms": ms(itl), "itl_ms_p90": ms(itl, 0.9),
         "requests": len(results), "output_tokens": tokens, "wall_s": wall, "warmup_s": warmup_s,
@@ -468,11 +485,28 @@ def copy_bandwidth(device: str, nbytes: int, iters: int = 20) -> float:
     return 2 * nbytes * iters / seconds
 
 
+def config_active_param_count(config: dict[str, Any]) -> int:
+    """Parameters one token reads in a Qwen3 / Qwen3-MoE config (for weights never written):
+    attention, norms, router, top-k experts' (or the dense MLP's) projections, embedding and head."""
+    h, d, layers = config["hidden_size"], config["head_dim"], config["num_hidden_layers"]
+    q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
+    attn = 2 * h * q + 2 * h * kv + 2 * d + 2 * h
+    experts = config.get("num_experts")
+    if experts:
+        mlp = experts * h + config["num_experts_per_tok"] * 3 * h * config["moe_intermediate_size"]
+    else:
+        mlp = 3 * h * config["intermediate_size"]
+    heads = 1 if config.get("tie_word_embeddings") else 2
+    return layers * (attn + mlp) + heads * config["vocab_size"] * h + h
+
+
 def active_param_count(folder: str) -> int:
     """Parameters one token reads: every tensor, but per-expert tensors (`.experts.{e}.`) scaled
     by num_experts_per_tok / num_experts of the folder's config (all of them for a dense model)."""
     config = json.loads((Path(folder) / "config.json").read_text())
     experts = config.get("num_experts") or config.get("num_local_experts")
+    if not any(Path(folder).glob("*.safetensors")):
+        return config_active_param_count(config)
     if not experts:
         return safetensors_param_count(folder)
     expert_tensor = re.compile(r"\.experts\.\d+\.")
@@ -574,18 +608,18 @@ def summary_line(r: dict[str, Any]) -> str:
             f"ITL {fmt(r['itl_ms'], 2)} ms (p90 {fmt(r['itl_ms_p90'], 2)}){errors}")
 
 
-def run_ours(ctx: Context, ns: list[int]) -> None:
+def run_ours(ctx: Context, ns: list[int], system: str = "ours") -> None:
     args = ctx.args
     if ctx.over_budget():
         for n in ns:
-            ctx.skip("ours", n, "time budget spent before the server started")
+            ctx.skip(system, n, "time budget spent before the server started")
         return
     server = None
     try:
         if args.url:
             url = args.url.rstrip("/")
         else:
-            server = launch_server(ctx, max(ns))
+            server = launch_server(ctx, max(ns), system)
             url = server.url
         info = http_get(url + "/get_server_info", 30)
         ctx.head["server_info"] = json.loads(info) if info else None
@@ -596,40 +630,43 @@ def run_ours(ctx: Context, ns: list[int]) -> None:
                 raise RuntimeError(f"server exited with code {server.proc.returncode}:\n{server.log_tail()}")
             client = Client(url, ctx.client_procs(n))
             try:
-                ctx.cell("ours", n, functools.partial(ours_cell, ctx, client, n))
+                ctx.cell(system, n, functools.partial(ours_cell, ctx, client, n, system))
             finally:
                 client.close()
     except Exception as err:  # noqa: BLE001 (the server did not come up: HF still runs)
         traceback.print_exc()
-        done = {r["N"] for r in ctx.records if r["system"] == "ours"}
+        done = {r["N"] for r in ctx.records if r["system"] == system}
         for n in ns:
             if n not in done:
-                ctx.records.append(error_record(ctx, "ours", n, f"{type(err).__name__}: {err}"))
+                ctx.records.append(error_record(ctx, system, n, f"{type(err).__name__}: {err}"))
         write_outputs(ctx)
     finally:
         if server is not None:
             server.stop()
-            ctx.head["server_log_tail"] = server.log_tail(30)  # its warnings, kept with the results
+            ctx.head["server_log_tail" + system.removeprefix("ours")] = server.log_tail(30)  # its warnings, kept with the results
             print(f"server stopped (log: {server.log_path})", flush=True)
 
 
-def launch_server(ctx: Context, max_n: int) -> ServerProcess:
+def launch_server(ctx: Context, max_n: int, system: str = "ours") -> ServerProcess:
     port = free_port()
-    argv = ["--model-path", ctx.ckpt, "--tokenizer-path", ctx.ckpt, "--port", str(port),
+    ckpt = fp8_checkpoint(ctx.args) if system == "ours_fp8" else ctx.ckpt
+    quant = ["--quantization", "fp8"] if system == "ours_fp8_online" else []
+    quant += ["--load-format", "dummy"] if ctx.args.dummy_weights else []
+    argv = ["--model-path", ckpt, "--tokenizer-path", ckpt, "--port", str(port),
             "--max-running-requests", str(max_n), "--tp-size", str(ctx.args.tp_size), "--dp-size", str(ctx.args.dp_size),
-            "--log-level", "warning", *shlex.split(ctx.args.server_args)]
+            "--log-level", "warning", *quant, *shlex.split(ctx.args.server_args)]
     log_path = Path(tempfile.mkdtemp(prefix="bench_serving_gpu_")) / "server.log"
     server = ServerProcess(argv, port, log_path=log_path, own_process_group=True)
-    ctx.head["server_command"] = shlex.join(["python", *server.command[1:]])
-    print(f"starting: {ctx.head['server_command']} (log {log_path})", flush=True)
+    ctx.head["server_command" + system.removeprefix("ours")] = shlex.join(["python", *server.command[1:]])
+    print(f"starting: {shlex.join(['python', *server.command[1:]])} (log {log_path})", flush=True)
     t0 = time.monotonic()
     try:
         server.wait_healthy(ctx.args.server_timeout_s)
     except BaseException:
         server.stop()
         raise
-    ctx.head["server_ready_s"] = time.monotonic() - t0
-    print(f"server ready in {ctx.head['server_ready_s']:.1f} s", flush=True)
+    ctx.head["server_ready_s" + system.removeprefix("ours")] = ready = time.monotonic() - t0
+    print(f"server ready in {ready:.1f} s", flush=True)
     return server
 
 
@@ -672,28 +709,48 @@ def run_hf(ctx: Context, systems: list[str], ns: list[int]) -> None:
 # ------------------------------------------------------------------------ checkpoint
 
 
-def ensure_checkpoint(folder: str, tokenizer_dir: str, layers: Optional[int], arch: str = "qwen3") -> dict[str, Any]:
-    """The checkpoint's config; written (random weights) when missing or of another shape."""
-    sys.path.insert(0, str(HERE))
-    from random_checkpoint import WRITERS
+def fp8_checkpoint(args: argparse.Namespace) -> str:
+    """Where the block-FP8 twin of --checkpoint lives."""
+    return str(args.fp8_checkpoint or f"{args.checkpoint}-fp8")
 
-    write_checkpoint, shape = WRITERS[arch]
-    overrides = {"num_hidden_layers": layers} if layers else {}
-    wanted = {**shape, **overrides}
+
+def ensure_checkpoint(folder: str, tokenizer_dir: str, layers: Optional[int], preset: str = "qwen3-0.6b",
+                      fp8: Optional[str] = None, dummy: bool = False) -> dict[str, Any]:
+    """The checkpoint's config; written (random weights) when missing or of another shape. With
+    `fp8` (a folder), the checkpoint is the dequantised twin of a block-FP8 one written there.
+    With `dummy`, only config.json and the tokenizer are written (served with --load-format dummy)."""
+    sys.path.insert(0, str(HERE))
+    from random_checkpoint import preset_config, write_preset
+
+    wanted = preset_config(preset, layers)
+    if dummy:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        config_path = Path(folder) / "config.json"
+        config_path.write_text(json.dumps(wanted, indent=1))
+        tokenizer_dir = find_tokenizer(tokenizer_dir)
+        for name in os.listdir(tokenizer_dir):
+            shutil.copy(os.path.join(tokenizer_dir, name), folder)
+        return wanted
     config_path = Path(folder) / "config.json"
+    folders = [Path(folder)] + ([Path(fp8)] if fp8 else [])
     if config_path.exists():
         config = json.loads(config_path.read_text())
         same_arch = config.get("architectures") == wanted["architectures"]
-        if same_arch and all(config.get(k) == wanted[k] for k in SHAPE_KEYS) and (Path(folder) / "tokenizer.json").exists():
-            print(f"using the existing checkpoint {folder}", flush=True)
+        if (same_arch and all(config.get(k) == wanted[k] for k in SHAPE_KEYS)
+                and all((f / "tokenizer.json").exists() for f in folders)
+                and (fp8 is None or "quantization_config" in json.loads((Path(fp8) / "config.json").read_text()))):
+            print(f"using the existing checkpoint {folder}" + (f" and {fp8}" if fp8 else ""), flush=True)
             return config
-        print(f"{folder} holds another shape or no tokenizer: rewriting it", flush=True)
+        print(f"{folder} holds another shape or no tokenizer (or no FP8 twin): rewriting it", flush=True)
     tokenizer_dir = find_tokenizer(tokenizer_dir)
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.monotonic()
-    write_checkpoint(folder, tokenizer_dir, device=device, **overrides)
+    if fp8:
+        write_preset(fp8, preset, tokenizer_dir, layers, device=device, fp8_block=True, dequantized_twin=folder)
+    else:
+        write_preset(folder, preset, tokenizer_dir, layers, device=device)
     if device == "cuda":
         torch.cuda.empty_cache()  # the generator's blocks: the server measures free memory
     print(f"wrote the random checkpoint {folder} in {time.monotonic() - t0:.1f} s", flush=True)
@@ -720,16 +777,17 @@ def find_tokenizer(tokenizer_dir: str) -> str:
 
 
 def model_name(config: dict[str, Any], dtype: Any) -> str:
-    from random_checkpoint import QWEN3_0_6B, QWEN3_30B_A3B
+    from random_checkpoint import PRESETS
 
     kind = "dtype " + str(dtype).removeprefix("torch.")
-    if config.get("architectures") == QWEN3_30B_A3B["architectures"]:
-        layers = "" if config.get("num_hidden_layers") == QWEN3_30B_A3B["num_hidden_layers"] else \
-            f" with {config.get('num_hidden_layers')} layers"
-        return f"Qwen3-30B-A3B-shaped{layers}, random weights, {kind}"
-    if all(config.get(k) == QWEN3_0_6B[k] for k in SHAPE_KEYS):
-        return f"Qwen3-0.6B-shaped, random weights, {kind}"
-    return f"Qwen3-0.6B-shaped with {config.get('num_hidden_layers')} layers, random weights, {kind}"
+    for name, preset in PRESETS.items():
+        if config.get("architectures") != preset["architectures"]:
+            continue
+        if all(config.get(k) == preset[k] for k in SHAPE_KEYS):
+            return f"{name}-shaped, random weights, {kind}"
+        if all(config.get(k) == preset[k] for k in SHAPE_KEYS if k != "num_hidden_layers"):
+            return f"{name}-shaped with {config.get('num_hidden_layers')} layers, random weights, {kind}"
+    return f"{config.get('architectures')} with {config.get('hidden_size')} hidden, random weights, {kind}"
 
 
 # --------------------------------------------------------------------------- output
@@ -817,8 +875,8 @@ def by_key(records: list[dict]) -> dict[tuple[str, int], dict]:
     return {(r["system"], r["N"]): r for r in records}
 
 
-def ratio(by: dict, n: int, other: str) -> Optional[float]:
-    mine, theirs = by.get(("ours", n), {}).get("output_tok_s"), by.get((other, n), {}).get("output_tok_s")
+def ratio(by: dict, n: int, other: str, system: str = "ours") -> Optional[float]:
+    mine, theirs = by.get((system, n), {}).get("output_tok_s"), by.get((other, n), {}).get("output_tok_s")
     return mine / theirs if mine and theirs else None
 
 
@@ -826,7 +884,7 @@ def markdown(ctx: Context) -> str:
     records = ctx.records
     by = by_key(records)
     ns = sorted({r["N"] for r in records if r["system"] != "weight_read_floor"})
-    systems = [s for s in SYSTEMS[:3] if any(r["system"] == s for r in records)]
+    systems = [s for s in SYSTEMS[:5] if any(r["system"] == s for r in records)]
     head = ["N", *[f"{s} tok/s" for s in systems], "ours / hf_static_compiled", "ours / hf_eager", "target (ours)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for n in ns:
@@ -849,7 +907,7 @@ def markdown(ctx: Context) -> str:
                      f"| {notes(r)} |")
     if ctx.skipped:
         lines += ["", "Skipped: " + "; ".join(f"{s['system']} N={s['N']} ({s['reason']})" for s in ctx.skipped)]
-    return "\n".join(lines + ["", *verdict(ctx)])
+    return "\n".join(lines + ["", *verdict(ctx), *fp8_verdict(ctx)])
 
 
 def notes(r: dict[str, Any]) -> str:
@@ -880,6 +938,23 @@ def verdict(ctx: Context) -> list[str]:
     return lines
 
 
+def fp8_verdict(ctx: Context) -> list[str]:
+    """The FP8 targets (ours_fp8 over ours at N=1 and 256) and bf16 N=1 against the floor."""
+    by = by_key(ctx.records)
+    lines = []
+    if any(s == "ours_fp8" for s, _ in by):
+        for n, target in FP8_TARGET_RATIO.items():
+            r = ratio(by, n, "ours", system="ours_fp8")
+            state = "not measured" if r is None else ("MET" if r >= target else "NOT MET")
+            lines.append(f"- target N={n}: ours_fp8 >= {target:g}x ours (bf16) -> {fmt_ratio(r)}: {state}")
+    floor = by.get(("weight_read_floor", 1), {}).get("output_tok_s")
+    bf16 = by.get(("ours", 1), {}).get("output_tok_s")
+    if floor and bf16:
+        state = "MET" if bf16 >= FLOOR_TARGET * floor else "NOT MET"
+        lines.append(f"- target N=1: ours (bf16) >= {FLOOR_TARGET:.0%} of the weight-read floor -> {bf16 / floor:.0%}: {state}")
+    return lines
+
+
 def plot(ctx: Context, path: Path) -> None:
     """Output tok/s against N (log-log) per system, the floor and the targets; ITL against N."""
     try:
@@ -893,7 +968,7 @@ def plot(ctx: Context, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for system in SYSTEMS[:3]:
+    for system in SYSTEMS[:5]:
         points = sorted((r["N"], r) for r in ctx.records if r["system"] == system and r["output_tok_s"])
         if points:
             left.plot([n for n, _ in points], [r["output_tok_s"] for _, r in points], "o-", label=system)
@@ -938,15 +1013,21 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--checkpoint", type=Path, default=None,
                    help="checkpoint folder; written with random weights when missing (default /tmp/qwen3-0.6b-random, "
-                   "/tmp/qwen3-30b-a3b-random with --arch qwen3_moe)")
-    p.add_argument("--arch", choices=("qwen3", "qwen3_moe"), default="qwen3",
-                   help="the random checkpoint's shape: Qwen3-0.6B, or Qwen3-30B-A3B (128 experts, top-8; ~61 GB bf16)")
+                   "/tmp/PRESET-random)")
     p.add_argument("--tokenizer", default=".carry_engine/tokenizer", help="tokenizer files copied into a new checkpoint")
-    p.add_argument("--layers", type=int, default=None, help="fewer layers than Qwen3-0.6B's 28 (dry runs)")
+    p.add_argument("--layers", type=int, default=None, help="fewer layers than the preset's (dry runs)")
+    p.add_argument("--dummy-weights", action="store_true",
+                   help="write only config.json and serve it with --load-format dummy (shapes too large for the disk); "
+                   "the floor then counts parameters from the config")
+    p.add_argument("--preset", choices=("qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b"), default="qwen3-0.6b",
+                   help="the shape of a checkpoint written here (random_checkpoint.py; qwen3-30b-a3b: 128 experts, "
+                   "top-8, ~61 GB bf16)")
+    p.add_argument("--fp8-checkpoint", type=Path, default=None,
+                   help="the block-FP8 twin that ours_fp8 serves (default: CHECKPOINT-fp8; written with the checkpoint)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
     p.add_argument("--rounds", type=int, default=2, help="timed runs per cell after one warm-up (default 2)")
     p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(DEFAULT_SYSTEMS))
     p.add_argument("--tp-size", type=int, default=1, help="our server's --tp-size (one GPU per rank)")
     p.add_argument("--dp-size", type=int, default=1,
                    help='our server\'s --dp-size (replicas on one GPU: --server-args "--gpu-id-step 0")')
@@ -964,7 +1045,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     args = p.parse_args(glue_server_args(sys.argv[1:] if argv is None else argv))
     args.concurrency = sorted(set(args.concurrency))
     if args.checkpoint is None:
-        args.checkpoint = Path("/tmp/qwen3-30b-a3b-random" if args.arch == "qwen3_moe" else "/tmp/qwen3-0.6b-random")
+        args.checkpoint = Path(f"/tmp/{args.preset}-random")
     if min(args.concurrency) < 1 or args.rounds < 1 or args.new_tokens < 2:
         p.error("concurrency and rounds must be >= 1, new tokens >= 2")
     return args
@@ -999,7 +1080,10 @@ def main() -> None:
 
 def run(ctx: Context) -> None:
     args = ctx.args
-    config = ensure_checkpoint(ctx.ckpt, args.tokenizer, args.layers, args.arch)
+    fp8 = fp8_checkpoint(args) if "ours_fp8" in args.systems else None
+    if args.dummy_weights and (fp8 or any(s.startswith("hf_") for s in args.systems)):
+        raise SystemExit("--dummy-weights serves our bf16 systems only (HF and the FP8 twin need written weights).")
+    config = ensure_checkpoint(ctx.ckpt, args.tokenizer, args.layers, args.preset, fp8, args.dummy_weights)
     ctx.model_name = model_name(config, ctx.dtype)
     head = header(ctx, config)
     if args.merge:
@@ -1007,8 +1091,9 @@ def run(ctx: Context) -> None:
     ctx.head = head
     print(f"{ctx.device_name} | torch {ctx.head['torch']} | triton {ctx.head['triton']} | transformers {ctx.head['transformers']}"
           f" | {ctx.model_name} | git {ctx.head['git']}", flush=True)
-    if "ours" in args.systems:
-        run_ours(ctx, args.concurrency)
+    for system in OURS_SYSTEMS:
+        if system in args.systems:
+            run_ours(ctx, args.concurrency, system)
     if "weight_read_floor" in args.systems:
         ctx.cell("weight_read_floor", 1, functools.partial(floor_record, ctx))
     hf = [s for s in HF_SYSTEMS if s in args.systems]

@@ -14,13 +14,18 @@
 #   bench   - benchmark/bench_serving_gpu.py: ours vs HF generate (eager, static cache + compile)
 #   deepseek - DeepSeek-V3 (MLA, YaRN, MoE) in bf16 against float32 transformers: the MLA unit tests, then
 #             benchmark/gpu_deepseek_v3_check.py (graphs on/off, deterministic, a V3-attention-shaped case)
+#   fp8     - FP8 weights: test/kernels/test_fp8_gemm.py natively, then benchmark/gpu_fp8_check.py (kernels vs
+#             reference and timed at Qwen3-8B's shapes, the GEMM rule's threshold; a Qwen3-8B-shaped block-FP8
+#             checkpoint and --quantization fp8 against the dequantised bf16 twin)
+#   fp8-bench - bench_serving_gpu.py on the Qwen3-8B-shaped twins: ours bf16 / FP8 checkpoint / --quantization fp8 at
+#             N = 1, 64, 256, the weight-read floor and HF static + compile (reuses fp8's folders when still there)
 #   dp      - --dp-size 2, both replicas on GPU 0: benchmark/gpu_tp_check.py --tp-size 1 --dp-size 2 in bf16
 #             (outputs against one replica), then bench_serving_gpu.py, ours at N=256 with --dp-size 1 and 2
 # Run through the device tool from the repo root with carry [".carry_engine"] (benchmark/make_engine_carry.sh):
 #   bash benchmark/gpu_engine_check.sh tests|cache      |      bash benchmark/gpu_engine_check.sh bench [bench args]
 # Everything printed also goes to $OUT/gpu_engine_<phase>.txt (committed under docs/gpu/).
 set -uo pipefail
-phase=${1:?usage: gpu_engine_check.sh tests|cache|grammar|grammar-bench|bench|dp|deepseek [args]}
+phase=${1:?usage: gpu_engine_check.sh tests|cache|grammar|grammar-bench|bench|fp8|fp8-bench|dp|deepseek [args]}
 shift
 OUT=${OUT:-/tmp/gpu_engine_out}
 mkdir -p "$OUT"
@@ -55,6 +60,15 @@ case "$phase" in
     ;;
   bench)
     timeout 560 python3 benchmark/bench_serving_gpu.py --out-dir "$OUT" --tokenizer .carry_engine/tokenizer "$@"
+    ;;
+  fp8)
+    timeout 120 python3 -m pytest -q -p no:cacheprovider test/kernels/test_fp8_gemm.py
+    timeout 460 python3 benchmark/gpu_fp8_check.py --out "$OUT/fp8" --tokenizer .carry_engine/tokenizer "$@"
+    ;;
+  fp8-bench)
+    timeout 580 python3 benchmark/bench_serving_gpu.py --out-dir "$OUT" --tokenizer .carry_engine/tokenizer \
+      --preset qwen3-8b --checkpoint /tmp/qwen3-8b-bf16 --concurrency 1 64 256 --time-budget-s 500 --tag h100_fp8 \
+      --systems ours ours_fp8 ours_fp8_online weight_read_floor hf_static_compiled "$@"
     ;;
   dp)
     timeout 240 python3 benchmark/gpu_tp_check.py --device cuda --tp-size 1 --dp-size 2 --dtype bfloat16 --out-dir "$OUT/dp_check"

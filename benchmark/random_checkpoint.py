@@ -2,7 +2,13 @@
 shape of a model but not its weights (no registry on the GPU machines).
 
     python benchmark/random_checkpoint.py /tmp/qwen3-0.6b --tokenizer .carry_engine/tokenizer
-    python benchmark/random_checkpoint.py /tmp/qwen3-30b-a3b --arch qwen3_moe --tokenizer .carry_engine/tokenizer
+    python benchmark/random_checkpoint.py /tmp/qwen3-30b-a3b --preset qwen3-30b-a3b --tokenizer .carry_engine/tokenizer
+    python benchmark/random_checkpoint.py /tmp/qwen3-8b-fp8 --preset qwen3-8b --fp8-block \
+        --dequantized-twin /tmp/qwen3-8b-bf16 --tokenizer .carry_engine/tokenizer
+
+--fp8-block stores every linear (q/k/v/o, gate/up/down) as FP8 e4m3 codes with 128x128
+`weight_scale_inv` blocks and the quantization_config of Qwen3-8B-FP8; --dequantized-twin also
+writes the same model with those linears dequantised to bf16 (codes x scales), unquantised.
 """
 
 from __future__ import annotations
@@ -35,6 +41,26 @@ QWEN3_0_6B = dict(
     bos_token_id=151643,
     eos_token_id=151645,
 )
+# Qwen3-8B's config.json values (the shape of Qwen3-8B-FP8 too).
+QWEN3_8B = dict(
+    QWEN3_0_6B,
+    hidden_size=4096,
+    intermediate_size=12288,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    tie_word_embeddings=False,
+)
+PRESETS = {"qwen3-0.6b": QWEN3_0_6B, "qwen3-8b": QWEN3_8B}
+FP8_BLOCK = (128, 128)
+# Qwen3-8B-FP8's quantization_config.
+FP8_BLOCK_QUANTIZATION_CONFIG = {
+    "activation_scheme": "dynamic",
+    "fmt": "e4m3",
+    "quant_method": "fp8",
+    "weight_block_size": list(FP8_BLOCK),
+}
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def qwen3_tensors(config: dict, generator: torch.Generator, device: str) -> dict[str, torch.Tensor]:
@@ -64,26 +90,62 @@ def qwen3_tensors(config: dict, generator: torch.Generator, device: str) -> dict
             p + "mlp.up_proj.weight": normal(inter, h),
             p + "mlp.down_proj.weight": normal(h, inter),
         })
+    if not config["tie_word_embeddings"]:
+        tensors["lm_head.weight"] = normal(config["vocab_size"], h)
     return tensors
 
 
+def fp8_block_twins(tensors: dict[str, torch.Tensor], device: str) -> tuple[dict, dict]:
+    """(block-FP8 tensors, their dequantised bf16 twin): every linear weight becomes codes and a
+    `weight_scale_inv`; the rest is shared."""
+    from sgl_kernel_ext.gemm.fp8_reference import dequantize_weight, quantize_weight_blocks
+
+    fp8, twin = {}, {}
+    for name, tensor in tensors.items():
+        if name.rsplit(".", 2)[-2] not in LINEARS:
+            fp8[name] = twin[name] = tensor
+            continue
+        codes, scale = quantize_weight_blocks(tensor.to(device), FP8_BLOCK)
+        fp8[name], fp8[name + "_scale_inv"] = codes.cpu(), scale.cpu()
+        twin[name] = dequantize_weight(codes, scale, FP8_BLOCK, torch.bfloat16).cpu()
+    return fp8, twin
+
+
 def write_qwen3_checkpoint(
-    folder: str, tokenizer_dir: Optional[str] = None, seed: int = 0, device: str = "cpu", **overrides
+    folder: str,
+    tokenizer_dir: Optional[str] = None,
+    seed: int = 0,
+    device: str = "cpu",
+    fp8_block: bool = False,
+    dequantized_twin: Optional[str] = None,
+    **overrides,
 ) -> str:
     """A Qwen3-0.6B-shaped checkpoint (config overrides allowed) in `folder`; the tokenizer
-    files are copied from `tokenizer_dir` (ids past its vocabulary decode to nothing)."""
+    files are copied from `tokenizer_dir` (ids past its vocabulary decode to nothing).
+    fp8_block: linears in block FP8; dequantized_twin: a folder for its bf16 twin."""
+    config = {**QWEN3_0_6B, **overrides}
+    generator = torch.Generator(device=device).manual_seed(seed)
+    tensors = qwen3_tensors(config, generator, device)
+    if not fp8_block:
+        _write(folder, tensors, config, tokenizer_dir)
+        return folder
+    fp8, twin = fp8_block_twins(tensors, device)
+    _write(folder, fp8, {**config, "quantization_config": FP8_BLOCK_QUANTIZATION_CONFIG}, tokenizer_dir)
+    if dequantized_twin:
+        _write(dequantized_twin, twin, config, tokenizer_dir)
+    return folder
+
+
+def _write(folder: str, tensors: dict[str, torch.Tensor], config: dict, tokenizer_dir: Optional[str]) -> None:
     from safetensors.torch import save_file
 
-    config = {**QWEN3_0_6B, **overrides}
     os.makedirs(folder, exist_ok=True)
-    generator = torch.Generator(device=device).manual_seed(seed)
-    save_file(qwen3_tensors(config, generator, device), os.path.join(folder, "model.safetensors"))
+    save_file(tensors, os.path.join(folder, "model.safetensors"))
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
     if tokenizer_dir:
         for name in os.listdir(tokenizer_dir):
             shutil.copy(os.path.join(tokenizer_dir, name), folder)
-    return folder
 
 
 # Qwen3-30B-A3B's config.json values: 48 layers of 128 experts (top-8, intermediate 768).
@@ -174,8 +236,26 @@ def write_qwen3_moe_checkpoint(
     return folder
 
 
-# --arch -> (writer, the shape it writes by default).
-WRITERS = {"qwen3": (write_qwen3_checkpoint, QWEN3_0_6B), "qwen3_moe": (write_qwen3_moe_checkpoint, QWEN3_30B_A3B)}
+def preset_config(preset: str, layers: Optional[int] = None) -> dict:
+    """The config.json a preset writes (with `layers` layers when given)."""
+    return {**PRESETS[preset], **({"num_hidden_layers": layers} if layers else {})}
+
+
+def write_preset(folder: str, preset: str, tokenizer_dir: Optional[str] = None, layers: Optional[int] = None,
+                 seed: int = 0, device: str = "cpu", fp8_block: bool = False,
+                 dequantized_twin: Optional[str] = None) -> None:
+    """A random checkpoint of `preset`'s shape in `folder` (MoE presets: bf16 only)."""
+    config = preset_config(preset, layers)
+    if config["architectures"] == QWEN3_30B_A3B["architectures"]:
+        if fp8_block:
+            raise ValueError("--fp8-block writes dense Qwen3 presets only.")
+        write_qwen3_moe_checkpoint(folder, tokenizer_dir, seed, device, **config)
+        return
+    overrides = {k: v for k, v in config.items() if QWEN3_0_6B.get(k) != v}
+    write_qwen3_checkpoint(folder, tokenizer_dir, seed, device, fp8_block, dequantized_twin, **overrides)
+
+
+PRESETS["qwen3-30b-a3b"] = QWEN3_30B_A3B
 
 
 def main() -> None:
@@ -184,13 +264,15 @@ def main() -> None:
     parser.add_argument("--tokenizer", help="folder of tokenizer files to copy in")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--arch", choices=sorted(WRITERS), default="qwen3",
-                        help="qwen3: Qwen3-0.6B's shape; qwen3_moe: Qwen3-30B-A3B's (about 61 GB in bf16)")
-    parser.add_argument("--layers", type=int, help="fewer layers than the shape's")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="qwen3-0.6b",
+                        help="the model shape (qwen3-30b-a3b: 128 experts, top-8, about 61 GB in bf16)")
+    parser.add_argument("--layers", type=int, help="fewer layers than the preset's")
+    parser.add_argument("--fp8-block", action="store_true", help="linears as block-FP8 codes + 128x128 weight_scale_inv")
+    parser.add_argument("--dequantized-twin", metavar="FOLDER", help="with --fp8-block: also write its bf16 twin here")
     args = parser.parse_args()
-    overrides = {"num_hidden_layers": args.layers} if args.layers else {}
-    WRITERS[args.arch][0](args.folder, args.tokenizer, args.seed, args.device, **overrides)
-    print(f"wrote {args.folder}")
+    write_preset(args.folder, args.preset, args.tokenizer, args.layers, args.seed, args.device, args.fp8_block,
+                 args.dequantized_twin)
+    print(f"wrote {args.folder}" + (f" and {args.dequantized_twin}" if args.dequantized_twin else ""))
 
 
 if __name__ == "__main__":

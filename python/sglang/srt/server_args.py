@@ -40,6 +40,7 @@ class ServerArgs:
     port: int = 30000
     dtype: str = "auto"
     load_format: str = "auto"
+    quantization: Optional[str] = None
     device: Optional[str] = None
     tp_size: int = 1
     ep_size: int = 1
@@ -129,6 +130,7 @@ class ServerArgs:
         if self.attention_backend is None:
             self.attention_backend = default_attention_backend(self.device)
         self.validate()
+        self._check_quantization()
         if self.tp_size > 1:
             self._check_tp_size()
         if self.device == "cuda":
@@ -179,6 +181,7 @@ class ServerArgs:
             raise ValueError(f"--graceful-shutdown-timeout must be >= 0, got {self.graceful_shutdown_timeout}.")
         if self.cpu_int8_activations and self.device not in (None, "cpu"):
             raise ValueError(f"--cpu-int8-activations applies to the CPU engine only, got --device {self.device}.")
+        _check_quantization_flag(self.quantization)
         if self.max_top_logprobs_num < 0:
             raise ValueError(f"--max-top-logprobs-num must be >= 0, got {self.max_top_logprobs_num}.")
         if self.load_format not in LOAD_FORMATS:
@@ -241,6 +244,17 @@ class ServerArgs:
                 "visible (--gpu-id-step 0 puts every rank on one GPU)."
             )
 
+    def _check_quantization(self) -> None:
+        """Refuse, before any process starts, a quantised model the device cannot serve (FP8 on CPU)
+        or a --quantization that contradicts the checkpoint."""
+        if self.quantization is None and not os.path.isfile(os.path.join(self.model_path, "config.json")):
+            return
+        from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.layers.quantization import check_quantization_device, resolve_quant_config
+
+        config = ModelConfig.from_path(self.model_path)
+        check_quantization_device(resolve_quant_config(config.hf_config, self.quantization, config.format), self.device)
+
     def _check_tp_size(self) -> None:
         """Refuse a TP size the model or the machine cannot take before any rank is spawned."""
         from sglang.srt.configs.model_config import ModelConfig
@@ -281,6 +295,10 @@ class ServerArgs:
             help="Let a model folder's own tokenizer code run (transformers' trust_remote_code).")
         add("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"],
             help="Weight and activation dtype; auto = float32 on CPU, bfloat16 on CUDA.")
+        add("--quantization", default=d.quantization,
+            help="fp8: quantise a bf16 checkpoint's linears to FP8 at load (CUDA). A checkpoint's own quantization_config "
+            "(fp8, compressed-tensors) applies without this flag, which must then name the same method. Other SGLang "
+            "values are refused.")
         add("--context-length", type=int, default=d.context_length, help="Maximum tokens per request; default from the model config.")
         add("--load-format", default=d.load_format,
             help="auto (by the model path), safetensors, gguf, or dummy (random weights from config.json alone, "
@@ -463,6 +481,12 @@ def _free_local_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _check_quantization_flag(value: Optional[str]) -> None:
+    from sglang.srt.layers.quantization import check_quantization_flag
+
+    check_quantization_flag(value)
 
 
 def _default_device() -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -107,20 +107,49 @@ def cpu_pack_supported(weight: torch.Tensor) -> bool:
     )
 
 
+class LinearMethod(Protocol):
+    """How a quantised linear holds and multiplies its weight (layers/quantization): it replaces
+    the layer's parameters before loading and runs its matmul."""
+
+    def process_weights_after_loading(self, layer: "LinearBase") -> None: ...
+
+    def apply(self, layer: "LinearBase", x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor: ...
+
+
 class LinearBase(nn.Module):
     """Holds `weight` [out, in]; after loading, a CPU weight is re-laid out for oneDNN, and also
-    kept as integer blocks when it is exactly made of them."""
+    kept as integer blocks when it is exactly made of them. A quantised layer's `quant_method`
+    holds its weight instead.
+
+    `shard_dim` is the weight dim split over TP ranks and `shard_span(shard_id)` where a
+    checkpoint tensor's slice lands in it: (offset in the parameter, size, start in the
+    checkpoint tensor), so that quantisation scales shard with their weights."""
 
     weight: nn.Parameter
     block_weight: Optional[BlockQuantWeight] = None
+    quant_method: Optional[LinearMethod] = None
+    shard_dim: int = 0
+
+    def shard_span(self, shard_id: Optional[object] = None) -> tuple[int, int, int]:
+        raise NotImplementedError
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Optional[object] = None) -> None:
+        offset, size, start = self.shard_span(shard_id)
+        dim = self.shard_dim
+        param.data.narrow(dim, offset, size).copy_(loaded.narrow(dim, start, size))
 
     def process_weights_after_loading(self) -> None:
+        if self.quant_method is not None:
+            self.quant_method.process_weights_after_loading(self)
+            return
         self.block_weight = find_block_quant(self.weight)
         if cpu_pack_supported(self.weight):
             packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), CPU_PACK_BATCH_HINT)
             self.weight = nn.Parameter(packed, requires_grad=False)  # replaces the dense copy: no double memory
 
     def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, x, bias)
         return dense_matmul(x, self.weight, bias, self.block_weight)
 
 
@@ -186,9 +215,9 @@ class ColumnParallelLinear(LinearBase):
         self.weight = make_param((out, input_size), params_dtype, self.weight_loader)
         self.bias = make_param((out,), params_dtype, self.weight_loader) if bias else None
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
-        size = param.shape[0]
-        param.data.copy_(loaded.narrow(0, self.tp_rank * size, size))
+    def shard_span(self, shard_id: Optional[object] = None) -> tuple[int, int, int]:
+        size = self.output_size_per_partition
+        return 0, size, self.tp_rank * size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)
@@ -201,10 +230,10 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         super().__init__(input_size, sum(output_sizes), bias, **kwargs)
         self.output_sizes = output_sizes
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int) -> None:
+    def shard_span(self, shard_id: Optional[object] = None) -> tuple[int, int, int]:
         size = self.output_sizes[shard_id] // self.tp_size
         offset = sum(self.output_sizes[:shard_id]) // self.tp_size
-        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, self.tp_rank * size, size))
+        return offset, size, self.tp_rank * size
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -236,18 +265,18 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.head_dim, self.num_heads, self.num_kv_heads = head_dim, num_heads, num_kv_heads
         self.kv_head_start = kv_head_start
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
+    def shard_span(self, shard_id: Optional[object] = None) -> tuple[int, int, int]:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         if shard_id == "q":
-            offset, size, start = 0, q_size, self.tp_rank * q_size
-        else:
-            offset = q_size if shard_id == "k" else q_size + kv_size
-            size, start = kv_size, self.kv_head_start * self.head_dim
-        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
+            return 0, q_size, self.tp_rank * q_size
+        offset = q_size if shard_id == "k" else q_size + kv_size
+        return offset, kv_size, self.kv_head_start * self.head_dim
 
 
 class RowParallelLinear(LinearBase):
     """y = x W^T + b with W split along the input dim: partial sums are all-reduced over ranks."""
+
+    shard_dim = 1
 
     def __init__(
         self,
@@ -265,9 +294,9 @@ class RowParallelLinear(LinearBase):
         self.weight = make_param((output_size, self.input_size_per_partition), params_dtype, self.weight_loader)
         self.bias = make_param((output_size,), params_dtype, default_weight_loader) if bias else None
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
-        size = param.shape[1]
-        param.data.copy_(loaded.narrow(1, self.tp_rank * size, size))
+    def shard_span(self, shard_id: Optional[object] = None) -> tuple[int, int, int]:
+        size = self.input_size_per_partition
+        return 0, size, self.tp_rank * size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.matmul(x)

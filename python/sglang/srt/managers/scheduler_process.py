@@ -91,6 +91,7 @@ def start_forward_worker(
         piecewise_cuda_graph_tokens=args.piecewise_cuda_graph_tokens,
         sampling_backend=args.sampling_backend,
         random_seed=args.random_seed,
+        quantization=args.quantization,
     ).result()
     return worker, model_runner
 

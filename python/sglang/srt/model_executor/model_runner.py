@@ -20,6 +20,7 @@ from sglang.srt.distributed.parallel_state import tp_cpu_group, tp_device_group
 from sglang.srt.layers.attention import create_attention_backend, default_attention_backend
 from sglang.srt.layers.batch_invariant import batch_invariant
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.layers.quantization import check_quantization_device, resolve_quant_config
 from sglang.srt.layers.sampler import SamplerInput, create_sampler
 from sglang.srt.mem_cache.memory_pool import KVCache, ReqToTokenPool, TokenToKVPoolAllocator
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
@@ -78,6 +79,7 @@ class ModelRunner:
         piecewise_cuda_graph_tokens: Optional[list[int]] = None,
         sampling_backend: str = "pytorch",
         random_seed: int = 0,
+        quantization: Optional[str] = None,
     ) -> None:
         self.device = torch.device(device)
         # --enable-deterministic-inference: batch-invariant forward passes.
@@ -88,12 +90,16 @@ class ModelRunner:
         self.vocab_size = self.model_config.vocab_size
         if cpu_int8_activations and self.device.type != "cpu":
             raise ValueError(f"cpu_int8_activations applies to the CPU engine only, got device {self.device.type}.")
+        check_quantization_device(
+            resolve_quant_config(self.model_config.hf_config, quantization, self.model_config.format), self.device.type
+        )
         if self.device.type == "cpu":
             _build_cpu_kernels()
         self.model = load_model(
             self.model_config, model_path, self.dtype, self.device, tp_rank, tp_size, int8_activations=cpu_int8_activations,
             load_format=load_format,
             ep_size=ep_size,
+            quantization=quantization,
         )
         self.mem_fraction_static = mem_fraction_static
         self._init_pools(max_total_tokens, max_running_requests)

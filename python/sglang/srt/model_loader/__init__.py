@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Optional, Union
 
 import torch
 from torch import nn
@@ -11,6 +11,8 @@ from torch import nn
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.linear import block_quant_int8_activations
 from sglang.srt.layers.moe.fused_moe import expert_parallel
+from sglang.srt.layers.quantization import resolve_quant_config
+from sglang.srt.layers.quantization.fp8_linear import attach_fp8
 from sglang.srt.model_loader.gguf_loader import iter_gguf_weights
 from sglang.srt.model_loader.safetensors_loader import iter_safetensors_weights
 from sglang.srt.models.registry import get_model_class
@@ -30,14 +32,19 @@ def load_model(
     int8_activations: bool = False,
     load_format: str = "auto",
     ep_size: int = 1,
+    quantization: Optional[str] = None,
 ) -> nn.Module:
     """The model on `device` in `dtype`, holding this TP rank's shard of every weight.
     int8_activations: CPU linears with GGUF integer blocks round their inputs to 8 bits.
     load_format: auto / safetensors / gguf (must match the path) or dummy (random weights).
-    ep_size: expert-parallel groups inside the TP group (MoE models; see layers.moe.fused_moe)."""
+    ep_size: expert-parallel groups inside the TP group (MoE models; see layers.moe.fused_moe).
+    quantization: --quantization; a checkpoint's quantization_config applies without it."""
     _check_load_format(load_format, config)
+    quant_config = resolve_quant_config(config.hf_config, quantization, config.format)
     with torch.device(device), expert_parallel(ep_size):
         model = get_model_class(config.arch)(config, dtype=dtype, tp_rank=tp_rank, tp_size=tp_size)
+    if quant_config is not None:
+        attach_fp8(model, quant_config)
     if load_format == "dummy":
         init_dummy_weights(model, seed=DUMMY_SEED + tp_rank)
     elif config.format == "gguf":
@@ -48,6 +55,10 @@ def load_model(
         for module in model.modules():
             if hasattr(module, "process_weights_after_loading"):
                 module.process_weights_after_loading()
+    if quant_config is not None and torch.device(device).type == "cuda":
+        # The weights quantised at load leave their bf16 blocks cached; the KV pool is sized
+        # from the memory free after loading.
+        torch.cuda.empty_cache()
     return model.eval()
 
 
