@@ -14,9 +14,15 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "MistralForCausalLM": "mistral",
+    "Phi3ForCausalLM": "phi3",
+    "Olmo2ForCausalLM": "olmo2",
+    "Glm4ForCausalLM": "glm4",
 }
 MODEL_ARCHS = frozenset(ARCHITECTURES.values())
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "dynamic")
+# Legacy rope_type names -> the name transformers now uses.
+ROPE_TYPE_ALIASES = {"su": "longrope"}
 # generation_config.json keys that become the model's default sampling parameters.
 GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
@@ -25,7 +31,7 @@ GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition
 class ModelConfig:
     model_path: str
     format: str  # "gguf" | "safetensors"
-    arch: str  # "llama" | "qwen2" | "qwen3"
+    arch: str  # a value of ARCHITECTURES
     vocab_size: int
     hidden_size: int
     num_hidden_layers: int
@@ -40,7 +46,8 @@ class ModelConfig:
     attention_bias: bool
     eos_token_ids: list[int]
     generation_defaults: dict[str, Any] = field(default_factory=dict)
-    # {"rope_type": "linear" | "llama3", ...HF scaling keys}; None for plain RoPE.
+    # {"rope_type": one of SUPPORTED_ROPE_TYPES, ...HF scaling keys}; None for plain RoPE. Longrope
+    # and dynamic also carry the resolved max_position_embeddings and original_max_position_embeddings.
     rope_scaling: Optional[dict[str, Any]] = None
     # Checkpoint dtype name ("bfloat16", ...); None when the file does not say (GGUF is quantised).
     dtype: Optional[str] = None
@@ -95,7 +102,8 @@ def _from_hf_folder(folder: str) -> ModelConfig:
         context_len=cfg.get("max_position_embeddings", 2048),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         # Qwen2 always has q/k/v biases; its config has no attention_bias key.
-        attention_bias=True if arch == "qwen2" else bool(cfg.get("attention_bias", False)),
+        # GLM-4's default is true (transformers' Glm4Config).
+        attention_bias=True if arch == "qwen2" else bool(cfg.get("attention_bias", arch == "glm4")),
         eos_token_ids=sorted(set(eos)),
         generation_defaults={k: gen[k] for k in GENERATION_DEFAULT_KEYS if gen.get(k) is not None},
         rope_scaling=_hf_rope_scaling(cfg),
@@ -129,16 +137,26 @@ def _reject_unsupported_hf(cfg: dict[str, Any], arch: str) -> None:
         raise ValueError("mlp_bias=true is not supported.")
     if cfg.get("use_sliding_window"):
         raise ValueError(f"Sliding-window attention ({arch}) is not supported.")
+    if arch == "mistral" and cfg.get("sliding_window") is not None:
+        raise ValueError("Sliding-window attention (mistral, sliding_window set) is not supported.")
 
 
 def _hf_rope_scaling(cfg: dict[str, Any]) -> Optional[dict[str, Any]]:
     scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
+    rope_type = ROPE_TYPE_ALIASES.get(rope_type, rope_type)
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(f"RoPE scaling {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}.")
     if rope_type == "default":
         return None
-    return {k: v for k, v in scaling.items() if k not in ("type", "rope_theta")} | {"rope_type": rope_type}
+    out = {k: v for k, v in scaling.items() if k not in ("type", "rope_theta")} | {"rope_type": rope_type}
+    if rope_type in ("longrope", "dynamic"):
+        # The checkpoint's lengths, not --context-length: the frequencies are defined by them.
+        max_len = cfg.get("max_position_embeddings", 2048)
+        # A top-level original_max_position_embeddings (Phi3) wins, as in transformers.
+        original = cfg.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
+        out |= {"max_position_embeddings": max_len, "original_max_position_embeddings": original or max_len}
+    return out
 
 
 def _as_id_list(value: Any) -> list[int]:
