@@ -116,8 +116,11 @@ class LlamaAttention(nn.Module):
         self.attn = Attention(layer_id, self.num_heads, self.num_kv_heads, d, d**-0.5, sliding_window=sliding_window)
 
     def forward(self, rope: Rope, x: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
-        n, d, heads, kv_heads = x.shape[0], self.attn.head_dim, self.num_heads, self.num_kv_heads
-        qkv = self.qkv_proj(x)  # [N, (Hq + 2 Hk) * D]
+        return self.attend(rope, self.qkv_proj(x), forward_batch)  # qkv_proj: [N, (Hq + 2 Hk) * D]
+
+    def attend(self, rope: Rope, qkv: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+        """qkv [N, (Hq + 2 Hk) * D] projections -> the attention output projected, [N, H]."""
+        n, d, heads, kv_heads = qkv.shape[0], self.attn.head_dim, self.num_heads, self.num_kv_heads
         k_buf, v_buf = forward_batch.kv_cache.get_kv(self.attn.layer_id)
         if isinstance(rope, FusedRope):
             kernels = _triton_kernels("rotary.rope_store_triton")
@@ -163,11 +166,11 @@ class LlamaAttention(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_id: int, dtype: torch.dtype, tp_rank: int, tp_size: int,
-                 qk_norm: bool) -> None:
+                 qk_norm: bool, sliding_window: Optional[int] = None) -> None:
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, params_dtype=dtype)
-        self.self_attn = LlamaAttention(config, layer_id, dtype, tp_rank, tp_size, qk_norm)
+        self.self_attn = LlamaAttention(config, layer_id, dtype, tp_rank, tp_size, qk_norm, sliding_window)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, params_dtype=dtype)
         self.mlp = LlamaMLP(config, dtype, tp_rank, tp_size)
 
@@ -210,17 +213,16 @@ def _detached(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, tp_rank: int, tp_size: int, qk_norm: bool) -> None:
+    """The embedding, `make_layer(layer_id)` decoder layers (LlamaDecoderLayer or a family's
+    variant with the same forward signature) and the final norm; RoPE over `rotary_dim` dims."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, tp_rank: int, tp_size: int,
+                 make_layer: Callable[[int], nn.Module], rotary_dim: int) -> None:
         super().__init__()
         tp = dict(params_dtype=dtype, tp_rank=tp_rank, tp_size=tp_size)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, **tp)
-        self.rotary_emb = RotaryEmbedding(
-            rotary_dim_of(config.head_dim, config.hf_config), config.context_len, config.rope_theta, config.rope_scaling
-        )
-        self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, dtype, tp_rank, tp_size, qk_norm)
-            for i in range(config.num_hidden_layers)
-        )
+        self.rotary_emb = RotaryEmbedding(rotary_dim, config.context_len, config.rope_theta, config.rope_scaling)
+        self.layers = nn.ModuleList(make_layer(i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, params_dtype=dtype)
         # Every layer's weights for the one-call CPU decode; False where some layer cannot take it.
         self._cpu_decode_layers: Union[DecodeLayers, None, bool] = None
@@ -325,12 +327,17 @@ def _one_new_token_each(forward_batch: ForwardBatch) -> bool:
 
 class LlamaForCausalLM(nn.Module):
     qk_norm = False
+    # The rotated share of each head where the config does not say.
+    default_partial_rotary_factor = 1.0
 
     def __init__(self, config: ModelConfig, *, dtype: torch.dtype = torch.float32, tp_rank: int = 0,
                  tp_size: int = 1) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, dtype, tp_rank, tp_size, self.qk_norm)
+        rotary_dim = rotary_dim_of(config.head_dim, config.hf_config, self.default_partial_rotary_factor)
+        self.model = LlamaModel(
+            config, dtype, tp_rank, tp_size, lambda i: self.make_layer(config, i, dtype, tp_rank, tp_size), rotary_dim
+        )
         if config.tie_word_embeddings:
             self.lm_head = self.model.embed_tokens
         else:
@@ -340,6 +347,10 @@ class LlamaForCausalLM(nn.Module):
         self.logits_head = LogitsHead(
             config.vocab_size, tp_all_gather=_vocab_all_gather(tp_size) if tp_size > 1 else None
         )
+
+    def make_layer(self, config: ModelConfig, layer_id: int, dtype: torch.dtype, tp_rank: int,
+                   tp_size: int) -> nn.Module:
+        return LlamaDecoderLayer(config, layer_id, dtype, tp_rank, tp_size, self.qk_norm)
 
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         return self.compute_logits(self.model(forward_batch), forward_batch)  # model: [N, H]

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from torch import nn
 
+from sglang.srt.models.glm4 import Glm4ForCausalLM
 from sglang.srt.models.llama import LlamaForCausalLM
+from sglang.srt.models.mistral import MistralForCausalLM
+from sglang.srt.models.olmo2 import Olmo2ForCausalLM
+from sglang.srt.models.phi3 import Phi3ForCausalLM
 from sglang.srt.models.qwen2 import Qwen2ForCausalLM
 from sglang.srt.models.qwen3 import Qwen3ForCausalLM
 
@@ -12,6 +16,10 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,
     "qwen2": Qwen2ForCausalLM,
     "qwen3": Qwen3ForCausalLM,
+    "mistral": MistralForCausalLM,
+    "phi3": Phi3ForCausalLM,
+    "olmo2": Olmo2ForCausalLM,
+    "glm4": Glm4ForCausalLM,
 }
 
 
