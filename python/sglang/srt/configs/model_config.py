@@ -86,6 +86,11 @@ def _from_hf_folder(folder: str) -> ModelConfig:
     heads = cfg["num_attention_heads"]
     rope = cfg.get("rope_parameters") or {}  # transformers >= 5 nests theta and scaling here
     eos = _as_id_list(cfg.get("eos_token_id")) + _as_id_list(gen.get("eos_token_id"))
+    rope_scaling = _hf_rope_scaling(cfg)
+    context_len = cfg.get("max_position_embeddings", 2048)
+    if rope_scaling is not None and rope_scaling["rope_type"] == "dynamic":
+        # Dynamic NTK stretches RoPE past max_position_embeddings by up to `factor`.
+        context_len = int(context_len * rope_scaling["factor"])
     return ModelConfig(
         model_path=folder,
         format="safetensors",
@@ -99,14 +104,14 @@ def _from_hf_folder(folder: str) -> ModelConfig:
         intermediate_size=cfg["intermediate_size"],
         rope_theta=float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0))),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        context_len=cfg.get("max_position_embeddings", 2048),
+        context_len=context_len,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         # Qwen2 always has q/k/v biases; its config has no attention_bias key.
         # GLM-4's default is true (transformers' Glm4Config).
         attention_bias=True if arch == "qwen2" else bool(cfg.get("attention_bias", arch == "glm4")),
         eos_token_ids=sorted(set(eos)),
         generation_defaults={k: gen[k] for k in GENERATION_DEFAULT_KEYS if gen.get(k) is not None},
-        rope_scaling=_hf_rope_scaling(cfg),
+        rope_scaling=rope_scaling,
         dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
         bos_token_id=cfg.get("bos_token_id"),
         hf_config=cfg,
