@@ -14,11 +14,13 @@
 #   bench   - benchmark/bench_serving_gpu.py: ours vs HF generate (eager, static cache + compile)
 #   dp      - --dp-size 2, both replicas on GPU 0: benchmark/gpu_tp_check.py --tp-size 1 --dp-size 2 in bf16
 #             (outputs against one replica), then bench_serving_gpu.py, ours at N=256 with --dp-size 1 and 2
+#   dense   - benchmark/gpu_dense_families_check.py: Mistral, Phi-3 (LongRoPE, partial rotary), OLMo 2,
+#             GLM-4 and a dynamic-RoPE Llama in bf16 on the GPU against transformers in bf16
 # Run through the device tool from the repo root with carry [".carry_engine"] (benchmark/make_engine_carry.sh):
 #   bash benchmark/gpu_engine_check.sh tests|cache      |      bash benchmark/gpu_engine_check.sh bench [bench args]
 # Everything printed also goes to $OUT/gpu_engine_<phase>.txt (committed under docs/gpu/).
 set -uo pipefail
-phase=${1:?usage: gpu_engine_check.sh tests|cache|grammar|grammar-bench|bench|dp [args]}
+phase=${1:?usage: gpu_engine_check.sh tests|cache|grammar|grammar-bench|bench|dp|dense [args]}
 shift
 OUT=${OUT:-/tmp/gpu_engine_out}
 mkdir -p "$OUT"
@@ -61,6 +63,9 @@ case "$phase" in
       timeout 160 python3 benchmark/bench_serving_gpu.py --out-dir "$OUT" --tokenizer .carry_engine/tokenizer --systems ours \
         --concurrency 256 --rounds 2 --dp-size "$dp" --server-args "--gpu-id-step 0" --time-budget-s 120 --tag "$tag-dp$dp" "$@"
     done
+    ;;
+  dense)
+    timeout 540 python3 benchmark/gpu_dense_families_check.py --out-dir "$OUT/dense_families" "$@"
     ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac

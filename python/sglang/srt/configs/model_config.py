@@ -20,6 +20,9 @@ ARCHITECTURES = {
     "Glm4ForCausalLM": "glm4",
 }
 MODEL_ARCHS = frozenset(ARCHITECTURES.values())
+# Architectures read from GGUF files (gguf_loader maps their tensor names and undoes llama.cpp's
+# q/k row permutation); the others load from safetensors only.
+GGUF_ARCHS = frozenset({"llama", "qwen2", "qwen3"})
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope", "dynamic")
 # Legacy rope_type names -> the name transformers now uses.
 ROPE_TYPE_ALIASES = {"su": "longrope"}
@@ -173,8 +176,8 @@ def _as_id_list(value: Any) -> list[int]:
 def _from_gguf(path: str) -> ModelConfig:
     meta, tensors = read_gguf_header(path)
     arch = meta["general.architecture"]
-    if arch not in MODEL_ARCHS:
-        raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: {sorted(MODEL_ARCHS)}.")
+    if arch not in GGUF_ARCHS:
+        raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: {sorted(GGUF_ARCHS)}.")
     hidden = meta[f"{arch}.embedding_length"]
     heads = meta[f"{arch}.attention.head_count"]
     head_dim = meta.get(f"{arch}.attention.key_length", hidden // heads)
