@@ -52,8 +52,8 @@ class FusedRope(NamedTuple):
     rotary_emb: RotaryEmbedding
 
 
-# A step's RoPE input to every layer: cos, signed sin [N, 1, D] of its positions
-# (RotaryEmbedding.forward), or on CUDA a FusedRope.
+# A step's RoPE input to every layer: cos, signed sin [N, 1, R] of its positions over the R
+# rotated dims (RotaryEmbedding.forward), or on CUDA, where R is the whole head, a FusedRope.
 Rope = Union[tuple[torch.Tensor, torch.Tensor], FusedRope]
 
 # Checkpoint projection -> (our fused parameter, shard id passed to its weight_loader).
