@@ -47,8 +47,8 @@ BF16_LOGPROB_TOL = 0.05
 def _longrope(rotary_dim: int) -> dict[str, Any]:
     g = torch.Generator().manual_seed(1)
     short, long = (1 + torch.rand(rotary_dim // 2, generator=g) * k for k in (0.5, 8.0))
-    return {"rope_type": "longrope", "short_factor": short.tolist(), "long_factor": long.tolist(), "rope_theta": 10000.0,
-            "partial_rotary_factor": 0.5}
+    return {"rope_type": "longrope", "short_factor": short.tolist(), "long_factor": long.tolist(),
+            "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
 
 
 # name -> (config class, model class, config overrides)
@@ -77,7 +77,8 @@ def write_checkpoint(folder: str, family: str, dtype: torch.dtype) -> transforme
 
 
 @torch.no_grad()
-def hf_steps(model: transformers.PreTrainedModel, prompt: list[int], device: str) -> tuple[list[int], list[torch.Tensor]]:
+def hf_steps(model: transformers.PreTrainedModel, prompt: list[int], device: str
+             ) -> tuple[list[int], list[torch.Tensor]]:
     """Greedy tokens and the log-softmax [V] before each, with transformers' KV cache."""
     out = model(torch.tensor([prompt], device=device), use_cache=True)
     tokens, logprobs = [], []

@@ -31,7 +31,8 @@ def rope_inv_freq(
         factors = torch.tensor(scaling["long_factor" if long else "short_factor"], dtype=torch.float32)
         return 1.0 / (factors * base**exponents)
     if rope_type == "dynamic":
-        return 1.0 / (dynamic_ntk_base(base, scaling, max(seq_len or 0, scaling["max_position_embeddings"]), head_dim) ** exponents)
+        length = max(seq_len or 0, scaling["max_position_embeddings"])
+        return 1.0 / (dynamic_ntk_base(base, scaling, length, head_dim) ** exponents)
     if rope_type != "default":
         raise ValueError(f"RoPE scaling {rope_type!r} is not supported.")
     return inv_freq
@@ -99,7 +100,9 @@ class RotaryEmbedding(nn.Module):
         if self.rope_type == "longrope":
             scale = longrope_attention_factor(self.scaling)
             long_len = self.scaling["original_max_position_embeddings"] + 1
-            tables = [_cos_sin(positions, rope_inv_freq(rotary_dim, base, self.scaling, n), scale) for n in (None, long_len)]
+            tables = [
+                _cos_sin(positions, rope_inv_freq(rotary_dim, base, self.scaling, n), scale) for n in (None, long_len)
+            ]
             cos_sin = torch.cat(tables)  # [2P, R] float32: short rows, then long rows
         else:
             cos_sin = _cos_sin(positions, rope_inv_freq(rotary_dim, base, self.scaling))  # [P, R] float32

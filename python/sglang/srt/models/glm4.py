@@ -59,7 +59,8 @@ class Glm4ForCausalLM(LlamaForCausalLM):
 
     def load_weights(self, weights: Weights) -> None:
         c = self.config
-        weights = split_fused(weights, "gate_up_proj", {"gate_proj": c.intermediate_size, "up_proj": c.intermediate_size})
+        inter = c.intermediate_size
+        weights = split_fused(weights, "gate_up_proj", {"gate_proj": inter, "up_proj": inter})
         rotary_dim = rotary_dim_of(c.head_dim, c.hf_config, GLM4_PARTIAL_ROTARY_FACTOR)
         super().load_weights(_rotate_half_layout(weights, c.head_dim, rotary_dim))
 
@@ -67,7 +68,8 @@ class Glm4ForCausalLM(LlamaForCausalLM):
 def _rotate_half_layout(weights: Weights, head_dim: int, rotary_dim: int) -> Iterator[tuple[str, torch.Tensor]]:
     """q_proj / k_proj weights [heads * D, H] and biases [heads * D] with each head's first
     `rotary_dim` rows reordered from interleaved pairs to halves (module docstring)."""
-    inside = torch.cat([torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2), torch.arange(rotary_dim, head_dim)])
+    evens, odds = torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2)
+    inside = torch.cat([evens, odds, torch.arange(rotary_dim, head_dim)])  # [D]: one head's new row order
     for name, tensor in weights:
         if ".q_proj." in name or ".k_proj." in name:
             heads = tensor.shape[0] // head_dim

@@ -28,8 +28,8 @@ class Olmo2Attention(LlamaAttention):
     def forward(self, rope: Rope, x: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
         d = self.attn.head_dim
         q, k, v = self.qkv_proj(x).split([self.num_heads * d, self.num_kv_heads * d, self.num_kv_heads * d], dim=-1)
-        qkv = torch.cat([self.q_proj_norm(q.contiguous()), self.k_proj_norm(k.contiguous()), v], dim=-1)  # [N, (Hq + 2 Hk) D]
-        return self.attend(rope, qkv, forward_batch)
+        q, k = self.q_proj_norm(q.contiguous()), self.k_proj_norm(k.contiguous())  # [N, Hq D], [N, Hk D]
+        return self.attend(rope, torch.cat([q, k, v], dim=-1), forward_batch)  # qkv: [N, (Hq + 2 Hk) D]
 
 
 class Olmo2DecoderLayer(nn.Module):
@@ -66,4 +66,6 @@ class Olmo2ForCausalLM(LlamaForCausalLM):
 def _our_name(name: str) -> str:
     """The checkpoint's whole-projection q_norm / k_norm are q_proj_norm / k_proj_norm here, apart
     from LlamaAttention's per-head q_norm / k_norm (None in this model)."""
-    return name.replace(".self_attn.q_norm.", ".self_attn.q_proj_norm.").replace(".self_attn.k_norm.", ".self_attn.k_proj_norm.")
+    for which in ("q", "k"):
+        name = name.replace(f".self_attn.{which}_norm.", f".self_attn.{which}_proj_norm.")
+    return name

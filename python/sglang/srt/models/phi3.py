@@ -22,7 +22,8 @@ class Phi3ForCausalLM(LlamaForCausalLM):
         c = self.config
         q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
         weights = split_fused(weights, "qkv_proj", {"q_proj": q, "k_proj": kv, "v_proj": kv})
-        weights = split_fused(weights, "gate_up_proj", {"gate_proj": c.intermediate_size, "up_proj": c.intermediate_size})
+        inter = c.intermediate_size
+        weights = split_fused(weights, "gate_up_proj", {"gate_proj": inter, "up_proj": inter})
         super().load_weights(weights)
 
 

@@ -34,7 +34,9 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """q [N, Hq, D]; k, v [N, Hk, D], or None where the caller has already stored this step's
         K/V in the cache -> [N, Hq * D]."""
-        if self.sliding_window is not None and max(forward_batch.seq_lens_cpu) > self.sliding_window:
+        capturing = forward_batch.attention_split is not None  # piecewise graphs: no real sequences
+        window = self.sliding_window
+        if window is not None and not capturing and max(forward_batch.seq_lens_cpu) > window:
             raise NotImplementedError(
                 f"Sliding-window attention over sequences longer than the window ({self.sliding_window})."
             )
