@@ -21,11 +21,13 @@
 #             N = 1, 64, 256, the weight-read floor and HF static + compile (reuses fp8's folders when still there)
 #   dp      - --dp-size 2, both replicas on GPU 0: benchmark/gpu_tp_check.py --tp-size 1 --dp-size 2 in bf16
 #             (outputs against one replica), then bench_serving_gpu.py, ours at N=256 with --dp-size 1 and 2
+#   dense   - benchmark/gpu_dense_families_check.py: Mistral, Phi-3 (LongRoPE, partial rotary), OLMo 2,
+#             GLM-4 and a dynamic-RoPE Llama in bf16 on the GPU against transformers in bf16
 # Run through the device tool from the repo root with carry [".carry_engine"] (benchmark/make_engine_carry.sh):
 #   bash benchmark/gpu_engine_check.sh tests|cache      |      bash benchmark/gpu_engine_check.sh bench [bench args]
 # Everything printed also goes to $OUT/gpu_engine_<phase>.txt (committed under docs/gpu/).
 set -uo pipefail
-phase=${1:?usage: gpu_engine_check.sh tests|cache|grammar|grammar-bench|bench|fp8|fp8-bench|dp|deepseek [args]}
+phase=${1:?usage: gpu_engine_check.sh tests|cache|grammar|grammar-bench|bench|fp8|fp8-bench|dp|deepseek|dense [args]}
 shift
 OUT=${OUT:-/tmp/gpu_engine_out}
 mkdir -p "$OUT"
@@ -81,6 +83,9 @@ case "$phase" in
   deepseek)
     timeout 200 python3 -m pytest -q -p no:cacheprovider test/models/test_mla_units.py test/models/test_rope_yarn.py
     timeout 480 python3 benchmark/gpu_deepseek_v3_check.py --out "$OUT/deepseek_v3" "$@"
+    ;;
+  dense)
+    timeout 540 python3 benchmark/gpu_dense_families_check.py --out-dir "$OUT/dense_families" "$@"
     ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac

@@ -17,11 +17,18 @@ ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "MixtralForCausalLM": "mixtral",
     "DeepseekV3ForCausalLM": "deepseek_v3",
+    "MistralForCausalLM": "mistral",
+    "Phi3ForCausalLM": "phi3",
+    "Olmo2ForCausalLM": "olmo2",
+    "Glm4ForCausalLM": "glm4",
 }
 MODEL_ARCHS = frozenset(ARCHITECTURES.values())
-# Architectures whose checkpoints load from safetensors only (no GGUF tensor mapping).
-SAFETENSORS_ONLY_ARCHS = frozenset({"qwen3_moe", "mixtral", "deepseek_v3"})
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# Architectures read from GGUF files (gguf_loader maps their tensor names and undoes llama.cpp's
+# q/k row permutation); the others load from safetensors only.
+GGUF_ARCHS = frozenset({"llama", "qwen2", "qwen3"})
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "dynamic")
+# Legacy rope_type names -> the name transformers now uses.
+ROPE_TYPE_ALIASES = {"su": "longrope"}
 # generation_config.json keys that become the model's default sampling parameters.
 GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
@@ -30,7 +37,7 @@ GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition
 class ModelConfig:
     model_path: str
     format: str  # "gguf" | "safetensors"
-    arch: str  # "llama" | "qwen2" | "qwen3"
+    arch: str  # a value of ARCHITECTURES
     vocab_size: int
     hidden_size: int
     num_hidden_layers: int
@@ -45,7 +52,8 @@ class ModelConfig:
     attention_bias: bool
     eos_token_ids: list[int]
     generation_defaults: dict[str, Any] = field(default_factory=dict)
-    # {"rope_type": "linear" | "llama3", ...HF scaling keys}; None for plain RoPE.
+    # {"rope_type": one of SUPPORTED_ROPE_TYPES, ...HF scaling keys}; None for plain RoPE. Longrope
+    # and dynamic also carry the resolved max_position_embeddings and original_max_position_embeddings.
     rope_scaling: Optional[dict[str, Any]] = None
     # Checkpoint dtype name ("bfloat16", ...); None when the file does not say (GGUF is quantised).
     dtype: Optional[str] = None
@@ -84,6 +92,11 @@ def _from_hf_folder(folder: str) -> ModelConfig:
     heads = cfg["num_attention_heads"]
     rope = cfg.get("rope_parameters") or {}  # transformers >= 5 nests theta and scaling here
     eos = _as_id_list(cfg.get("eos_token_id")) + _as_id_list(gen.get("eos_token_id"))
+    rope_scaling = _hf_rope_scaling(cfg)
+    context_len = cfg.get("max_position_embeddings", 2048)
+    if rope_scaling is not None and rope_scaling["rope_type"] == "dynamic":
+        # Dynamic NTK stretches RoPE past max_position_embeddings by up to `factor`.
+        context_len = int(context_len * rope_scaling["factor"])
     return ModelConfig(
         model_path=folder,
         format="safetensors",
@@ -97,13 +110,14 @@ def _from_hf_folder(folder: str) -> ModelConfig:
         intermediate_size=cfg["intermediate_size"],
         rope_theta=float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0))),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        context_len=cfg.get("max_position_embeddings", 2048),
+        context_len=context_len,
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         # Qwen2 always has q/k/v biases; its config has no attention_bias key.
-        attention_bias=True if arch == "qwen2" else bool(cfg.get("attention_bias", False)),
+        # GLM-4's default is true (transformers' Glm4Config).
+        attention_bias=True if arch == "qwen2" else bool(cfg.get("attention_bias", arch == "glm4")),
         eos_token_ids=sorted(set(eos)),
         generation_defaults={k: gen[k] for k in GENERATION_DEFAULT_KEYS if gen.get(k) is not None},
-        rope_scaling=_hf_rope_scaling(cfg),
+        rope_scaling=rope_scaling,
         dtype=cfg.get("torch_dtype") or cfg.get("dtype"),
         bos_token_id=cfg.get("bos_token_id"),
         hf_config=cfg,
@@ -134,6 +148,8 @@ def _reject_unsupported_hf(cfg: dict[str, Any], arch: str) -> None:
         raise ValueError("mlp_bias=true is not supported.")
     if cfg.get("use_sliding_window"):
         raise ValueError(f"Sliding-window attention ({arch}) is not supported.")
+    if arch == "mistral" and cfg.get("sliding_window") is not None:
+        raise ValueError("Sliding-window attention (mistral, sliding_window set) is not supported.")
     if arch in ("qwen3_moe", "mixtral"):
         _reject_unsupported_moe(cfg, arch)
 
@@ -147,14 +163,21 @@ def _reject_unsupported_moe(cfg: dict[str, Any], arch: str) -> None:
 def _hf_rope_scaling(cfg: dict[str, Any]) -> Optional[dict[str, Any]]:
     scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
+    rope_type = ROPE_TYPE_ALIASES.get(rope_type, rope_type)
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(f"RoPE scaling {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}.")
     if rope_type == "default":
         return None
-    scaling = {k: v for k, v in scaling.items() if k not in ("type", "rope_theta")} | {"rope_type": rope_type}
+    out = {k: v for k, v in scaling.items() if k not in ("type", "rope_theta")} | {"rope_type": rope_type}
     if rope_type == "yarn":
-        _fill_yarn_defaults(scaling, cfg)
-    return scaling
+        _fill_yarn_defaults(out, cfg)
+    if rope_type in ("longrope", "dynamic"):
+        # The checkpoint's lengths, not --context-length: the frequencies are defined by them.
+        max_len = cfg.get("max_position_embeddings", 2048)
+        # A top-level original_max_position_embeddings (Phi3) wins, as in transformers.
+        original = cfg.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
+        out |= {"max_position_embeddings": max_len, "original_max_position_embeddings": original or max_len}
+    return out
 
 
 def _fill_yarn_defaults(scaling: dict[str, Any], cfg: dict[str, Any]) -> None:
@@ -177,10 +200,8 @@ def _as_id_list(value: Any) -> list[int]:
 def _from_gguf(path: str) -> ModelConfig:
     meta, tensors = read_gguf_header(path)
     arch = meta["general.architecture"]
-    if arch not in MODEL_ARCHS - SAFETENSORS_ONLY_ARCHS:
-        raise ValueError(
-            f"GGUF architecture {arch!r} is not supported; supported: {sorted(MODEL_ARCHS - SAFETENSORS_ONLY_ARCHS)}."
-        )
+    if arch not in GGUF_ARCHS:
+        raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: {sorted(GGUF_ARCHS)}.")
     hidden = meta[f"{arch}.embedding_length"]
     heads = meta[f"{arch}.attention.head_count"]
     head_dim = meta.get(f"{arch}.attention.key_length", hidden // heads)

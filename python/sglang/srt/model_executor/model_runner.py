@@ -168,6 +168,9 @@ class ModelRunner:
             # Extend steps stay on the eager batch-invariant path that mode is checked on.
             logger.info("Piecewise CUDA graphs off: --enable-deterministic-inference runs extend steps eagerly.")
             return
+        if not getattr(self.model.model, "extend_graphs_supported", True):
+            logger.info("Piecewise CUDA graphs off: this model's RoPE depends on each sequence's length.")
+            return
         counts = capture_token_counts(max_tokens or DEFAULT_PIECEWISE_MAX_TOKENS, explicit)
         with torch.inference_mode():
             self.piecewise_runner = PiecewiseCudaGraphRunner(self, counts)

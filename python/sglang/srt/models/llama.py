@@ -34,22 +34,27 @@ from sglang.srt.layers.linear import (
     block_kernel_serves,
 )
 from sglang.srt.layers.logits_processor import LogitsHead, LogitsProcessorOutput
-from sglang.srt.layers.rotary import RotaryEmbedding, apply_rotary_emb
+from sglang.srt.layers.rotary import RotaryEmbedding, apply_rotary_emb, rotary_dim_of
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from sglang.srt.mem_cache.memory_pool import KVCacheLayout
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 
 class FusedRope(NamedTuple):
-    """On CUDA, what each layer's fused norm/RoPE/KV-store kernel reads: the step's positions
-    and the module holding the float32 cos/sin table (nothing is gathered per step)."""
+    """On CUDA, what each layer's fused norm/RoPE/KV-store kernel reads: the step's row indices
+    into a float32 cos/sin table (the positions into the module's table, nothing gathered per
+    step; or, for length-dependent RoPE, 0..N-1 into the step's own rows), and what the torch
+    path needs where the kernel does not apply."""
 
+    table_index: torch.Tensor  # [N] int64
+    table: torch.Tensor  # [P, D] float32
     positions: torch.Tensor  # [N] int64
+    seq_lens: Optional[torch.Tensor]  # [N] int64 for length-dependent RoPE, else None
     rotary_emb: RotaryEmbedding
 
 
-# A step's RoPE input to every layer: cos, signed sin [N, 1, D] of its positions
-# (RotaryEmbedding.forward), or on CUDA a FusedRope.
+# A step's RoPE input to every layer: cos, signed sin [N, 1, R] of its positions over the R
+# rotated dims (RotaryEmbedding.forward), or on CUDA, where R is the whole head, a FusedRope.
 Rope = Union[tuple[torch.Tensor, torch.Tensor], FusedRope]
 
 # Checkpoint projection -> (our fused parameter, shard id passed to its weight_loader).
@@ -97,6 +102,7 @@ class LlamaAttention(nn.Module):
         tp_rank: int,
         tp_size: int,
         qk_norm: bool,
+        sliding_window: Optional[int] = None,
     ) -> None:
         super().__init__()
         tp = dict(params_dtype=dtype, tp_rank=tp_rank, tp_size=tp_size)
@@ -108,11 +114,14 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(config.num_attention_heads * d, config.hidden_size, **tp)
         self.q_norm = RMSNorm(d, config.rms_norm_eps, params_dtype=dtype) if qk_norm else None
         self.k_norm = RMSNorm(d, config.rms_norm_eps, params_dtype=dtype) if qk_norm else None
-        self.attn = Attention(layer_id, self.num_heads, self.num_kv_heads, d, d**-0.5)
+        self.attn = Attention(layer_id, self.num_heads, self.num_kv_heads, d, d**-0.5, sliding_window=sliding_window)
 
     def forward(self, rope: Rope, x: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
-        n, d, heads, kv_heads = x.shape[0], self.attn.head_dim, self.num_heads, self.num_kv_heads
-        qkv = self.qkv_proj(x)  # [N, (Hq + 2 Hk) * D]
+        return self.attend(rope, self.qkv_proj(x), forward_batch)  # qkv_proj: [N, (Hq + 2 Hk) * D]
+
+    def attend(self, rope: Rope, qkv: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+        """qkv [N, (Hq + 2 Hk) * D] projections -> the attention output projected, [N, H]."""
+        n, d, heads, kv_heads = qkv.shape[0], self.attn.head_dim, self.num_heads, self.num_kv_heads
         k_buf, v_buf = forward_batch.kv_cache.get_kv(self.attn.layer_id)
         if isinstance(rope, FusedRope):
             kernels = _triton_kernels("rotary.rope_store_triton")
@@ -120,8 +129,8 @@ class LlamaAttention(nn.Module):
                 # One launch for q/k norm, RoPE and the K/V store (instead of ~15 small kernels).
                 q = self._rope_store_triton(kernels, rope, qkv, k_buf, v_buf, forward_batch)  # [N, Hq, D]
                 return self.o_proj(self.attn(q, None, None, forward_batch))
-            rope = rope.rotary_emb(rope.positions, qkv.dtype)
-        if self.q_norm is None and rope_store_cpu_applies(qkv, k_buf):
+            rope = rope.rotary_emb(rope.positions, qkv.dtype, rope.seq_lens)
+        if self.q_norm is None and rope[0].shape[-1] == d and rope_store_cpu_applies(qkv, k_buf):
             # One C call on CPU: q rotated in place, k rotated and v copied into the cache.
             q = rope_store_cpu(qkv, heads, *rope, forward_batch.out_cache_loc, k_buf, v_buf)  # [N, Hq, D]
             return self.o_proj(self.attn(q, None, None, forward_batch))
@@ -151,18 +160,18 @@ class LlamaAttention(nn.Module):
         if self.q_norm is not None:
             norm = dict(q_norm_weight=self.q_norm.weight, k_norm_weight=self.k_norm.weight, eps=self.q_norm.eps)
         return kernels.rope_store_triton(
-            qkv, self.num_heads, rope.positions, rope.rotary_emb.cos_sin_cache, forward_batch.out_cache_loc,
+            qkv, self.num_heads, rope.table_index, rope.table, forward_batch.out_cache_loc,
             k_buf, v_buf, **norm,
         )
 
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_id: int, dtype: torch.dtype, tp_rank: int, tp_size: int,
-                 qk_norm: bool) -> None:
+                 qk_norm: bool, sliding_window: Optional[int] = None) -> None:
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = RMSNorm(config.hidden_size, eps, params_dtype=dtype)
-        self.self_attn = LlamaAttention(config, layer_id, dtype, tp_rank, tp_size, qk_norm)
+        self.self_attn = LlamaAttention(config, layer_id, dtype, tp_rank, tp_size, qk_norm, sliding_window)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, params_dtype=dtype)
         self.mlp = self.build_mlp(config, layer_id, dtype, tp_rank, tp_size)
 
@@ -209,16 +218,16 @@ def _detached(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, tp_rank: int, tp_size: int, qk_norm: bool,
-                 layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer) -> None:
+    """The embedding, `make_layer(layer_id)` decoder layers (LlamaDecoderLayer or a family's
+    variant with the same forward signature) and the final norm; RoPE over `rotary_dim` dims."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, tp_rank: int, tp_size: int,
+                 make_layer: Callable[[int], nn.Module], rotary_dim: int) -> None:
         super().__init__()
         tp = dict(params_dtype=dtype, tp_rank=tp_rank, tp_size=tp_size)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, **tp)
-        self.rotary_emb = RotaryEmbedding(config.head_dim, config.context_len, config.rope_theta, config.rope_scaling)
-        self.layers = nn.ModuleList(
-            layer_cls(config, i, dtype, tp_rank, tp_size, qk_norm)
-            for i in range(config.num_hidden_layers)
-        )
+        self.rotary_emb = RotaryEmbedding(rotary_dim, config.context_len, config.rope_theta, config.rope_scaling)
+        self.layers = nn.ModuleList(make_layer(i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, params_dtype=dtype)
         # Every layer's weights for the one-call CPU decode; False where some layer cannot take it.
         self._cpu_decode_layers: Union[DecodeLayers, None, bool] = None
@@ -252,7 +261,8 @@ class LlamaModel(nn.Module):
         not give to the block kernel (block_kernel_serves), or a layer that cannot take it."""
         backend = forward_batch.attn_backend
         if (
-            x.device.type != "cpu"
+            self.rotary_emb.rotary_dim != self.layers[0].self_attn.attn.head_dim  # the C layer rotates whole heads
+            or x.device.type != "cpu"
             or x.dtype != torch.float32
             or not _one_new_token_each(forward_batch)
             or forward_batch.attention_split is not None
@@ -278,9 +288,30 @@ class LlamaModel(nn.Module):
         return layers, step
 
     def _step_rope(self, forward_batch: ForwardBatch, x: torch.Tensor) -> Rope:
-        if x.is_cuda and _triton_kernels("rotary.rope_store_triton") is not None:
-            return FusedRope(forward_batch.positions, self.rotary_emb)
-        return self.rotary_emb(forward_batch.positions, x.dtype)
+        rotary, positions = self.rotary_emb, forward_batch.positions
+        seq_lens = _token_seq_lens(forward_batch) if rotary.length_dependent else None
+        whole_heads = rotary.rotary_dim == self.layers[0].self_attn.attn.head_dim
+        if x.is_cuda and whole_heads and _triton_kernels("rotary.rope_store_triton") is not None:
+            if seq_lens is None:
+                return FusedRope(positions, rotary.cos_sin_cache, positions, None, rotary)
+            rows = rotary.rows(positions, seq_lens)  # [N, D]: this step's own table
+            return FusedRope(torch.arange(rows.shape[0], device=rows.device), rows, positions, seq_lens, rotary)
+        return rotary(positions, x.dtype, seq_lens)
+
+    @property
+    def extend_graphs_supported(self) -> bool:
+        """Whether an extend step's body can be captured in piecewise graphs, which replay from
+        the step's positions alone: not where RoPE reads each sequence's length."""
+        return not self.rotary_emb.length_dependent
+
+
+def _token_seq_lens(forward_batch: ForwardBatch) -> torch.Tensor:
+    """[N] int64: each new token's sequence length in this step (prefix + the step's tokens)."""
+    if forward_batch.forward_mode.is_decode():
+        return forward_batch.seq_lens
+    return torch.repeat_interleave(
+        forward_batch.seq_lens, forward_batch.extend_seq_lens, output_size=forward_batch.positions.shape[0]
+    )
 
 
 def _one_new_token_each(forward_batch: ForwardBatch) -> bool:
@@ -301,13 +332,17 @@ def _one_new_token_each(forward_batch: ForwardBatch) -> bool:
 
 class LlamaForCausalLM(nn.Module):
     qk_norm = False
-    decoder_layer_cls = LlamaDecoderLayer
+    # The rotated share of each head where the config does not say.
+    default_partial_rotary_factor = 1.0
 
     def __init__(self, config: ModelConfig, *, dtype: torch.dtype = torch.float32, tp_rank: int = 0,
                  tp_size: int = 1) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, dtype, tp_rank, tp_size, self.qk_norm, self.decoder_layer_cls)
+        rotary_dim = rotary_dim_of(config.head_dim, config.hf_config, self.default_partial_rotary_factor)
+        self.model = LlamaModel(
+            config, dtype, tp_rank, tp_size, lambda i: self.make_layer(config, i, dtype, tp_rank, tp_size), rotary_dim
+        )
         if config.tie_word_embeddings:
             self.lm_head = self.model.embed_tokens
         else:
@@ -317,6 +352,10 @@ class LlamaForCausalLM(nn.Module):
         self.logits_head = LogitsHead(
             config.vocab_size, tp_all_gather=_vocab_all_gather(tp_size) if tp_size > 1 else None
         )
+
+    def make_layer(self, config: ModelConfig, layer_id: int, dtype: torch.dtype, tp_rank: int,
+                   tp_size: int) -> nn.Module:
+        return LlamaDecoderLayer(config, layer_id, dtype, tp_rank, tp_size, self.qk_norm)
 
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         return self.compute_logits(self.model(forward_batch), forward_batch)  # model: [N, H]

@@ -23,7 +23,9 @@ class MixtralDecoderLayer(MoeDecoderLayer):
 
 
 class MixtralForCausalLM(LlamaForCausalLM):
-    decoder_layer_cls = MixtralDecoderLayer
+    def make_layer(self, config: ModelConfig, layer_id: int, dtype: torch.dtype, tp_rank: int,
+                   tp_size: int) -> nn.Module:
+        return MixtralDecoderLayer(config, layer_id, dtype, tp_rank, tp_size, self.qk_norm)
 
     def load_weight(self, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor) -> str:
         name = name.replace(".block_sparse_moe.", ".mlp.")

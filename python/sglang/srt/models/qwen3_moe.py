@@ -33,7 +33,9 @@ class Qwen3MoeDecoderLayer(MoeDecoderLayer):
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
-    decoder_layer_cls = Qwen3MoeDecoderLayer
+    def make_layer(self, config: ModelConfig, layer_id: int, dtype: torch.dtype, tp_rank: int,
+                   tp_size: int) -> nn.Module:
+        return Qwen3MoeDecoderLayer(config, layer_id, dtype, tp_rank, tp_size, self.qk_norm)
 
     def load_weight(self, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor) -> str:
         return load_expert_weight(params, name, tensor) or super().load_weight(params, name, tensor)

@@ -5,8 +5,12 @@ from __future__ import annotations
 from torch import nn
 
 from sglang.srt.models.deepseek_v3 import DeepseekV3ForCausalLM
+from sglang.srt.models.glm4 import Glm4ForCausalLM
 from sglang.srt.models.llama import LlamaForCausalLM
+from sglang.srt.models.mistral import MistralForCausalLM
 from sglang.srt.models.mixtral import MixtralForCausalLM
+from sglang.srt.models.olmo2 import Olmo2ForCausalLM
+from sglang.srt.models.phi3 import Phi3ForCausalLM
 from sglang.srt.models.qwen2 import Qwen2ForCausalLM
 from sglang.srt.models.qwen3 import Qwen3ForCausalLM
 from sglang.srt.models.qwen3_moe import Qwen3MoeForCausalLM
@@ -18,6 +22,10 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "qwen3_moe": Qwen3MoeForCausalLM,
     "mixtral": MixtralForCausalLM,
     "deepseek_v3": DeepseekV3ForCausalLM,
+    "mistral": MistralForCausalLM,
+    "phi3": Phi3ForCausalLM,
+    "olmo2": Olmo2ForCausalLM,
+    "glm4": Glm4ForCausalLM,
 }
 
 
