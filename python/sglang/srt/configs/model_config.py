@@ -14,6 +14,7 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3NextForCausalLM": "qwen3_next",
 }
 MODEL_ARCHS = frozenset(ARCHITECTURES.values())
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
