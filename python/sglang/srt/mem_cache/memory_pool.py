@@ -11,12 +11,26 @@ write goes through. Nothing in scheduling reads the device.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
 
 from sglang.srt.utils import host_to_device
 
+
+@dataclass(frozen=True)
+class KVCacheLayout:
+    """What a model stores per token in each of its KV layers, on one TP rank (the model declares
+    it: `kv_cache_layout()`)."""
+
+    num_layers: int  # layers that own K/V; a model maps its attention layers onto 0..num_layers-1
+    num_kv_heads: int
+    head_dim: int  # K's width per head
+    v_head_dim: int  # V's width per head
+
+    def bytes_per_token(self, itemsize: int) -> int:
+        return self.num_layers * self.num_kv_heads * (self.head_dim + self.v_head_dim) * itemsize
 
 
 class ReqToTokenPool:

@@ -14,18 +14,6 @@ from typing import NamedTuple, Union
 import torch
 
 
-class KVCacheLayout(NamedTuple):
-    """The paged KV cache a model needs: `num_layers` K/V buffer pairs (the attention layers'
-    `layer_id`s index them) of `num_kv_heads` (TP-local) x `head_dim`."""
-
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-
-    def bytes_per_token(self, itemsize: int) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * itemsize
-
-
 class RecurrentStateLayout(NamedTuple):
     """What one request slot holds per linear-attention layer."""
 

@@ -21,8 +21,8 @@ from sglang.srt.layers.attention import Attention, create_attention_backend, def
 from sglang.srt.layers.batch_invariant import batch_invariant
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import SamplerInput, create_sampler
-from sglang.srt.mem_cache.memory_pool import KVCache, ReqToTokenPool, TokenToKVPoolAllocator
-from sglang.srt.mem_cache.recurrent_state_pool import KVCacheLayout, RecurrentStateLayout, RecurrentStatePool
+from sglang.srt.mem_cache.memory_pool import KVCache, KVCacheLayout, ReqToTokenPool, TokenToKVPoolAllocator
+from sglang.srt.mem_cache.recurrent_state_pool import RecurrentStateLayout, RecurrentStatePool
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.piecewise_cuda_graph_runner import PiecewiseCudaGraphRunner, capture_token_counts
@@ -139,7 +139,7 @@ class ModelRunner:
         if state_layout is not None:
             # One row per request slot (the spare slot included) plus the request pool's padding row.
             self.state_pool = RecurrentStatePool(state_layout, max_running_requests + 2, self.device)
-        self.kv_layout = kv_cache_layout(self.model, self.model_config)
+        self.kv_cache_layout = kv_cache_layout(self.model, self.model_config)
         self.max_total_num_tokens = max_total_tokens or self._default_max_total_tokens(max_running_requests)
         if max_running_requests is None:
             low, high = CUDA_MAX_RUNNING_BOUNDS
@@ -148,7 +148,7 @@ class ModelRunner:
         # One spare request slot: a chunked prefill can hold one while a full batch decodes.
         self.req_to_token_pool = ReqToTokenPool(max_running_requests + 1, self.model_config.context_len, self.device)
         self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(self.max_total_num_tokens)
-        layout = self.kv_layout
+        layout = self.kv_cache_layout
         self.kv_cache = KVCache(
             self.max_total_num_tokens, layout.num_layers, layout.num_kv_heads, layout.head_dim, self.dtype, self.device
         )
@@ -191,7 +191,7 @@ class ModelRunner:
         return max(1, min(fits, CUDA_MAX_RUNNING_BOUNDS[1]))
 
     def _default_max_total_tokens(self, max_running_requests: Optional[int]) -> int:
-        per_token = self.kv_layout.bytes_per_token(self.dtype.itemsize)
+        per_token = self.kv_cache_layout.bytes_per_token(self.dtype.itemsize)
         tokens = max(1, self._kv_budget_bytes() // per_token)
         if max_running_requests is not None:
             tokens = min(tokens, max_running_requests * min(self.model_config.context_len, DEFAULT_TOKENS_PER_REQUEST))
@@ -298,7 +298,7 @@ def kv_cache_layout(model: torch.nn.Module, config: ModelConfig) -> KVCacheLayou
     if hasattr(model, "kv_cache_layout"):
         return model.kv_cache_layout()
     attn = first_attention(model)
-    return KVCacheLayout(config.num_hidden_layers, attn.num_kv_heads, attn.head_dim)
+    return KVCacheLayout(config.num_hidden_layers, attn.num_kv_heads, attn.head_dim, attn.head_dim)
 
 
 def recurrent_state_layout(model: torch.nn.Module) -> Optional[RecurrentStateLayout]:

@@ -25,7 +25,8 @@ from sglang.srt.layers.moe import FusedMoE, TopKConfig, expert_weight_target, se
 from sglang.srt.layers.rotary import RotaryEmbedding, apply_rotary_emb
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from sglang.srt.layers.zero_centered_norm import ZeroCenteredRMSNorm
-from sglang.srt.mem_cache.recurrent_state_pool import KVCacheLayout, RecurrentStateLayout
+from sglang.srt.mem_cache.memory_pool import KVCacheLayout
+from sglang.srt.mem_cache.recurrent_state_pool import RecurrentStateLayout
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.models.llama import LlamaForCausalLM
 
@@ -205,7 +206,8 @@ class Qwen3NextForCausalLM(nn.Module):
 
     def kv_cache_layout(self) -> KVCacheLayout:
         """K/V only for the full-attention layers (their Attention layer_ids are 0..count-1)."""
-        return KVCacheLayout(self.model.num_full_layers, self.config.num_key_value_heads, self.config.head_dim)
+        d = self.config.head_dim
+        return KVCacheLayout(self.model.num_full_layers, self.config.num_key_value_heads, d, d)
 
     def recurrent_state_layout(self) -> RecurrentStateLayout:
         s = self.model.gdn_shape
