@@ -18,7 +18,9 @@ The GPU sibling of benchmark/bench_serving.py. On a random-weight Qwen3-0.6B-sha
   the compilation, and each record says whether it compiled). TTFT = time to the batch's first
   generated token; ITL = (total - TTFT) / (new tokens - 1).
 - weight_read_floor: parameter bytes / measured device-to-device copy bandwidth = the shortest
-  possible decode step (every weight read once) -> ms per step and tok/s at N = 1.
+  possible decode step (every weight read once) -> ms per step and tok/s at N = 1. For a
+  mixture-of-experts checkpoint (--arch qwen3_moe) the bytes are the active weights of one token:
+  each MoE layer's experts count num_experts_per_tok / num_experts of their size.
 
 Ours runs first, in its own server process, and is stopped (its whole process group) before HF
 loads: the server takes most of the free GPU memory for its KV cache, and its exit returns all
@@ -37,6 +39,7 @@ benchmark/make_engine_carry.sh, and PYTHONPATH=python):
   # split over two calls of limited length, one table:
   python benchmark/bench_serving_gpu.py --systems ours weight_read_floor hf_eager --out-dir A
   python benchmark/bench_serving_gpu.py --systems hf_static_compiled --merge A/serving_gpu.json --out-dir B
+  python benchmark/bench_serving_gpu.py --arch qwen3_moe --systems ours weight_read_floor --concurrency 1 64 256
   python benchmark/bench_serving_gpu.py --checkpoint /tmp/tiny --layers 2 --concurrency 1 2 \\
       --new-tokens 8 --rounds 1 --tokenizer .carry_engine/tokenizer   # a dry run on the CPU
 """
@@ -465,8 +468,31 @@ def copy_bandwidth(device: str, nbytes: int, iters: int = 20) -> float:
     return 2 * nbytes * iters / seconds
 
 
+def active_param_count(folder: str) -> int:
+    """Parameters one token reads: every tensor, but per-expert tensors (`.experts.{e}.`) scaled
+    by num_experts_per_tok / num_experts of the folder's config (all of them for a dense model)."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    experts = config.get("num_experts") or config.get("num_local_experts")
+    if not experts:
+        return safetensors_param_count(folder)
+    expert_tensor = re.compile(r"\.experts\.\d+\.")
+    total = expert_params = 0
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                numel = 1
+                for dim in entry["shape"]:
+                    numel *= dim
+                total += numel
+                expert_params += numel if expert_tensor.search(name) else 0
+    return total - expert_params + expert_params * config["num_experts_per_tok"] // experts
+
+
 def floor_record(ctx: "Context") -> dict[str, Any]:
-    params = safetensors_param_count(ctx.ckpt)
+    params = active_param_count(ctx.ckpt)
     weight_bytes = params * ctx.dtype.itemsize
     bandwidth = copy_bandwidth(ctx.device, (1 << 30) if ctx.device == "cuda" else (128 << 20))
     step_s = weight_bytes / bandwidth
@@ -646,17 +672,19 @@ def run_hf(ctx: Context, systems: list[str], ns: list[int]) -> None:
 # ------------------------------------------------------------------------ checkpoint
 
 
-def ensure_checkpoint(folder: str, tokenizer_dir: str, layers: Optional[int]) -> dict[str, Any]:
+def ensure_checkpoint(folder: str, tokenizer_dir: str, layers: Optional[int], arch: str = "qwen3") -> dict[str, Any]:
     """The checkpoint's config; written (random weights) when missing or of another shape."""
     sys.path.insert(0, str(HERE))
-    from random_checkpoint import QWEN3_0_6B, write_qwen3_checkpoint
+    from random_checkpoint import WRITERS
 
+    write_checkpoint, shape = WRITERS[arch]
     overrides = {"num_hidden_layers": layers} if layers else {}
-    wanted = {**QWEN3_0_6B, **overrides}
+    wanted = {**shape, **overrides}
     config_path = Path(folder) / "config.json"
     if config_path.exists():
         config = json.loads(config_path.read_text())
-        if all(config.get(k) == wanted[k] for k in SHAPE_KEYS) and (Path(folder) / "tokenizer.json").exists():
+        same_arch = config.get("architectures") == wanted["architectures"]
+        if same_arch and all(config.get(k) == wanted[k] for k in SHAPE_KEYS) and (Path(folder) / "tokenizer.json").exists():
             print(f"using the existing checkpoint {folder}", flush=True)
             return config
         print(f"{folder} holds another shape or no tokenizer: rewriting it", flush=True)
@@ -665,7 +693,7 @@ def ensure_checkpoint(folder: str, tokenizer_dir: str, layers: Optional[int]) ->
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     t0 = time.monotonic()
-    write_qwen3_checkpoint(folder, tokenizer_dir, device=device, **overrides)
+    write_checkpoint(folder, tokenizer_dir, device=device, **overrides)
     if device == "cuda":
         torch.cuda.empty_cache()  # the generator's blocks: the server measures free memory
     print(f"wrote the random checkpoint {folder} in {time.monotonic() - t0:.1f} s", flush=True)
@@ -692,9 +720,13 @@ def find_tokenizer(tokenizer_dir: str) -> str:
 
 
 def model_name(config: dict[str, Any], dtype: Any) -> str:
-    from random_checkpoint import QWEN3_0_6B
+    from random_checkpoint import QWEN3_0_6B, QWEN3_30B_A3B
 
     kind = "dtype " + str(dtype).removeprefix("torch.")
+    if config.get("architectures") == QWEN3_30B_A3B["architectures"]:
+        layers = "" if config.get("num_hidden_layers") == QWEN3_30B_A3B["num_hidden_layers"] else \
+            f" with {config.get('num_hidden_layers')} layers"
+        return f"Qwen3-30B-A3B-shaped{layers}, random weights, {kind}"
     if all(config.get(k) == QWEN3_0_6B[k] for k in SHAPE_KEYS):
         return f"Qwen3-0.6B-shaped, random weights, {kind}"
     return f"Qwen3-0.6B-shaped with {config.get('num_hidden_layers')} layers, random weights, {kind}"
@@ -762,6 +794,7 @@ def header(ctx: Context, config: dict[str, Any]) -> dict[str, Any]:
         "python": platform.python_version(),
         "command": shlex.join([Path(sys.executable).name, *sys.argv]),
         "checkpoint": {"path": ctx.ckpt, "description": ctx.model_name, "param_count": safetensors_param_count(ctx.ckpt),
+                       "active_param_count": active_param_count(ctx.ckpt),
                        "config": {k: config.get(k) for k in (*SHAPE_KEYS, "tie_word_embeddings", "torch_dtype")}},
         "server": ctx.args.url or "launched by the script",
         "tp": ctx.tp,
@@ -903,8 +936,11 @@ def write_outputs(ctx: Context) -> None:
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", type=Path, default=Path("/tmp/qwen3-0.6b-random"),
-                   help="checkpoint folder; written with random weights when missing (default /tmp/qwen3-0.6b-random)")
+    p.add_argument("--checkpoint", type=Path, default=None,
+                   help="checkpoint folder; written with random weights when missing (default /tmp/qwen3-0.6b-random, "
+                   "/tmp/qwen3-30b-a3b-random with --arch qwen3_moe)")
+    p.add_argument("--arch", choices=("qwen3", "qwen3_moe"), default="qwen3",
+                   help="the random checkpoint's shape: Qwen3-0.6B, or Qwen3-30B-A3B (128 experts, top-8; ~61 GB bf16)")
     p.add_argument("--tokenizer", default=".carry_engine/tokenizer", help="tokenizer files copied into a new checkpoint")
     p.add_argument("--layers", type=int, default=None, help="fewer layers than Qwen3-0.6B's 28 (dry runs)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
@@ -927,6 +963,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
                    "(one table from runs split across calls of limited length)")
     args = p.parse_args(glue_server_args(sys.argv[1:] if argv is None else argv))
     args.concurrency = sorted(set(args.concurrency))
+    if args.checkpoint is None:
+        args.checkpoint = Path("/tmp/qwen3-30b-a3b-random" if args.arch == "qwen3_moe" else "/tmp/qwen3-0.6b-random")
     if min(args.concurrency) < 1 or args.rounds < 1 or args.new_tokens < 2:
         p.error("concurrency and rounds must be >= 1, new tokens >= 2")
     return args
@@ -961,7 +999,7 @@ def main() -> None:
 
 def run(ctx: Context) -> None:
     args = ctx.args
-    config = ensure_checkpoint(ctx.ckpt, args.tokenizer, args.layers)
+    config = ensure_checkpoint(ctx.ckpt, args.tokenizer, args.layers, args.arch)
     ctx.model_name = model_name(config, ctx.dtype)
     head = header(ctx, config)
     if args.merge:

@@ -2,6 +2,7 @@
 shape of a model but not its weights (no registry on the GPU machines).
 
     python benchmark/random_checkpoint.py /tmp/qwen3-0.6b --tokenizer .carry_engine/tokenizer
+    python benchmark/random_checkpoint.py /tmp/qwen3-30b-a3b --arch qwen3_moe --tokenizer .carry_engine/tokenizer
 """
 
 from __future__ import annotations
@@ -85,14 +86,110 @@ def write_qwen3_checkpoint(
     return folder
 
 
+# Qwen3-30B-A3B's config.json values: 48 layers of 128 experts (top-8, intermediate 768).
+QWEN3_30B_A3B = dict(
+    QWEN3_0_6B,
+    architectures=["Qwen3MoeForCausalLM"],
+    model_type="qwen3_moe",
+    hidden_size=2048,
+    intermediate_size=6144,
+    num_hidden_layers=48,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    max_position_embeddings=40960,
+    tie_word_embeddings=False,
+    num_experts=128,
+    num_experts_per_tok=8,
+    moe_intermediate_size=768,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+)
+
+
+def qwen3_moe_layer_tensors(config: dict, layer: int, generator: torch.Generator, device: str) -> dict[str, torch.Tensor]:
+    """One Qwen3-MoE layer's HF tensors (attention as Qwen3's, a router, per-expert projections)."""
+    h, inter, d = config["hidden_size"], config["moe_intermediate_size"], config["head_dim"]
+    q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
+
+    def normal(*shape: int) -> torch.Tensor:
+        return (torch.randn(shape, generator=generator, device=device) * 0.02).to(torch.bfloat16).cpu()
+
+    def norm(size: int) -> torch.Tensor:
+        return (1.0 + 0.1 * torch.randn(size, generator=generator, device=device)).to(torch.bfloat16).cpu()
+
+    p = f"model.layers.{layer}."
+    tensors = {
+        p + "input_layernorm.weight": norm(h),
+        p + "post_attention_layernorm.weight": norm(h),
+        p + "self_attn.q_proj.weight": normal(q, h),
+        p + "self_attn.k_proj.weight": normal(kv, h),
+        p + "self_attn.v_proj.weight": normal(kv, h),
+        p + "self_attn.o_proj.weight": normal(h, q),
+        p + "self_attn.q_norm.weight": norm(d),
+        p + "self_attn.k_norm.weight": norm(d),
+        p + "mlp.gate.weight": normal(config["num_experts"], h),
+    }
+    for e in range(config["num_experts"]):
+        tensors.update({
+            f"{p}mlp.experts.{e}.gate_proj.weight": normal(inter, h),
+            f"{p}mlp.experts.{e}.up_proj.weight": normal(inter, h),
+            f"{p}mlp.experts.{e}.down_proj.weight": normal(h, inter),
+        })
+    return tensors
+
+
+def write_qwen3_moe_checkpoint(
+    folder: str, tokenizer_dir: Optional[str] = None, seed: int = 0, device: str = "cpu", **overrides
+) -> str:
+    """A Qwen3-30B-A3B-shaped checkpoint (config overrides allowed) in `folder`, one shard per
+    layer (host memory holds one layer at a time) and a model.safetensors.index.json."""
+    from safetensors.torch import save_file
+
+    config = {**QWEN3_30B_A3B, **overrides}
+    os.makedirs(folder, exist_ok=True)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    h, vocab = config["hidden_size"], config["vocab_size"]
+    weight_map: dict[str, str] = {}
+
+    def shard(name: str, tensors: dict[str, torch.Tensor]) -> None:
+        save_file(tensors, os.path.join(folder, name))
+        weight_map.update(dict.fromkeys(tensors, name))
+
+    embed = (torch.randn(vocab, h, generator=generator, device=device) * 0.02).to(torch.bfloat16).cpu()
+    head = (torch.randn(vocab, h, generator=generator, device=device) * 0.02).to(torch.bfloat16).cpu()
+    final_norm = (1.0 + 0.1 * torch.randn(h, generator=generator, device=device)).to(torch.bfloat16).cpu()
+    shard("model-embed.safetensors", {"model.embed_tokens.weight": embed, "lm_head.weight": head,
+                                      "model.norm.weight": final_norm})
+    for layer in range(config["num_hidden_layers"]):
+        shard(f"model-layer-{layer:03d}.safetensors", qwen3_moe_layer_tensors(config, layer, generator, device))
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    if tokenizer_dir:
+        for name in os.listdir(tokenizer_dir):
+            shutil.copy(os.path.join(tokenizer_dir, name), folder)
+    return folder
+
+
+# --arch -> (writer, the shape it writes by default).
+WRITERS = {"qwen3": (write_qwen3_checkpoint, QWEN3_0_6B), "qwen3_moe": (write_qwen3_moe_checkpoint, QWEN3_30B_A3B)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder")
     parser.add_argument("--tokenizer", help="folder of tokenizer files to copy in")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--arch", choices=sorted(WRITERS), default="qwen3",
+                        help="qwen3: Qwen3-0.6B's shape; qwen3_moe: Qwen3-30B-A3B's (about 61 GB in bf16)")
+    parser.add_argument("--layers", type=int, help="fewer layers than the shape's")
     args = parser.parse_args()
-    write_qwen3_checkpoint(args.folder, args.tokenizer, args.seed, args.device)
+    overrides = {"num_hidden_layers": args.layers} if args.layers else {}
+    WRITERS[args.arch][0](args.folder, args.tokenizer, args.seed, args.device, **overrides)
     print(f"wrote {args.folder}")
 
 

@@ -34,6 +34,7 @@ class ServerArgs:
     dtype: str = "auto"
     device: Optional[str] = None
     tp_size: int = 1
+    ep_size: int = 1
     dist_timeout: int = 300
     dp_size: int = 1
     load_balance_method: str = "round_robin"  # SGLang's default
@@ -190,6 +191,11 @@ class ServerArgs:
             raise ValueError(f"--base-gpu-id and --gpu-id-step must be >= 0, got {self.base_gpu_id} and {self.gpu_id_step}.")
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"--node-rank must be in [0, {self.nnodes - 1}] (--nnodes {self.nnodes}), got {self.node_rank}.")
+        if self.ep_size < 1 or self.tp_size % self.ep_size:
+            raise ValueError(
+                f"--ep-size {self.ep_size} must be at least 1 and divide --tp-size {self.tp_size} "
+                "(experts are split inside the TP group)."
+            )
         if self.tp_size % self.nnodes:
             raise ValueError(
                 f"--tp-size {self.tp_size} must be a multiple of --nnodes {self.nnodes}: each node runs tp-size/nnodes ranks of every replica."
@@ -268,6 +274,9 @@ class ServerArgs:
         add("--device", default=d.device, choices=["cpu", "cuda"], help="Default: cuda when available, else cpu.")
         add("--tp-size", type=int, default=d.tp_size,
             help="Tensor-parallel size: one scheduler process per rank (gloo on CPU, NCCL on one GPU per rank).")
+        add("--ep-size", "--expert-parallel-size", dest="ep_size", type=int, default=d.ep_size,
+            help="Expert-parallel size inside the TP group (MoE models): each of ep-size groups of tp-size/ep-size "
+            "ranks holds 1/ep-size of the experts, split over its ranks by intermediate dim; must divide --tp-size.")
         add("--dp-size", type=int, default=d.dp_size,
             help="Data-parallel replicas: each a TP group of --tp-size ranks with its own KV cache, behind one HTTP "
             "server and tokenizer (on CPU they split the cores; on CUDA see --base-gpu-id, --gpu-id-step).")

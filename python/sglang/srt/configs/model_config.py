@@ -14,9 +14,13 @@ ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MixtralForCausalLM": "mixtral",
     "Qwen3NextForCausalLM": "qwen3_next",
 }
 MODEL_ARCHS = frozenset(ARCHITECTURES.values())
+# Architectures whose checkpoints load from safetensors only (no GGUF tensor mapping).
+SAFETENSORS_ONLY_ARCHS = frozenset({"qwen3_moe", "mixtral", "qwen3_next"})
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 # generation_config.json keys that become the model's default sampling parameters.
 GENERATION_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -130,6 +134,14 @@ def _reject_unsupported_hf(cfg: dict[str, Any], arch: str) -> None:
         raise ValueError("mlp_bias=true is not supported.")
     if cfg.get("use_sliding_window"):
         raise ValueError(f"Sliding-window attention ({arch}) is not supported.")
+    if arch in ("qwen3_moe", "mixtral"):
+        _reject_unsupported_moe(cfg, arch)
+
+
+def _reject_unsupported_moe(cfg: dict[str, Any], arch: str) -> None:
+    """HF's Mixtral and Qwen3-MoE attention apply `sliding_window` whenever it is set."""
+    if cfg.get("sliding_window") is not None:
+        raise ValueError(f"Sliding-window attention ({arch}, sliding_window={cfg['sliding_window']}) is not supported.")
 
 
 def _hf_rope_scaling(cfg: dict[str, Any]) -> Optional[dict[str, Any]]:
@@ -151,8 +163,10 @@ def _as_id_list(value: Any) -> list[int]:
 def _from_gguf(path: str) -> ModelConfig:
     meta, tensors = read_gguf_header(path)
     arch = meta["general.architecture"]
-    if arch not in MODEL_ARCHS:
-        raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: {sorted(MODEL_ARCHS)}.")
+    if arch not in MODEL_ARCHS - SAFETENSORS_ONLY_ARCHS:
+        raise ValueError(
+            f"GGUF architecture {arch!r} is not supported; supported: {sorted(MODEL_ARCHS - SAFETENSORS_ONLY_ARCHS)}."
+        )
     hidden = meta[f"{arch}.embedding_length"]
     heads = meta[f"{arch}.attention.head_count"]
     head_dim = meta.get(f"{arch}.attention.key_length", hidden // heads)

@@ -78,6 +78,7 @@ def start_forward_worker(
         mem_fraction_static=kv_memory_fraction(args, dp_rank, tp_rank),
         tp_rank=tp_rank,
         tp_size=args.tp_size,
+        ep_size=args.ep_size,
         deterministic=args.enable_deterministic_inference,
         cpu_int8_activations=args.cpu_int8_activations,
         attention_backend=args.attention_backend,

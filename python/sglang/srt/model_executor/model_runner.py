@@ -69,6 +69,7 @@ class ModelRunner:
         mem_fraction_static: Optional[float] = None,
         tp_rank: int = 0,
         tp_size: int = 1,
+        ep_size: int = 1,
         deterministic: bool = False,
         cpu_int8_activations: bool = False,
         attention_backend: Optional[str] = None,
@@ -93,7 +94,8 @@ class ModelRunner:
         if self.device.type == "cpu":
             _build_cpu_kernels()
         self.model = load_model(
-            self.model_config, model_path, self.dtype, self.device, tp_rank, tp_size, int8_activations=cpu_int8_activations
+            self.model_config, model_path, self.dtype, self.device, tp_rank, tp_size, int8_activations=cpu_int8_activations,
+            ep_size=ep_size,
         )
         self.mem_fraction_static = mem_fraction_static
         self._init_pools(max_total_tokens, max_running_requests)

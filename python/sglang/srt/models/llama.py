@@ -163,7 +163,11 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, eps, params_dtype=dtype)
         self.self_attn = LlamaAttention(config, layer_id, dtype, tp_rank, tp_size, qk_norm)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, params_dtype=dtype)
-        self.mlp = LlamaMLP(config, dtype, tp_rank, tp_size)
+        self.mlp = self.build_mlp(config, layer_id, dtype, tp_rank, tp_size)
+
+    def build_mlp(self, config: ModelConfig, layer_id: int, dtype: torch.dtype, tp_rank: int, tp_size: int) -> nn.Module:
+        """The layer's MLP: [N, H] -> [N, H], all-reduced over the TP group (a family's MoE block)."""
+        return LlamaMLP(config, dtype, tp_rank, tp_size)
 
     def forward(
         self, rope: Rope, x: torch.Tensor, residual: Optional[torch.Tensor], forward_batch: ForwardBatch
@@ -204,13 +208,14 @@ def _detached(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, tp_rank: int, tp_size: int, qk_norm: bool) -> None:
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, tp_rank: int, tp_size: int, qk_norm: bool,
+                 layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer) -> None:
         super().__init__()
         tp = dict(params_dtype=dtype, tp_rank=tp_rank, tp_size=tp_size)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, **tp)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.context_len, config.rope_theta, config.rope_scaling)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, dtype, tp_rank, tp_size, qk_norm)
+            layer_cls(config, i, dtype, tp_rank, tp_size, qk_norm)
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, params_dtype=dtype)
@@ -295,12 +300,13 @@ def _one_new_token_each(forward_batch: ForwardBatch) -> bool:
 
 class LlamaForCausalLM(nn.Module):
     qk_norm = False
+    decoder_layer_cls = LlamaDecoderLayer
 
     def __init__(self, config: ModelConfig, *, dtype: torch.dtype = torch.float32, tp_rank: int = 0,
                  tp_size: int = 1) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, dtype, tp_rank, tp_size, self.qk_norm)
+        self.model = LlamaModel(config, dtype, tp_rank, tp_size, self.qk_norm, self.decoder_layer_cls)
         if config.tie_word_embeddings:
             self.lm_head = self.model.embed_tokens
         else:
@@ -333,18 +339,27 @@ class LlamaForCausalLM(nn.Module):
         for name, tensor in weights:
             if "rotary_emb.inv_freq" in name or (self.config.tie_word_embeddings and name == "lm_head.weight"):
                 continue
-            target, shard = _stacked_target(name)
-            if target not in params:
-                raise ValueError(f"Checkpoint tensor {name!r} has no matching parameter in {type(self).__name__}.")
-            param = params[target]
-            if shard is None:
-                param.weight_loader(param, tensor)
-            else:
-                param.weight_loader(param, tensor, shard)
-            loaded.add(target)
+            loaded.add(self.load_weight(params, name, tensor))
         missing = set(params) - loaded
         if missing:
             raise ValueError(f"Checkpoint is missing weights for: {sorted(missing)[:8]}...")
+
+
+    def load_weight(self, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor) -> str:
+        """Copies one checkpoint tensor into its parameter (this rank's shard); -> the parameter's name."""
+        target, shard = _stacked_target(name)
+        param = _checkpoint_param(self, params, name, target)
+        if shard is None:
+            param.weight_loader(param, tensor)
+        else:
+            param.weight_loader(param, tensor, shard)
+        return target
+
+
+def _checkpoint_param(model: nn.Module, params: dict[str, nn.Parameter], name: str, target: str) -> nn.Parameter:
+    if target not in params:
+        raise ValueError(f"Checkpoint tensor {name!r} has no matching parameter in {type(model).__name__}.")
+    return params[target]
 
 
 def _stacked_target(name: str) -> tuple[str, Optional[object]]:

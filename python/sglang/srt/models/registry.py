@@ -5,14 +5,18 @@ from __future__ import annotations
 from torch import nn
 
 from sglang.srt.models.llama import LlamaForCausalLM
+from sglang.srt.models.mixtral import MixtralForCausalLM
 from sglang.srt.models.qwen2 import Qwen2ForCausalLM
 from sglang.srt.models.qwen3 import Qwen3ForCausalLM
+from sglang.srt.models.qwen3_moe import Qwen3MoeForCausalLM
 from sglang.srt.models.qwen3_next import Qwen3NextForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,
     "qwen2": Qwen2ForCausalLM,
     "qwen3": Qwen3ForCausalLM,
+    "qwen3_moe": Qwen3MoeForCausalLM,
+    "mixtral": MixtralForCausalLM,
     "qwen3_next": Qwen3NextForCausalLM,
 }
 

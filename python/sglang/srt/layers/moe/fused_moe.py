@@ -20,8 +20,9 @@ from __future__ import annotations
 import functools
 import importlib
 import re
+from contextlib import contextmanager
 from types import ModuleType
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +48,31 @@ def expert_weight_target(name: str) -> Optional[tuple[str, str, int]]:
     return f"{prefix}.{'w2' if shard == 'w2' else 'w13'}_weight", shard, int(expert)
 
 
+# Inside expert_parallel(ep_size): the load's --ep-size and how many FusedMoE layers took it.
+_load_ep: Optional[list[int]] = None
+
+
+@contextmanager
+def expert_parallel(ep_size: int) -> Iterator[None]:
+    """FusedMoE layers built inside the block without an explicit ep_size take `ep_size` (the
+    server's --ep-size); with ep_size > 1, a model that built none is refused."""
+    global _load_ep
+    previous, _load_ep = _load_ep, [ep_size, 0]
+    try:
+        yield
+        if ep_size > 1 and _load_ep[1] == 0:
+            raise ValueError(f"--ep-size {ep_size} applies to mixture-of-experts models only; this model has no experts.")
+    finally:
+        _load_ep = previous
+
+
+def _construction_ep_size() -> int:
+    if _load_ep is None:
+        return 1
+    _load_ep[1] += 1
+    return _load_ep[0]
+
+
 def moe_parallel_ranks(tp_rank: int, tp_size: int, ep_size: int) -> tuple[int, int, int]:
     """-> (ep_rank, moe_tp_rank, moe_tp_size) of TP rank `tp_rank`."""
     if ep_size < 1 or tp_size % ep_size:
@@ -68,10 +94,12 @@ class FusedMoE(nn.Module):
         params_dtype: torch.dtype = torch.float32,
         tp_rank: int = 0,
         tp_size: int = 1,
-        ep_size: int = 1,
+        ep_size: Optional[int] = None,
         reduce_results: bool = True,
     ) -> None:
+        """ep_size None: the server's --ep-size (see expert_parallel), 1 outside a model load."""
         super().__init__()
+        ep_size = _construction_ep_size() if ep_size is None else ep_size
         ep_rank, self.moe_tp_rank, moe_tp_size = moe_parallel_ranks(tp_rank, tp_size, ep_size)
         if num_experts % ep_size:
             raise ValueError(f"--ep-size {ep_size} does not divide the {num_experts} experts.")
@@ -109,7 +137,9 @@ class FusedMoE(nn.Module):
         local_ids = topk_ids if self.num_local_experts == self.num_experts else topk_ids - self.expert_start
         kernels = _triton_moe() if x.is_cuda else None
         if kernels is not None and kernels.fused_experts_triton_applies(x, self.w13_weight):
-            out = kernels.fused_experts_triton(x, self.w13_weight, self.w2_weight, topk_weights, local_ids)
+            out = kernels.fused_experts_triton(
+                x, self.w13_weight, self.w2_weight, topk_weights, local_ids, batch_invariant=is_batch_invariant()
+            )
         else:
             out = experts_torch(x, self.w13_weight, self.w2_weight, topk_weights, local_ids)
         if self.reduce_results and self.tp_size > 1:
@@ -161,3 +191,17 @@ def _triton_moe() -> Optional[ModuleType]:
         return importlib.import_module("sgl_kernel_ext.moe.fused_moe_triton")
     except ImportError:
         return None
+
+
+def load_expert_weight(params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor) -> Optional[str]:
+    """Loads a per-expert checkpoint tensor into its FusedMoE parameter -> the parameter's name;
+    None (nothing loaded) when `name` is not an expert tensor."""
+    target = expert_weight_target(name)
+    if target is None:
+        return None
+    param_name, shard, expert = target
+    if param_name not in params:
+        raise ValueError(f"Checkpoint tensor {name!r} has no matching expert parameter ({param_name}).")
+    param = params[param_name]
+    param.weight_loader(param, tensor, shard, expert)
+    return param_name

@@ -1,0 +1,49 @@
+"""Token -> expert alignment for the grouped-GEMM MoE kernels, in torch ops without host syncs.
+
+The N * k (token, slot) pairs are sorted by expert into blocks of BLOCK_M rows, each expert's
+run padded to a multiple of BLOCK_M, so that every block belongs to one expert. Buffer sizes
+depend on N, k, E and BLOCK_M alone (the worst case: every expert that can receive a pair pads
+BLOCK_M - 1 rows), so a CUDA graph captures the alignment and replays it for any routing.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class ExpertBlocks(NamedTuple):
+    sorted_pairs: torch.Tensor  # [P] int32: pair index t * k + j, grouped by expert; N * k marks padding
+    block_expert: torch.Tensor  # [P / BLOCK_M] int32: each block's expert; E for blocks past the last run
+
+
+def padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
+    """P: rows of the sorted layout in the worst case, a multiple of block_m."""
+    rows = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
+    return -(-rows // block_m) * block_m
+
+
+def align_to_blocks(local_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertBlocks:
+    """local_ids [N, k] (ids outside [0, E) are another rank's experts: left out) -> ExpertBlocks.
+    Within an expert the pairs keep their (token, slot) order."""
+    flat = local_ids.reshape(-1).long()  # [N k]
+    num_pairs, device = flat.shape[0], flat.device
+    key = torch.where((flat >= 0) & (flat < num_experts), flat, num_experts)  # foreign -> bucket E
+    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=device)
+    counts.scatter_add_(0, key, torch.ones_like(key))  # [E + 1]
+    padded = (counts[:num_experts] + block_m - 1) // block_m * block_m  # [E]
+    run_ends = torch.cumsum(padded, 0)  # [E]
+    run_starts = run_ends - padded
+    order = torch.argsort(key, stable=True)  # [N k] pairs grouped by expert
+    sorted_key = key[order]
+    first_of_key = torch.cumsum(counts, 0) - counts  # [E + 1] unpadded start of each bucket
+    rank_in_run = torch.arange(num_pairs, device=device) - first_of_key[sorted_key]
+    rows = padded_rows(num_pairs, num_experts, block_m)
+    # Foreign pairs go to a dump slot past the layout.
+    dest = torch.where(sorted_key < num_experts, run_starts[sorted_key.clamp(max=num_experts - 1)] + rank_in_run, rows)
+    sorted_pairs = torch.full((rows + 1,), num_pairs, dtype=torch.int32, device=device)
+    sorted_pairs.scatter_(0, dest, order.to(torch.int32))
+    block_starts = torch.arange(0, rows, block_m, device=device)  # [P / BLOCK_M]
+    block_expert = torch.searchsorted(run_ends, block_starts, right=True).to(torch.int32)
+    return ExpertBlocks(sorted_pairs[:rows], block_expert)
