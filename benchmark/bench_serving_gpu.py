@@ -720,9 +720,11 @@ def find_tokenizer(tokenizer_dir: str) -> str:
 
 
 def model_name(config: dict[str, Any], dtype: Any) -> str:
-    from random_checkpoint import QWEN3_0_6B, QWEN3_30B_A3B
+    from random_checkpoint import QWEN3_0_6B, QWEN3_30B_A3B, QWEN3_NEXT_80B_A3B
 
     kind = "dtype " + str(dtype).removeprefix("torch.")
+    if config.get("architectures") == QWEN3_NEXT_80B_A3B["architectures"]:
+        return f"Qwen3-Next-80B-A3B-shaped with {config.get('num_hidden_layers')} layers, random weights, {kind}"
     if config.get("architectures") == QWEN3_30B_A3B["architectures"]:
         layers = "" if config.get("num_hidden_layers") == QWEN3_30B_A3B["num_hidden_layers"] else \
             f" with {config.get('num_hidden_layers')} layers"
@@ -939,8 +941,9 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--checkpoint", type=Path, default=None,
                    help="checkpoint folder; written with random weights when missing (default /tmp/qwen3-0.6b-random, "
                    "/tmp/qwen3-30b-a3b-random with --arch qwen3_moe)")
-    p.add_argument("--arch", choices=("qwen3", "qwen3_moe"), default="qwen3",
-                   help="the random checkpoint's shape: Qwen3-0.6B, or Qwen3-30B-A3B (128 experts, top-8; ~61 GB bf16)")
+    p.add_argument("--arch", choices=("qwen3", "qwen3_moe", "qwen3_next"), default="qwen3",
+                   help="the random checkpoint's shape: Qwen3-0.6B, Qwen3-30B-A3B (128 experts, top-8; ~61 GB bf16) or "
+                   "Qwen3-Next-80B-A3B (with --layers 4 ~14 GB bf16)")
     p.add_argument("--tokenizer", default=".carry_engine/tokenizer", help="tokenizer files copied into a new checkpoint")
     p.add_argument("--layers", type=int, default=None, help="fewer layers than Qwen3-0.6B's 28 (dry runs)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
@@ -964,7 +967,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     args = p.parse_args(glue_server_args(sys.argv[1:] if argv is None else argv))
     args.concurrency = sorted(set(args.concurrency))
     if args.checkpoint is None:
-        args.checkpoint = Path("/tmp/qwen3-30b-a3b-random" if args.arch == "qwen3_moe" else "/tmp/qwen3-0.6b-random")
+        args.checkpoint = Path({"qwen3_moe": "/tmp/qwen3-30b-a3b-random", "qwen3_next": "/tmp/qwen3-next-random"}.get(
+            args.arch, "/tmp/qwen3-0.6b-random"))
     if min(args.concurrency) < 1 or args.rounds < 1 or args.new_tokens < 2:
         p.error("concurrency and rounds must be >= 1, new tokens >= 2")
     return args

@@ -5,10 +5,12 @@
    5..300 tokens prefilled together in 64-token chunks (the recurrent state carried across
    chunks), then greedy decode steps, batched. Reports the first token's max |logprob diff|
    over transformers' top-5 and the greedy token agreement; float32 must agree exactly.
-2. throughput: a checkpoint of Qwen3-Next-80B-A3B's layer shapes (hidden 2048, 512 experts top-10,
-   Gated DeltaNet 16 key / 32 value heads of 128, full attention 16 x 256 with 2 KV heads) with a
-   few layers (3 linear + 1 full by default), random bf16 weights; decode tok/s at N = 1 and 64
-   (prompts of 128 tokens prefilled, then timed greedy decode steps), eager and with CUDA graphs.
+2. throughput: a checkpoint of Qwen3-Next-80B-A3B's layer shapes (random_checkpoint.py --arch
+   qwen3_next: hidden 2048, 512 experts top-10, Gated DeltaNet 16 key / 32 value heads of 128,
+   full attention 16 x 256 with 2 KV heads) with a few layers (3 linear + 1 full by default),
+   random bf16 weights; decode tok/s of the ModelRunner at N = 1 and 64 (prompts of 128 tokens
+   prefilled, then timed greedy decode steps), eager or with CUDA graphs. The served numbers
+   (HTTP, scheduler included) come from bench_serving_gpu.py --arch qwen3_next.
 
 Whether flash-linear-attention (fla-core) was importable is recorded: without it the torch
 reference of the delta rule runs.
@@ -31,7 +33,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "test"))
+sys.path.insert(0, str(ROOT / "benchmark"))
 
+from random_checkpoint import write_qwen3_next_checkpoint  # noqa: E402
 from runner_utils import Driver  # noqa: E402
 
 from sglang.srt.layers.gated_delta_net import fla_ops  # noqa: E402
@@ -42,14 +46,6 @@ SMALL = dict(
     num_key_value_heads=2, head_dim=64, max_position_embeddings=4096, linear_num_key_heads=4,
     linear_num_value_heads=8, linear_key_head_dim=32, linear_value_head_dim=32, num_experts=8,
     num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=256,
-)
-# Qwen3-Next-80B-A3B's config.json shapes, fewer layers.
-REAL = dict(
-    vocab_size=151936, hidden_size=2048, intermediate_size=5120, num_attention_heads=16, num_key_value_heads=2,
-    head_dim=256, max_position_embeddings=8192, linear_num_key_heads=16, linear_num_value_heads=32,
-    linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, num_experts=512,
-    num_experts_per_tok=10, moe_intermediate_size=512, shared_expert_intermediate_size=512, norm_topk_prob=True,
-    rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
 )
 PROMPT_LENS = (5, 40, 100, 300)
 CHUNK = 64
@@ -139,12 +135,10 @@ def correctness(work: Path, dtype: torch.dtype, graphs: bool) -> dict:
     return record
 
 
-def throughput(work: Path, layers: int, graphs: bool, ns: list[int], steps: int) -> list[dict]:
-    folder = str(work / f"qwen3_next_real_shape_{layers}l")
+def throughput(folder: str, layers: int, graphs: bool, ns: list[int], steps: int) -> list[dict]:
+    """folder: the real-shape checkpoint, written there when missing."""
     if not (Path(folder) / "config.json").exists():
-        model = write_checkpoint(folder, REAL, layers, torch.bfloat16, std=0.02)
-        del model
-        _free()
+        write_qwen3_next_checkpoint(folder, device=DEVICE, num_hidden_layers=layers)
     runner = ModelRunner(folder, dtype="bfloat16", device=DEVICE, max_total_tokens=max(ns) * 512,
                          max_running_requests=max(ns), disable_cuda_graph=not graphs)
     records = []
@@ -189,6 +183,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/qwen3_next_ckpt"), help="checkpoint folder")
     parser.add_argument("--phase", choices=["correctness", "throughput", "all"], default="all")
     parser.add_argument("--layers", type=int, default=4, help="layers of the real-shape checkpoint")
+    parser.add_argument("--checkpoint", help="the real-shape checkpoint (default WORK/qwen3_next_real_shape_<layers>l)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--steps", type=int, default=64, help="timed decode steps")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the script")
@@ -204,7 +199,7 @@ def main() -> None:
         result["correctness"] = [correctness(args.work, dt, args.cuda_graphs) for dt in (torch.float32, torch.bfloat16)]
         print(json.dumps(result["correctness"], indent=1), flush=True)
     if args.phase in ("throughput", "all"):
-        result["throughput"] = throughput(args.work, args.layers, args.cuda_graphs, args.concurrency, args.steps)
+        result["throughput"] = throughput(args.checkpoint or str(args.work / f"qwen3_next_real_shape_{args.layers}l"), args.layers, args.cuda_graphs, args.concurrency, args.steps)
         result["checkpoint"] = {"shape": "Qwen3-Next-80B-A3B layer shapes", "layers": args.layers, "dtype": "bfloat16"}
     name = f"qwen3_next_gpu{'_graphs' if args.cuda_graphs else ''}.json"
     (args.out / name).write_text(json.dumps(result, indent=1))
