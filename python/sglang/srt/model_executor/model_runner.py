@@ -188,8 +188,6 @@ class ModelRunner:
         free memory holds states for, within CUDA_MAX_RUNNING_BOUNDS' upper bound."""
         free, _ = torch.cuda.mem_get_info(self.device)
         fits = int(free * CUDA_STATE_FREE_FRACTION) // layout.bytes_per_request()
-        if self.tp_size > 1:
-            fits = min_across_ranks(fits, tp_cpu_group())
         return max(1, min(fits, CUDA_MAX_RUNNING_BOUNDS[1]))
 
     def _default_max_total_tokens(self, max_running_requests: Optional[int]) -> int:
