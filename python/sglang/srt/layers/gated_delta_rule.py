@@ -113,5 +113,5 @@ def causal_conv1d_step(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.
     """One token per row. x [B, C]; conv_state [B, C, K-1]; weight [C, K]
     -> (output [B, C], new conv state [B, C, K-1])."""
     window = torch.cat([conv_state.to(x.dtype), x.unsqueeze(-1)], dim=-1)  # [B, C, K]
-    out = (window.to(weight.dtype) * weight).sum(dim=-1)  # [B, C]
+    out = (window.float() * weight.float()).sum(dim=-1)  # [B, C], accumulated in float32 as a conv kernel does
     return F.silu(out).to(x.dtype), window[..., 1:]
