@@ -3,7 +3,8 @@ random checkpoint written by transformers (3 linear-attention layers, 1 full-att
 sparse and dense MLPs), served in float32 and compared with transformers. The per-request
 recurrent state must survive chunked prefill (16-token chunks), batching, `n = 2`, an abort
 mid-decode (the next requests reuse its slot), and give the same tokens with and without
---disable-radix-cache (prefix reuse is off for hybrid models) and in deterministic mode."""
+--disable-radix-cache (prefix reuse is off for hybrid models) and the overlap schedule, and in
+deterministic mode."""
 
 from __future__ import annotations
 
@@ -42,9 +43,11 @@ def default_server(checkpoint, gguf_path: str):
 
 @pytest.fixture(scope="module")
 def one_slot_server(checkpoint, gguf_path: str):
-    """No radix cache and one running request (two request slots): requests take turns on the rows."""
+    """No radix cache, no overlap schedule, one running request (two request slots): requests take
+    turns on the rows."""
     folder, model = checkpoint
-    with serving(folder, gguf_path, *CHUNK, "--disable-radix-cache", "--max-running-requests", "1") as server:
+    flags = ("--disable-radix-cache", "--disable-overlap-schedule", "--max-running-requests", "1")
+    with serving(folder, gguf_path, *CHUNK, *flags) as server:
         yield server, model
 
 
@@ -57,6 +60,7 @@ def test_repeated_prompts_match_transformers(default_server) -> None:
     server, model = default_server
     # Sent again: with prefix reuse off for hybrid models, nothing of the first pass is reused.
     assert_matches_hf(server, model, prompts())
+    assert "Prefix reuse off" in server.output
 
 
 def test_n2_children_each_match_transformers(default_server) -> None:
