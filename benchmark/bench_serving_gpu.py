@@ -1019,7 +1019,7 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--dummy-weights", action="store_true",
                    help="write only config.json and serve it with --load-format dummy (shapes too large for the disk); "
                    "the floor then counts parameters from the config")
-    p.add_argument("--preset", choices=("qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b"), default="qwen3-0.6b",
+    p.add_argument("--preset", choices=("qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b", "qwen3-next-80b-a3b"), default="qwen3-0.6b",
                    help="the shape of a checkpoint written here (random_checkpoint.py; qwen3-30b-a3b: 128 experts, "
                    "top-8, ~61 GB bf16)")
     p.add_argument("--fp8-checkpoint", type=Path, default=None,

@@ -9,6 +9,7 @@ shape of a model but not its weights (no registry on the GPU machines).
 --fp8-block stores every linear (q/k/v/o, gate/up/down) as FP8 e4m3 codes with 128x128
 `weight_scale_inv` blocks and the quantization_config of Qwen3-8B-FP8; --dequantized-twin also
 writes the same model with those linears dequantised to bf16 (codes x scales), unquantised.
+    python benchmark/random_checkpoint.py /tmp/qwen3-next-4l --preset qwen3-next-80b-a3b --layers 4 --tokenizer .carry_engine/tokenizer
 """
 
 from __future__ import annotations
@@ -236,6 +237,127 @@ def write_qwen3_moe_checkpoint(
     return folder
 
 
+# Qwen3-Next-80B-A3B's config.json values: 48 layers, every 4th full attention, the others Gated
+# DeltaNet; 512 experts (top-10, intermediate 512) plus a shared expert in every layer.
+QWEN3_NEXT_80B_A3B = dict(
+    architectures=["Qwen3NextForCausalLM"],
+    model_type="qwen3_next",
+    hidden_size=2048,
+    intermediate_size=5120,
+    num_hidden_layers=48,
+    num_attention_heads=16,
+    num_key_value_heads=2,
+    head_dim=256,
+    vocab_size=151936,
+    max_position_embeddings=262144,
+    rms_norm_eps=1e-6,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+    tie_word_embeddings=False,
+    hidden_act="silu",
+    torch_dtype="bfloat16",
+    bos_token_id=151643,
+    eos_token_id=151645,
+    full_attention_interval=4,
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_num_key_heads=16,
+    linear_num_value_heads=32,
+    num_experts=512,
+    num_experts_per_tok=10,
+    moe_intermediate_size=512,
+    shared_expert_intermediate_size=512,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+)
+
+
+def qwen3_next_layer_tensors(config: dict, layer: int, generator: torch.Generator, device: str) -> dict[str, torch.Tensor]:
+    """One Qwen3-Next layer's HF tensors: Gated DeltaNet or gated attention (by
+    full_attention_interval), then the MoE block with its shared expert. Norm weights are
+    zero-centred (applied as 1 + w)."""
+    h, d = config["hidden_size"], config["head_dim"]
+
+    def normal(*shape: int, std: float = 0.02) -> torch.Tensor:
+        return (torch.randn(shape, generator=generator, device=device) * std).to(torch.bfloat16).cpu()
+
+    p = f"model.layers.{layer}."
+    tensors = {p + "input_layernorm.weight": normal(h, std=0.1), p + "post_attention_layernorm.weight": normal(h, std=0.1)}
+    if (layer + 1) % config["full_attention_interval"] == 0:
+        q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
+        tensors.update({
+            p + "self_attn.q_proj.weight": normal(2 * q, h),  # each head's query, then its output gate
+            p + "self_attn.k_proj.weight": normal(kv, h),
+            p + "self_attn.v_proj.weight": normal(kv, h),
+            p + "self_attn.o_proj.weight": normal(h, q),
+            p + "self_attn.q_norm.weight": normal(d, std=0.1),
+            p + "self_attn.k_norm.weight": normal(d, std=0.1),
+        })
+    else:
+        hk, hv = config["linear_num_key_heads"], config["linear_num_value_heads"]
+        dk, dv = config["linear_key_head_dim"], config["linear_value_head_dim"]
+        conv_dim = 2 * hk * dk + hv * dv
+        tensors.update({
+            p + "linear_attn.in_proj_qkvz.weight": normal(2 * hk * dk + 2 * hv * dv, h),
+            p + "linear_attn.in_proj_ba.weight": normal(2 * hv, h),
+            p + "linear_attn.conv1d.weight": normal(conv_dim, 1, config["linear_conv_kernel_dim"], std=0.3),
+            p + "linear_attn.dt_bias": torch.ones(hv, dtype=torch.bfloat16),
+            p + "linear_attn.A_log": torch.linspace(0.0, 2.7, hv).to(torch.bfloat16),  # A in [1, 15]
+            p + "linear_attn.norm.weight": (1.0 + normal(dv, std=0.1).float()).to(torch.bfloat16),
+            p + "linear_attn.out_proj.weight": normal(h, hv * dv),
+        })
+    inter, shared = config["moe_intermediate_size"], config["shared_expert_intermediate_size"]
+    tensors.update({
+        p + "mlp.gate.weight": normal(config["num_experts"], h),
+        p + "mlp.shared_expert.gate_proj.weight": normal(shared, h),
+        p + "mlp.shared_expert.up_proj.weight": normal(shared, h),
+        p + "mlp.shared_expert.down_proj.weight": normal(h, shared),
+        p + "mlp.shared_expert_gate.weight": normal(1, h),
+    })
+    for e in range(config["num_experts"]):
+        tensors.update({
+            f"{p}mlp.experts.{e}.gate_proj.weight": normal(inter, h),
+            f"{p}mlp.experts.{e}.up_proj.weight": normal(inter, h),
+            f"{p}mlp.experts.{e}.down_proj.weight": normal(h, inter),
+        })
+    return tensors
+
+
+def write_qwen3_next_checkpoint(
+    folder: str, tokenizer_dir: Optional[str] = None, seed: int = 0, device: str = "cpu", **overrides
+) -> str:
+    """A Qwen3-Next-80B-A3B-shaped checkpoint (config overrides allowed, e.g. num_hidden_layers=4:
+    3 Gated DeltaNet layers and 1 full-attention layer) in `folder`, one shard per layer."""
+    from safetensors.torch import save_file
+
+    config = {**QWEN3_NEXT_80B_A3B, **overrides}
+    os.makedirs(folder, exist_ok=True)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    h, vocab = config["hidden_size"], config["vocab_size"]
+    weight_map: dict[str, str] = {}
+
+    def shard(name: str, tensors: dict[str, torch.Tensor]) -> None:
+        save_file(tensors, os.path.join(folder, name))
+        weight_map.update(dict.fromkeys(tensors, name))
+
+    embed = (torch.randn(vocab, h, generator=generator, device=device) * 0.02).to(torch.bfloat16).cpu()
+    head = (torch.randn(vocab, h, generator=generator, device=device) * 0.02).to(torch.bfloat16).cpu()
+    final_norm = (0.1 * torch.randn(h, generator=generator, device=device)).to(torch.bfloat16).cpu()
+    shard("model-embed.safetensors", {"model.embed_tokens.weight": embed, "lm_head.weight": head,
+                                      "model.norm.weight": final_norm})
+    for layer in range(config["num_hidden_layers"]):
+        shard(f"model-layer-{layer:03d}.safetensors", qwen3_next_layer_tensors(config, layer, generator, device))
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    if tokenizer_dir:
+        for name in os.listdir(tokenizer_dir):
+            shutil.copy(os.path.join(tokenizer_dir, name), folder)
+    return folder
+
+
 def preset_config(preset: str, layers: Optional[int] = None) -> dict:
     """The config.json a preset writes (with `layers` layers when given)."""
     return {**PRESETS[preset], **({"num_hidden_layers": layers} if layers else {})}
@@ -246,16 +368,18 @@ def write_preset(folder: str, preset: str, tokenizer_dir: Optional[str] = None, 
                  dequantized_twin: Optional[str] = None) -> None:
     """A random checkpoint of `preset`'s shape in `folder` (MoE presets: bf16 only)."""
     config = preset_config(preset, layers)
-    if config["architectures"] == QWEN3_30B_A3B["architectures"]:
+    sparse_writers = {"Qwen3MoeForCausalLM": write_qwen3_moe_checkpoint, "Qwen3NextForCausalLM": write_qwen3_next_checkpoint}
+    writer = sparse_writers.get(config["architectures"][0])
+    if writer is not None:
         if fp8_block:
             raise ValueError("--fp8-block writes dense Qwen3 presets only.")
-        write_qwen3_moe_checkpoint(folder, tokenizer_dir, seed, device, **config)
+        writer(folder, tokenizer_dir, seed, device, **config)
         return
     overrides = {k: v for k, v in config.items() if QWEN3_0_6B.get(k) != v}
     write_qwen3_checkpoint(folder, tokenizer_dir, seed, device, fp8_block, dequantized_twin, **overrides)
 
 
-PRESETS["qwen3-30b-a3b"] = QWEN3_30B_A3B
+PRESETS.update({"qwen3-30b-a3b": QWEN3_30B_A3B, "qwen3-next-80b-a3b": QWEN3_NEXT_80B_A3B})
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ ARCHITECTURES = {
     "Phi3ForCausalLM": "phi3",
     "Olmo2ForCausalLM": "olmo2",
     "Glm4ForCausalLM": "glm4",
+    "Qwen3NextForCausalLM": "qwen3_next",
 }
 MODEL_ARCHS = frozenset(ARCHITECTURES.values())
 # Architectures read from GGUF files (gguf_loader maps their tensor names and undoes llama.cpp's

@@ -108,10 +108,14 @@ class Scheduler:
         self.chunked_req: Optional[Req] = None  # the request whose prompt the last prefill step left unfinished
         self.reqs_by_rid: dict[str, Req] = {}
         pool = self.model_runner.req_to_token_pool
+        hybrid = self.model_runner.state_pool is not None
+        if hybrid and not server_args.disable_radix_cache and tp_rank == 0:
+            # A cached KV prefix lacks the recurrent state at its end, so every prompt runs from its start.
+            logger.info("Prefix reuse off: %s keeps a per-request recurrent state (radix cache disabled).", config.arch)
         self.tree_cache = RadixCache(
             pool,
             self.model_runner.token_to_kv_pool_allocator,
-            disable=server_args.disable_radix_cache,
+            disable=server_args.disable_radix_cache or hybrid,
             # Deterministic mode: only whole aligned prefill chunks, whose bits every run shares.
             align=server_args.chunked_prefill_size if self.deterministic else 1,
         )

@@ -175,6 +175,7 @@ class CudaGraphRunner:
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
         runner = self.model_runner
         batch.kv_cache, batch.attn_backend = runner.kv_cache, runner.attn_backend
+        batch.state_pool = runner.state_pool
         with batch_invariant(runner.deterministic):
             return runner.model(batch).next_token_logits  # [bs, V] float32
 

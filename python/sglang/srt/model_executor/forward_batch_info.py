@@ -9,6 +9,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 
 from sglang.srt.mem_cache.memory_pool import KVCache
+from sglang.srt.mem_cache.recurrent_state_pool import RecurrentStatePool
 from sglang.srt.utils import host_to_device
 
 
@@ -52,6 +53,8 @@ class ForwardBatch:
     # layers read this batch, so this module does not import them.
     kv_cache: Optional[KVCache] = None
     attn_backend: Any = None
+    # Hybrid models (linear-attention layers): each request slot's conv and recurrent states.
+    state_pool: Optional[RecurrentStatePool] = None
     # Set while piecewise CUDA graphs are captured: takes (attention layer, q) in place of the
     # attention and returns the buffer the attention will write at replay (piecewise_cuda_graph_runner.py).
     attention_split: Optional[Callable[[Any, torch.Tensor], torch.Tensor]] = None

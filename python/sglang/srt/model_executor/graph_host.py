@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Optional, Protocol
 
 import torch
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.attention import AttentionBackend
 from sglang.srt.mem_cache.memory_pool import KVCache, ReqToTokenPool
+from sglang.srt.mem_cache.recurrent_state_pool import RecurrentStatePool
 
 
 class GraphHost(Protocol):
@@ -19,6 +20,7 @@ class GraphHost(Protocol):
     model: torch.nn.Module
     model_config: ModelConfig
     kv_cache: KVCache
+    state_pool: Optional[RecurrentStatePool]  # hybrid models only
     attn_backend: AttentionBackend
     req_to_token_pool: ReqToTokenPool
     future_tokens: torch.Tensor  # [R + 1] int64, the last sampled id of every request slot

@@ -17,12 +17,13 @@ from sgl_kernel_ext.rotary.rope_store_cpu import rope_store_cpu_applies
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed.communication import check_token_agreement, min_across_ranks, token_agreement_check_requested
 from sglang.srt.distributed.parallel_state import tp_cpu_group, tp_device_group
-from sglang.srt.layers.attention import create_attention_backend, default_attention_backend
+from sglang.srt.layers.attention import Attention, create_attention_backend, default_attention_backend
 from sglang.srt.layers.batch_invariant import batch_invariant
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.quantization import check_quantization_device, resolve_quant_config
 from sglang.srt.layers.sampler import SamplerInput, create_sampler
 from sglang.srt.mem_cache.memory_pool import KVCache, ReqToTokenPool, TokenToKVPoolAllocator
+from sglang.srt.mem_cache.recurrent_state_pool import RecurrentStateLayout, RecurrentStatePool
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.piecewise_cuda_graph_runner import PiecewiseCudaGraphRunner, capture_token_counts
@@ -51,6 +52,9 @@ DEFAULT_CUDA_GRAPH_MAX_BS = 256
 # Largest extend step captured in piecewise graphs when no size is given (the server passes its
 # --chunked-prefill-size, so that every prefill chunk replays).
 DEFAULT_PIECEWISE_MAX_TOKENS = 4096
+# Hybrid models on CUDA without --max-running-requests: the per-request recurrent states take at most
+# this share of the memory free after the weights (the running-request limit follows from it).
+CUDA_STATE_FREE_FRACTION = 0.2
 
 
 class ModelRunner:
@@ -106,14 +110,16 @@ class ModelRunner:
         layout = self.kv_cache_layout
         self.attn_backend = create_attention_backend(
             attention_backend or default_attention_backend(self.device.type), self.req_to_token_pool.req_to_token,
-            self.model.model.layers[0].self_attn.num_heads, layout.num_kv_heads, layout.head_dim, self.dtype,
+            first_attention(self.model).num_heads, layout.num_kv_heads, layout.head_dim, self.dtype,
         )
         self._init_sampling(sampling_backend, random_seed)
         self.cuda_graph_runner: Optional[CudaGraphRunner] = None
         self.piecewise_runner: Optional[PiecewiseCudaGraphRunner] = None
         if self.device.type == "cuda" and not disable_cuda_graph:
             self._init_cuda_graphs(cuda_graph_max_bs, cuda_graph_bs)
-            if not disable_piecewise_cuda_graph:
+            if self.state_pool is not None and not disable_piecewise_cuda_graph:
+                logger.info("Piecewise CUDA graphs off: the linear-attention layers run extend steps eagerly.")
+            elif not disable_piecewise_cuda_graph:
                 self._init_piecewise_cuda_graphs(piecewise_cuda_graph_max_tokens, piecewise_cuda_graph_tokens)
 
     def _init_sampling(self, backend: str, random_seed: int) -> None:
@@ -133,9 +139,17 @@ class ModelRunner:
 
     def _init_pools(self, max_total_tokens: Optional[int], max_running_requests: Optional[int]) -> None:
         cuda = self.device.type == "cuda"
-        self.kv_cache_layout = self.model.kv_cache_layout()
         if max_running_requests is None and not cuda:
             max_running_requests = CPU_MAX_RUNNING_REQUESTS
+        state_layout = recurrent_state_layout(self.model)
+        if state_layout is not None and max_running_requests is None:
+            max_running_requests = self._state_bounded_requests(state_layout)
+        # Allocated before the KV pool is sized, so that the KV budget is what the states leave.
+        self.state_pool = None
+        if state_layout is not None:
+            # One row per request slot (the spare slot included) plus the request pool's padding row.
+            self.state_pool = RecurrentStatePool(state_layout, max_running_requests + 2, self.device)
+        self.kv_cache_layout = self.model.kv_cache_layout()
         self.max_total_num_tokens = max_total_tokens or self._default_max_total_tokens(max_running_requests)
         if max_running_requests is None:
             low, high = CUDA_MAX_RUNNING_BOUNDS
@@ -150,6 +164,8 @@ class ModelRunner:
             self.max_total_num_tokens, self.kv_cache.mem_bytes() / 2**20, self.dtype, max_running_requests,
             self.model_config.context_len,
         )
+        if self.state_pool is not None:
+            logger.info("Recurrent states: %d request slots (%.1f MiB).", max_running_requests, self.state_pool.mem_bytes() / 2**20)
 
     def _init_cuda_graphs(self, max_bs: Optional[int], explicit: Optional[list[int]]) -> None:
         if not self.attn_backend.supports_cuda_graph:
@@ -174,6 +190,13 @@ class ModelRunner:
         counts = capture_token_counts(max_tokens or DEFAULT_PIECEWISE_MAX_TOKENS, explicit)
         with torch.inference_mode():
             self.piecewise_runner = PiecewiseCudaGraphRunner(self, counts)
+
+    def _state_bounded_requests(self, layout: RecurrentStateLayout) -> int:
+        """CUDA default for a hybrid model: as many running requests as CUDA_STATE_FREE_FRACTION of the
+        free memory holds states for, within CUDA_MAX_RUNNING_BOUNDS' upper bound."""
+        free, _ = torch.cuda.mem_get_info(self.device)
+        fits = int(free * CUDA_STATE_FREE_FRACTION) // layout.bytes_per_request()
+        return max(1, min(fits, CUDA_MAX_RUNNING_BOUNDS[1]))
 
     def _default_max_total_tokens(self, max_running_requests: Optional[int]) -> int:
         per_token = self.kv_cache_layout.bytes_per_token(self.dtype.itemsize)
@@ -205,6 +228,9 @@ class ModelRunner:
         fits a captured graph replays it; an extend step within the piecewise graphs' token
         counts replays their pieces around eager attention."""
         forward_batch.kv_cache, forward_batch.attn_backend = self.kv_cache, self.attn_backend
+        forward_batch.state_pool = self.state_pool
+        if self.state_pool is not None and forward_batch.forward_mode.is_extend():
+            self._reset_new_requests(forward_batch)
         self.req_to_token_pool.write_forward_batch(
             forward_batch.req_pool_indices, forward_batch.extend_seq_lens, forward_batch.positions, forward_batch.out_cache_loc
         )
@@ -217,6 +243,15 @@ class ModelRunner:
             self.attn_backend.init_forward_metadata(forward_batch)
             return self.model(forward_batch)
 
+
+    def _reset_new_requests(self, forward_batch: ForwardBatch) -> None:
+        """Zero the recurrent states of the requests this extend starts (no prefix before it); a
+        later chunk of a prompt carries its state on."""
+        new = [i for i, prefix in enumerate(forward_batch.extend_prefix_lens_cpu) if prefix == 0]
+        rows = forward_batch.req_pool_indices
+        if len(new) < forward_batch.batch_size:
+            rows = rows.index_select(0, host_to_device(torch.tensor(new, dtype=torch.int64), self.device))
+        self.state_pool.reset(rows)
 
     @torch.inference_mode()
     def run(self, step: Step) -> StepResult:
@@ -258,6 +293,16 @@ class ModelRunner:
             graph_rows=batch.batch_size if replayed else None,
             token_store=(self.future_tokens, slots),
         )
+
+
+def first_attention(model: torch.nn.Module) -> Attention:
+    """The model's first attention layer: its (TP-local) head counts size the attention backend."""
+    return next(m for m in model.modules() if isinstance(m, Attention))
+
+
+def recurrent_state_layout(model: torch.nn.Module) -> Optional[RecurrentStateLayout]:
+    """Per-request recurrent state of a hybrid model (`recurrent_state_layout()`), else None."""
+    return model.recurrent_state_layout() if hasattr(model, "recurrent_state_layout") else None
 
 
 def _build_cpu_kernels() -> None:

@@ -14,6 +14,7 @@ from sglang.srt.models.phi3 import Phi3ForCausalLM
 from sglang.srt.models.qwen2 import Qwen2ForCausalLM
 from sglang.srt.models.qwen3 import Qwen3ForCausalLM
 from sglang.srt.models.qwen3_moe import Qwen3MoeForCausalLM
+from sglang.srt.models.qwen3_next import Qwen3NextForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,
@@ -26,6 +27,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "phi3": Phi3ForCausalLM,
     "olmo2": Olmo2ForCausalLM,
     "glm4": Glm4ForCausalLM,
+    "qwen3_next": Qwen3NextForCausalLM,
 }
 
 
