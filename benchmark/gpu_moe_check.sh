@@ -3,10 +3,10 @@
 #   tests - the MoE Triton kernels' unit tests natively on CUDA, then benchmark/gpu_moe_check.py
 #           (kernels vs reference at Qwen3-30B-A3B shapes in bf16 with timings, a CUDA graph of the
 #           MoE block, Qwen3-MoE and Mixtral served in bf16 against transformers on CUDA)
-#   bench - benchmark/bench_serving_gpu.py --preset qwen3-30b-a3b: a Qwen3-30B-A3B-shaped random bf16
-#           checkpoint (~61 GB, written on the device) served at N = 1, 64, 256 with the active-weight
-#           read floor measured in the same call (extra args go to bench_serving_gpu.py, e.g.
-#           --layers 24 where the disk cannot hold 61 GB)
+#   bench - benchmark/bench_serving_gpu.py --preset qwen3-30b-a3b --dummy-weights: a Qwen3-30B-A3B-shaped
+#           model (config.json only, random weights drawn at load: 61 GB would not fit the disk) served
+#           at N = 1, 64, 256 with the active-weight read floor measured in the same call (extra args
+#           go to bench_serving_gpu.py)
 # Run through the device tool from the repo root with carry [".carry_engine"] (benchmark/make_engine_carry.sh):
 #   bash benchmark/gpu_moe_check.sh tests      |      bash benchmark/gpu_moe_check.sh bench [bench args]
 # Everything printed also goes to $OUT/gpu_moe_<phase>.txt.
@@ -28,7 +28,7 @@ case "$phase" in
     timeout 360 python3 benchmark/gpu_moe_check.py --out "$OUT" --tokenizer .carry_engine/tokenizer "$@"
     ;;
   bench)
-    timeout 580 python3 benchmark/bench_serving_gpu.py --preset qwen3-30b-a3b --systems ours weight_read_floor \
+    timeout 580 python3 benchmark/bench_serving_gpu.py --preset qwen3-30b-a3b --dummy-weights --systems ours weight_read_floor \
       --concurrency 1 64 256 --rounds 1 --time-budget-s 400 --server-timeout-s 400 --out-dir "$OUT" \
       --tokenizer .carry_engine/tokenizer --tag qwen3-30b-a3b "$@"
     ;;

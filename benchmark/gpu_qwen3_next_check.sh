@@ -20,7 +20,6 @@ mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_qwen3_next_$phase.txt") 2>&1
 export TQDM_DISABLE=1 PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .carry_engine/whl/*.whl 2>&1 | grep -v WARNING
-python3 -m pip install -q --no-deps --target /tmp/site fla-core 2>&1 | tail -1 || true
 export PYTHONPATH=/tmp/site:python:test:.
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 git log -1 --format='commit %h %s' 2>/dev/null || true
