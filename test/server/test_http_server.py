@@ -21,7 +21,7 @@ from fake_scheduler import ENTRY, LOG_ENV, build_test_tokenizer
 from sglang.srt.entrypoints.launch import SCHEDULER_ENTRY_ENV
 from sglang.srt.managers.detokenizer_manager import DetokenizerManager
 from sglang.srt.managers.io_struct import BatchTokenOut, TokenOut
-from sglang.srt.managers.tokenizer_manager import derive_child_seed
+from sglang.srt.managers.fan_out import derive_child_seed
 from sglang.srt.sampling.custom_logit_processor import DISABLED_MESSAGE
 from sglang.test.server_process import ServerProcess, free_port
 
