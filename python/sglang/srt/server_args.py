@@ -116,11 +116,13 @@ class ServerArgs:
 
     def resolve(self) -> "ServerArgs":
         """Fill what depends on the machine: model path, device, sampling backend, names."""
+        if self.served_model_name is None and self.model_path is not None:
+            self.served_model_name = self.model_path  # SGLang's model id: --model-path as given
         if self.model_path is None:
             self.model_path = embedded_model_path()
         if self.tokenizer_path is None:
             self.tokenizer_path = self.model_path
-        if self.served_model_name is None:
+        if self.served_model_name is None:  # the embedded model: its file's name
             self.served_model_name = os.path.basename(os.path.normpath(self.model_path))
         if self.device is None:
             self.device = _default_device()
@@ -286,7 +288,8 @@ class ServerArgs:
         add("--skip-tokenizer-init", action="store_true",
             help="Load no tokenizer anywhere: requests must send input_ids, responses carry output_ids and no text; "
             "text prompts, stop strings/regexes, min_new_tokens, chat/completions and /tokenize are refused (400).")
-        add("--served-model-name", default=d.served_model_name, help="Model name reported by /v1/models.")
+        add("--served-model-name", default=d.served_model_name,
+            help="Model name reported by /v1/models (default: --model-path as given).")
         add("--chat-template", default=d.chat_template,
             help="A Jinja chat template file that replaces the tokenizer's own for /v1/chat/completions.")
         add("--trust-remote-code", action="store_true",

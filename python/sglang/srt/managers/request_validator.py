@@ -64,7 +64,10 @@ class RequestValidator:
         vocab = self.ready.vocab_size
         for t in ids:
             if not 0 <= t < vocab:
-                raise ValueError(f"{name} contains out-of-vocabulary token id {t}; valid range is [0, {vocab}).")
+                raise ValueError(
+                    f"{name} contains out-of-vocabulary token id {t}; valid range is [0, {vocab}). "
+                    f"Token ID {t} is out of vocabulary."
+                )
 
     def sampling_params(self, raw: Any) -> SamplingParams:
         if raw is None:

@@ -52,6 +52,7 @@ from sglang.srt.server_args import PortArgs, ServerArgs
 logger = logging.getLogger(__name__)
 
 HEALTH_CHECK_TIMEOUT_S = 20.0
+HEALTH_CHECK_NAMESPACE = "__sglang_health_check__"
 LOAD_TIMEOUT_S = 60.0  # the scheduler answers between steps; a loaded CPU step can take seconds
 ABORTED_BY_CLIENT = {
     "type": "abort",
@@ -223,6 +224,8 @@ class TokenizerManager(ManyRequests):
             input_ids=[0],
             sampling_params={"max_new_tokens": 1, "temperature": 0},
             rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
+            # A prefix-cache namespace of its own: a client's fresh prompt never counts its token as cached.
+            extra_key=HEALTH_CHECK_NAMESPACE,
         )
         try:
             await asyncio.wait_for(self._drain(obj), timeout)
@@ -264,7 +267,7 @@ class TokenizerManager(ManyRequests):
         group = ReqGroup()
         for rid in [prepared.rid] + [child.rid for child in prepared.children]:
             if rid in self._states or rid in self._children_of:
-                raise ValueError(f"rid {rid!r} is already in use by a running request.")
+                raise ValueError(f"Duplicate request ID: rid {rid!r} is already in use by a running request.")
         for index, child in enumerate(prepared.children):
             state = ReqState(
                 rid=child.rid,
