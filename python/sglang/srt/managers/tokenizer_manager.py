@@ -5,9 +5,8 @@ back on a socket this class binds: from the detokenizer process as BatchStrOut, 
 --detokenizer-mode inline from the scheduler as BatchTokenOut, detokenized here. Every request
 has a ReqState per child (n > 1 fans out into n children) that the socket's reader updates;
 the generator of the request wakes on its group's event and yields cumulative SGLang-native dicts.
-The parts: request_validator (the checks of prepare_request), fan_out (n > 1 children and the
-merge of several requests' streams: generate_many / run_many / collect, the one place where
-either is done), request_state (each child's state and the result dicts built from it).
+The parts: request_validator (prepare_request's checks), fan_out (n > 1 children, the merge of
+several requests' streams: generate_many / run_many / collect), request_state (the dicts).
 """
 
 from __future__ import annotations
@@ -55,10 +54,7 @@ HEALTH_CHECK_TIMEOUT_S = 20.0
 HEALTH_CHECK_NAMESPACE = "__sglang_health_check__"
 LOAD_TIMEOUT_S = 60.0  # the scheduler answers between steps; a loaded CPU step can take seconds
 ABORTED_BY_CLIENT = {
-    "type": "abort",
-    "message": "The request was aborted.",
-    "status_code": 499,
-    "err_type": "ClientClosedRequest",
+    "type": "abort", "message": "The request was aborted.", "status_code": 499, "err_type": "ClientClosedRequest",
 }
 
 ABORTED_BY_SHUTDOWN = {
@@ -163,10 +159,13 @@ class TokenizerManager(ManyRequests):
         try:
             for child in prepared.children:
                 self._send_sock.send(encode(child))
-            while group.unfinished():
-                await group.event.wait()
-                group.event.clear()
-                for state in self._take_dirty(group):
+            # Taken again after each yield: a child that finished meanwhile still yields its final dict.
+            while (dirty := self._take_dirty(group)) or group.unfinished():
+                if not dirty:
+                    await group.event.wait()
+                    group.event.clear()
+                    continue
+                for state in dirty:
                     _raise_if_refused(state)
                     if prepared.stream or state.finished_reason is not None:
                         out = self._snapshot(state, indexed)
