@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import requests
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -52,12 +51,23 @@ def sglang_release_python() -> Path:
     return python
 
 
-def test_bench_serving_random_ids_reports_the_tokens_it_asked_for(smollm_server, sglang_release_python, tmp_path) -> None:
-    info = requests.get(smollm_server.url + "/get_server_info", timeout=60).json()
+def _hf_tokenizer(gguf_path: str) -> str:
+    """An HF tokenizer folder of the embedded GGUF (the client reads it with AutoTokenizer)."""
+    from sglang.srt.utils.hf_transformers_utils import get_tokenizer, hf_tokenizer_folder
+
+    get_tokenizer(gguf_path)  # converts and caches the GGUF's tokenizer once
+    return hf_tokenizer_folder(gguf_path)
+
+
+def test_bench_serving_random_ids_reports_the_tokens_it_asked_for(
+    smollm_server, gguf_path, sglang_release_python, tmp_path
+) -> None:
+    tokenizer = _hf_tokenizer(gguf_path)
+    assert os.path.isdir(tokenizer)
     output = tmp_path / "bench.jsonl"
     argv = [
         str(sglang_release_python), str(LAUNCHER), "sglang.bench_serving",
-        "--backend", "sglang", "--base-url", smollm_server.url, "--tokenizer", info["tokenizer_path"],
+        "--backend", "sglang", "--base-url", smollm_server.url, "--tokenizer", tokenizer,
         "--dataset-name", "random-ids", "--num-prompts", str(NUM_PROMPTS),
         "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN), "--random-range-ratio", "1",
         "--output-file", str(output), "--seed", "1",
