@@ -24,7 +24,7 @@ from sglang.srt.entrypoints.openai import register_openai_routes, serving_chat
 from sglang.srt.entrypoints.openai.protocol import MAX_N
 from sglang.srt.entrypoints.openai.serving_chat import strip_duplicate_bos, tokenizer_adds_bos
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.tokenizer_manager import child_rids, child_sampling_params, derive_child_seed, merge_indexed
+from sglang.srt.managers.fan_out import child_rids, child_sampling_params, derive_child_seed, merge_indexed
 from sglang.srt.server_args import ServerArgs
 
 MODEL = "fake-model"

@@ -256,8 +256,7 @@ def test_model_list(client) -> None:
 def test_retrieve_model(client, model, smollm_server) -> None:
     model_path = requests.get(smollm_server.url + "/get_model_info", timeout=60).json()["model_path"]
     retrieved = client.models.retrieve(model)
-    assert retrieved.id == model
-    assert retrieved.root == model_path  # upstream: root == id == the model path (SGLang's default served name)
+    assert retrieved.id == model == retrieved.root == model_path  # SGLang's default served name: the model path
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("non-existent-model")
 

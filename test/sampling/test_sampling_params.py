@@ -158,8 +158,6 @@ _BAD = [
     ({"regex": "a", "ebnf": "b"}, "Only one of json_schema, regex, ebnf, or structural_tag"),
     ({"n": 0}, "n must be at least 1"),
     ({"n": True}, "n must be at least 1"),
-    ({"stop_token_ids": [VOCAB]}, "stop_token_ids"),
-    ({"stop_token_ids": [-1]}, "stop_token_ids"),
     ({"stream_interval": 0}, "stream_interval"),
     ({"beam_width": 2}, "beam_width"),
     ({"watermark": {"key": 1}}, "watermark"),
@@ -178,7 +176,6 @@ def test_verify_rejects(kwargs, name):
     [
         ({"logit_bias": {"abc": 1.0}}, f"[0, {VOCAB - 1}]"),
         ({"logit_bias": {"5": 101}}, "[-100, 100]"),
-        ({"stop_token_ids": [VOCAB]}, f"[0, {VOCAB - 1}]"),
         ({"sampling_seed": 2**63}, "[-2**63, 2**63 - 1]"),
         ({"min_new_tokens": 5, "max_new_tokens": 4}, "[0, max_new_tokens(4)]"),
     ],
@@ -187,6 +184,16 @@ def test_verify_messages_name_the_range(kwargs, fragment):
     with pytest.raises(ValueError) as info:
         SamplingParams(**kwargs).verify(VOCAB)
     assert fragment in str(info.value)
+
+
+def test_out_of_vocabulary_stop_token_ids_are_ignored():
+    """They can never be produced: dropped, as SGLang ignores them, instead of refused."""
+    params = SamplingParams(stop_token_ids=[3, VOCAB, -1, VOCAB + 7])
+    params.verify(VOCAB)
+    assert params.stop_token_ids == {3}
+    only_oov = SamplingParams(stop_token_ids=[VOCAB])
+    only_oov.verify(VOCAB)
+    assert only_oov.stop_token_ids is None
 
 
 def test_logit_bias_value_message_names_key():

@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from engine_utils import generate, generate_ok, greedy, processor_shipped_by_value, running_server, stream_chunks
-from sglang.srt.managers.tokenizer_manager import derive_child_seed
+from sglang.srt.managers.fan_out import derive_child_seed
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sglang.srt.managers.tokenizer_manager import child_rids, child_sampling_params, merge_indexed
+from sglang.srt.managers.fan_out import child_rids, child_sampling_params, merge_indexed
 
 # derive_child_seed(1234, i) for i < 3: the seeds /generate and /v1 give the children of seed 1234.
 SEED_1234_CHILDREN = [-4968325692281840421, -7509856599009106652, 3728693401281897946]

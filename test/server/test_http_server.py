@@ -21,7 +21,7 @@ from fake_scheduler import ENTRY, LOG_ENV, build_test_tokenizer
 from sglang.srt.entrypoints.launch import SCHEDULER_ENTRY_ENV
 from sglang.srt.managers.detokenizer_manager import DetokenizerManager
 from sglang.srt.managers.io_struct import BatchTokenOut, TokenOut
-from sglang.srt.managers.tokenizer_manager import derive_child_seed
+from sglang.srt.managers.fan_out import derive_child_seed
 from sglang.srt.sampling.custom_logit_processor import DISABLED_MESSAGE
 from sglang.test.server_process import ServerProcess, free_port
 
@@ -453,6 +453,7 @@ INVALID = [
     ({"text": ""}, "empty"),
     ({"input_ids": []}, "empty"),
     ({"input_ids": [1, 999999]}, "input_ids contains out-of-vocabulary token id 999999"),
+    ({"input_ids": [1, 999999]}, "Token ID 999999 is out of vocabulary"),  # SGLang's phrase
     ({}, "Exactly one of text or input_ids"),
     ({"text": "hi", "no_such_field": 1, "other_field": "x"},
      "Unknown or unsupported field(s) no_such_field, other_field in /generate"),
@@ -491,13 +492,72 @@ def test_invalid_json_body_is_400(main: Server) -> None:
     assert "JSON" in response.json()["error"]["message"]
 
 
-def test_streaming_error_is_an_sse_event(main: Server) -> None:
-    response = main.post({"text": "hi", "stream": True, "sampling_params": {"top_p": 2}}, stream=True)
-    events = _sse_events(response)
-    assert events[-1] == "[DONE]" and len(events) == 2
-    error = events[0]["error"]
-    assert "top_p" in error["message"]
-    assert (error["type"], error["code"], error["retryable"]) == ("invalid_request_error", 400, False)
+@pytest.mark.parametrize("body", [
+    {"text": "hi", "stream": True, "sampling_params": {"top_p": 2}},
+    {"text": "hi", "stream": True, "return_routed_experts": True},
+    {"text": ["a", "b"], "stream": True, "sampling_params": [{"top_p": 2}, {}]},
+])
+def test_streaming_validation_error_is_a_400_before_the_stream(main: Server, body: dict[str, Any]) -> None:
+    response = main.post(body, stream=True)
+    assert response.status_code == 400 and response.headers["content-type"].startswith("application/json")
+    assert "error" in response.json()
+
+
+def test_streaming_duplicate_rid_is_a_400_before_the_stream(main: Server) -> None:
+    slow = {"max_new_tokens": 2000, "ignore_eos": True, "custom_params": {"fake_delay": 0.02}}
+    with main.post({"input_ids": [10, 11], "rid": "dup-rid", "stream": True, "sampling_params": slow}, stream=True) as running:
+        lines = running.iter_lines()
+        next(line for line in lines if line.startswith(b"data: "))  # in flight
+        again = main.post({"input_ids": [10, 11], "rid": "dup-rid", "stream": True}, stream=True)
+        assert again.status_code == 400 and "Duplicate request ID" in again.json()["error"]["message"]
+
+
+# SGLang 0.5.23's GenerateReqInput fields this server does not implement: accepted at the value that
+# asks for nothing (what bench_serving and sglang-router send), a 400 naming the field otherwise.
+SGLANG_DEFAULTS = {
+    "lora_path": None, "lora_id": None, "return_routed_experts": False, "routed_experts_start_len": 0,
+    "return_hidden_states": False, "return_bytes": False, "return_entropy": False, "log_metrics": True,
+    "no_logs": False, "background": False, "session_params": None, "image_data": None, "priority": 0,
+    "modalities": [], "bootstrap_room": None, "return_prompt_token_ids": False, "require_reasoning": False,
+    "routing_key": "k", "conversation_id": "c", "custom_labels": {"a": "b"}, "received_time": 1.5,
+    "external_trace_header": {"traceparent": "x"}, "return_flat_raw_top_logprobs": False,
+}
+
+
+def test_error_responses_carry_meta_info(main: Server) -> None:
+    response = main.post({"input_ids": [1, 999999], "rid": "bad-one"})
+    assert response.status_code == 400
+    meta = response.json()["meta_info"]
+    assert meta["id"] == "bad-one" and meta["finish_reason"]["type"] == "abort"
+    assert "Token ID 999999 is out of vocabulary" in meta["finish_reason"]["message"]
+    assert (meta["prompt_tokens"], meta["completion_tokens"]) == (0, 0)
+
+
+def test_models_lists_the_model_path_as_given(main: Server, tokenizer_dir: str) -> None:
+    models = requests.get(main.process.url + "/v1/models", timeout=TIMEOUT).json()["data"]
+    assert [m["id"] for m in models] == [tokenizer_dir]
+
+
+def test_sglang_fields_at_their_default_are_accepted(main: Server) -> None:
+    body = {"input_ids": [10, 11], "sampling_params": {"max_new_tokens": 1}, **SGLANG_DEFAULTS}
+    assert main.generate(body)["output_ids"] == [10]
+    batch = {"input_ids": [[10, 11], [12]], "sampling_params": {"max_new_tokens": 1}, "lora_path": [None, None]}
+    assert [out["output_ids"] for out in main.generate(batch)] == [[10], [12]]
+
+
+@pytest.mark.parametrize("field,value", [
+    ("lora_path", "my-adapter"), ("return_routed_experts", True), ("image_data", "http://x/y.png"),
+    ("priority", 3), ("session_params", {"id": "s"}), ("return_bytes", True), ("routed_dp_rank", 1),
+])
+def test_sglang_fields_asking_for_more_are_a_400_naming_them(main: Server, field: str, value: Any) -> None:
+    response = main.post({"input_ids": [10, 11], field: value})
+    assert response.status_code == 400 and f"{field}=" in response.json()["error"]["message"]
+
+
+def test_cache_salt_namespaces_the_prefix_cache_as_extra_key(main: Server) -> None:
+    out = main.generate({"input_ids": [10, 11], "cache_salt": "s1", "sampling_params": {"max_new_tokens": 1}})
+    assert out["output_ids"] == [10]
+    assert main.post({"input_ids": [10, 11], "cache_salt": 5}).status_code == 400
 
 
 class _WritesAFileWhenUnpickled:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 
 import pytest
 
@@ -28,7 +29,7 @@ def _sample_argv(names: tuple[str, ...], switch: bool, nargs) -> list[str]:
 
 def test_every_sglang_flag_we_do_not_implement_parses_and_is_reported() -> None:
     specs = compat_specs(_our_option_strings())
-    assert len(specs) > 200  # SGLang 0.5 has ~290 flags; ours are a few dozen
+    assert len(specs) > 450  # SGLang 0.5.23 has 531 flags (and 0.5.6 names it dropped); ours are a few dozen
     argv = [token for spec in specs for token in _sample_argv(spec.names, spec.switch, spec.nargs)]
     args = prepare_server_args(argv)
     assert args.ignored_flags == sorted(spec.names[0] for spec in specs)
@@ -44,7 +45,7 @@ def test_every_option_string_of_sglang_is_known() -> None:
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     add_compat_args(parser)
-    sglang_names = {name for names, _, _ in SGLANG_FLAGS for name in names}
+    sglang_names = {name for names, *_ in SGLANG_FLAGS for name in names}
     assert sglang_names <= set(parser._option_string_actions)
 
 
@@ -145,22 +146,28 @@ OUR_GROUPS = ["Model and tokenizer", "Device and parallelism", "Memory and sched
               "Kernels and graphs", "HTTP server and streaming", "Reliability and metrics", "Logging"]
 
 
-def test_help_lists_our_flags_in_groups_then_the_ignored_ones() -> None:
-    from sglang.srt.server_args_compat import COMPAT_GROUP
+def test_help_lists_our_flags_in_groups_then_the_ignored_ones_by_sglang_namespace() -> None:
+    from sglang.srt.server_args_compat import group_title
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     add_compat_args(parser)
     titles = [group.title for group in parser._action_groups]
-    assert [t for t in titles if t in OUR_GROUPS + [COMPAT_GROUP]] == OUR_GROUPS + [COMPAT_GROUP]
+    assert [t for t in titles if t in OUR_GROUPS] == OUR_GROUPS
     grouped = {action.dest for group in parser._action_groups if group.title in OUR_GROUPS for action in group._group_actions}
-    fields = {f.name for f in dataclasses.fields(ServerArgs)} - {"ignored_flags", "ignored_values"}
+    fields = {f.name for f in dataclasses.fields(ServerArgs)} - {"ignored_flags", "ignored_values", "startup_warnings"}
     assert grouped == fields  # every flag of ours in one of our groups, and nothing else there
     text = parser.format_help()
-    positions = [text.index(f"\n{title}:") for title in OUR_GROUPS + [COMPAT_GROUP]]
+    positions = [text.index(f"\n{title}:") for title in OUR_GROUPS + [group_title("model")]]
     assert positions == sorted(positions)
     assert text.index("--skip-tokenizer-init") < text.index("\nMemory and scheduling:")
-    assert text.index("--log-requests-level") < text.index(f"\n{COMPAT_GROUP}:")
+    # Every SGLang flag is listed, under SGLang's namespace of it.
+    for names, *_ in SGLANG_FLAGS:
+        assert all(re.search(rf"(?<![\w-]){name}(?![\w-])", text) for name in names), names
+    for spec in compat_specs(_our_option_strings()):
+        group = next(g for g in parser._action_groups for a in g._group_actions if spec.names[0] in a.option_strings)
+        assert group.title == group_title(spec.group)
+    assert group_title("exec.graph") in titles and group_title("older releases") in titles
 
 
 def test_cpu_int8_activations_is_refused_off_the_cpu() -> None:
@@ -168,3 +175,79 @@ def test_cpu_int8_activations_is_refused_off_the_cpu() -> None:
     with pytest.raises(ValueError, match="--cpu-int8-activations applies to the CPU engine only, got --device cuda"):
         ServerArgs(cpu_int8_activations=True, device="cuda").validate()
     assert prepare_server_args(["--cpu-int8-activations"]).cpu_int8_activations
+
+
+# ---------------------------------------------------------------------------------- SGLang 0.5.23 flags
+
+
+@pytest.mark.parametrize("argv,field,value", [
+    (["--disable-decode-cuda-graph"], "disable_cuda_graph", True),
+    (["--cuda-graph-max-bs-decode", "16"], "cuda_graph_max_bs", 16),
+    (["--cuda-graph-bs-decode", "1", "2", "4"], "cuda_graph_bs", [1, 2, 4]),
+    (["--disable-prefill-cuda-graph"], "disable_piecewise_cuda_graph", True),
+    (["--incremental-streaming-output"], "stream_output", True),
+    (["--detokenizer-worker-num", "2"], "detokenizer_worker_num", 2),
+])
+def test_sglang_0_5_23_names_map_onto_ours(argv, field, value) -> None:
+    args = prepare_server_args(argv)
+    assert getattr(args, field) == value and args.ignored_flags == []
+
+
+def test_detokenizer_worker_num_above_one_warns() -> None:
+    args = prepare_server_args(["--detokenizer-worker-num", "4", "--device", "cpu"]).resolve()
+    assert any("--detokenizer-worker-num 4" in w and "one detokenizer" in w for w in args.startup_warnings)
+    assert prepare_server_args(["--device", "cpu"]).resolve().startup_warnings == []
+
+
+def test_priority_scheduling_is_accepted_without_effect() -> None:
+    args = prepare_server_args(["--enable-priority-scheduling", "--schedule-low-priority-values-first"])
+    assert args.ignored_flags == ["--enable-priority-scheduling", "--schedule-low-priority-values-first"]
+    assert args.enable_priority_scheduling is True
+
+
+@pytest.mark.parametrize("backend", ["triton", "flashinfer", "fa3", "trtllm_mha"])
+def test_hardware_attention_backends_fall_back_to_the_cpu_backend(backend: str) -> None:
+    args = prepare_server_args(["--attention-backend", backend, "--device", "cpu"]).resolve()
+    assert args.attention_backend == "cpu"
+    assert [w for w in args.startup_warnings if f"--attention-backend {backend}" in w and "cpu" in w]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "torch_native"])
+def test_cpu_attention_backends_are_kept(backend: str) -> None:
+    args = prepare_server_args(["--attention-backend", backend, "--device", "cpu"]).resolve()
+    assert (args.attention_backend, args.startup_warnings) == (backend, [])
+
+
+def test_unknown_attention_backend_is_still_a_parse_error(capsys) -> None:
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--attention-backend", "paged"])
+    assert "--attention-backend" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--enable-streaming-session", "--cuda-graph-backend-decode", "--tokenizer-backend",
+                                  "--enable-hierarchical-cache", "--speculative-algorithm"])
+def test_sglang_0_5_23_only_flags_parse(flag: str) -> None:
+    spec = next(s for s in compat_specs(_our_option_strings()) if flag in s.names)
+    args = prepare_server_args(_sample_argv(spec.names, spec.switch, spec.nargs))
+    assert args.ignored_flags == [spec.names[0]]
+
+
+def test_sglang_0_5_6_names_still_parse() -> None:
+    older = [s for s in compat_specs(_our_option_strings()) if s.group == "older releases"]
+    assert older  # e.g. names 0.5.23 dropped
+    argv = [token for spec in older for token in _sample_argv(spec.names, spec.switch, spec.nargs)]
+    assert prepare_server_args(argv).ignored_flags == sorted(spec.names[0] for spec in older)
+
+
+def test_flag_table_is_the_generators_output() -> None:
+    """sglang_flags.py is what scripts/gen_sglang_flags.py writes for the release it names."""
+    import importlib.util
+    from pathlib import Path
+
+    from sglang.srt import sglang_flags
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gen_sglang_flags.py"
+    spec = importlib.util.spec_from_file_location("gen_sglang_flags", path)
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    assert gen.render_table(sglang_flags.SGLANG_VERSION, list(SGLANG_FLAGS)) == Path(sglang_flags.__file__).read_text()

@@ -13,7 +13,9 @@ from sglang.srt.utils.embedded_model import embedded_model_path
 
 SAMPLING_DEFAULTS_CHOICES = ("model", "openai")
 # SGLang's --schedule-policy choices; the ones this server implements.
-SCHEDULE_POLICY_CHOICES = ("lpm", "random", "fcfs", "dfs-weight", "lof", "priority", "routing-key")
+SCHEDULE_POLICY_CHOICES = (
+    "lpm", "random", "fcfs", "dfs-weight", "lof", "priority", "routing-key", "hrrn", "shortest-prefill-first",
+)
 SCHEDULE_POLICY_SUPPORTED = ("fcfs", "lpm")
 LOG_REQUESTS_LEVELS = (0, 1, 2, 3)
 GRAMMAR_BACKEND_CHOICES = ("xgrammar", "llguidance", "none")
@@ -25,6 +27,14 @@ SGLANG_LOAD_FORMATS = LOAD_FORMATS + (
     "runai_streamer", "ipc_cache",
 )
 ATTENTION_BACKEND_CHOICES = ("triton", "torch_native", "cpu", "flashinfer")
+# SGLang's --attention-backend names: each parses; one this build or machine lacks falls back to the
+# device's default backend with a start-up warning (resolve).
+SGLANG_ATTENTION_BACKENDS = (
+    "triton", "torch_native", "flex_attention", "dsa", "nsa", "qsa", "dsv4", "compressed", "fa3", "fa4",
+    "flashinfer", "llada2_cfg_flashinfer", "flashmla", "trtllm_mla", "cutedsl_mla", "tokenspeed_mla", "trtllm_mha",
+    "hpc_ops", "minicpm_flashattn", "minicpm_flashinfer", "aiter", "wave", "intel_amx", "ascend", "intel_xpu",
+)
+USABLE_ATTENTION_BACKENDS = {"cpu": ("cpu", "torch_native"), "cuda": ("triton", "torch_native")}
 LOAD_BALANCE_METHODS = ("round_robin", "shortest_queue", "minimum_tokens")
 
 
@@ -95,6 +105,9 @@ class ServerArgs:
     log_level: str = "info"
     log_requests: bool = False
     log_requests_level: int = 2  # SGLang's default
+    detokenizer_worker_num: int = 1
+    # What resolve() changed because this machine or build cannot honour a flag (logged at start-up).
+    startup_warnings: list[str] = dataclasses.field(default_factory=list)
     # SGLang flags the command passed that have no effect here (set by prepare_server_args).
     ignored_flags: list[str] = dataclasses.field(default_factory=list)
     # Their values by SGLang's field name, readable as attributes as on SGLang's ServerArgs.
@@ -113,11 +126,13 @@ class ServerArgs:
 
     def resolve(self) -> "ServerArgs":
         """Fill what depends on the machine: model path, device, sampling backend, names."""
+        if self.served_model_name is None and self.model_path is not None:
+            self.served_model_name = self.model_path  # SGLang's model id: --model-path as given
         if self.model_path is None:
             self.model_path = embedded_model_path()
         if self.tokenizer_path is None:
             self.tokenizer_path = self.model_path
-        if self.served_model_name is None:
+        if self.served_model_name is None:  # the embedded model: its file's name
             self.served_model_name = os.path.basename(os.path.normpath(self.model_path))
         if self.device is None:
             self.device = _default_device()
@@ -129,6 +144,12 @@ class ServerArgs:
             self.detokenizer_mode = _default_detokenizer_mode(self.device)
         if self.attention_backend is None:
             self.attention_backend = default_attention_backend(self.device)
+        self._fall_back_attention_backend()
+        if self.detokenizer_worker_num > 1:
+            self.startup_warnings.append(
+                f"--detokenizer-worker-num {self.detokenizer_worker_num}: one detokenizer serves here "
+                "(--detokenizer-mode picks where it runs)."
+            )
         self.validate()
         self._check_quantization()
         if self.tp_size > 1:
@@ -136,6 +157,19 @@ class ServerArgs:
         if self.device == "cuda":
             self._check_gpu_ids()
         return self
+
+    def _fall_back_attention_backend(self) -> None:
+        """SGLang's backends that this device or build lacks (triton, flashinfer, fa3 on a CPU
+        machine, ...) serve with the device's default backend instead, with a warning."""
+        usable = USABLE_ATTENTION_BACKENDS.get(self.device, ())
+        known = self.attention_backend in SGLANG_ATTENTION_BACKENDS or self.attention_backend == "cpu"
+        if known and self.attention_backend not in usable:
+            fallback = default_attention_backend(self.device)
+            self.startup_warnings.append(
+                f"--attention-backend {self.attention_backend} is not available on this {self.device} "
+                f"machine or build; serving with --attention-backend {fallback}."
+            )
+            self.attention_backend = fallback
 
     def detokenizer_process(self) -> bool:
         """Whether a detokenizer process sits between rank 0 and the tokenizer manager (else the
@@ -288,7 +322,8 @@ class ServerArgs:
         add("--skip-tokenizer-init", action="store_true",
             help="Load no tokenizer anywhere: requests must send input_ids, responses carry output_ids and no text; "
             "text prompts, stop strings/regexes, min_new_tokens, chat/completions and /tokenize are refused (400).")
-        add("--served-model-name", default=d.served_model_name, help="Model name reported by /v1/models.")
+        add("--served-model-name", default=d.served_model_name,
+            help="Model name reported by /v1/models (default: --model-path as given).")
         add("--chat-template", default=d.chat_template,
             help="A Jinja chat template file that replaces the tokenizer's own for /v1/chat/completions.")
         add("--trust-remote-code", action="store_true",
@@ -383,18 +418,20 @@ class ServerArgs:
 
         group = parser.add_argument_group("Kernels and graphs")
         add = group.add_argument
-        add("--attention-backend", default=d.attention_backend, choices=["triton", "torch_native", "cpu", "flashinfer"],
+        add("--attention-backend", default=d.attention_backend, choices=["cpu", *SGLANG_ATTENTION_BACKENDS], metavar="NAME",
             help="Attention kernels: triton (CUDA default: paged split-KV decode, paged extend), torch_native (SDPA over "
-            "gathered K/V), cpu (CPU default: C decode kernel), flashinfer (not shipped in this build).")
+            "gathered K/V), cpu (CPU default: C decode kernel). SGLang's other names parse and fall back to the "
+            "device's default with a start-up warning.")
         add("--cpu-int8-activations", action="store_true",
             help="CPU, GGUF Q4_1/Q8_0 weights: round each linear's input to 8 bits per block of 32 and multiply in "
             "integers, as llama.cpp does (faster decode; no longer the exact float32 result, see docs/cpu_kernels.md).")
-        add("--disable-cuda-graph", action="store_true", help="Run decode steps eagerly instead of replaying CUDA graphs.")
-        add("--cuda-graph-max-bs", type=int, default=d.cuda_graph_max_bs,
+        add("--disable-cuda-graph", "--disable-decode-cuda-graph", action="store_true",
+            help="Run decode steps eagerly instead of replaying CUDA graphs.")
+        add("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", type=int, default=d.cuda_graph_max_bs,
             help="Largest decode batch captured in a CUDA graph (default: min(max running requests, 256)).")
-        add("--cuda-graph-bs", type=int, nargs="+", default=d.cuda_graph_bs,
+        add("--cuda-graph-bs", "--cuda-graph-bs-decode", type=int, nargs="+", default=d.cuda_graph_bs,
             help="Exact decode batch sizes to capture (default 1, 2, 4, 8, 12, 16, 24, ... up to --cuda-graph-max-bs).")
-        add("--disable-piecewise-cuda-graph", action="store_true",
+        add("--disable-piecewise-cuda-graph", "--disable-prefill-cuda-graph", action="store_true",
             help="Run extend (prefill) steps eagerly instead of replaying piecewise CUDA graphs around eager attention.")
         add("--piecewise-cuda-graph-max-tokens", type=int, default=d.piecewise_cuda_graph_max_tokens,
             help="Largest extend step (tokens) captured in piecewise CUDA graphs (default: --chunked-prefill-size).")
@@ -414,9 +451,11 @@ class ServerArgs:
             "are aborted, and the server exits 0. A second signal exits at once.")
         add("--stream-interval", type=int, default=d.stream_interval,
             help="Streaming requests get their first token at once, then a chunk every this many tokens (and the last).")
-        add("--stream-output", action="store_true",
+        add("--stream-output", "--incremental-streaming-output", action="store_true",
             help="SGLang's disjoint streaming: each streamed chunk's output_ids holds only the ids new since the "
             "previous chunk (text stays cumulative, as in SGLang 0.5); non-streamed responses are unchanged.")
+        add("--detokenizer-worker-num", type=int, default=d.detokenizer_worker_num,
+            help="SGLang's detokenizer workers; one serves here (a larger number is accepted with a warning).")
 
         group = parser.add_argument_group("Reliability and metrics")
         add = group.add_argument

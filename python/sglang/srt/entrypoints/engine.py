@@ -42,6 +42,8 @@ class Engine:
         if self.server_args.ignored_flags:
             logger.warning("These SGLang arguments have no effect in this engine and are ignored: %s",
                            ", ".join(self.server_args.ignored_values))
+        for message in self.server_args.startup_warnings:
+            logger.warning(message)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="sglang-engine-loop", daemon=True)
         self._thread.start()
@@ -169,7 +171,7 @@ class Engine:
 def _server_args(kwargs: dict) -> ServerArgs:
     """Our fields, plus SGLang's other ServerArgs fields, accepted without effect as on the command
     line (kept in ignored_values, listed in the start-up warning)."""
-    names = {f.name for f in dataclasses.fields(ServerArgs)} - {"ignored_flags", "ignored_values"}
+    names = {f.name for f in dataclasses.fields(ServerArgs)} - {"ignored_flags", "ignored_values", "startup_warnings"}
     compat = compat_fields()
     ignored = {key: value for key, value in kwargs.items() if key not in names and key in compat}
     for key in kwargs:

@@ -6,63 +6,33 @@ create_app builds it around a TokenizerManager; entrypoints.serve runs it with u
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import hmac
 import importlib
 import importlib.metadata
 import importlib.util
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Optional
 
 import msgspec
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
-from sglang.srt.entrypoints.generate_body import split_generate_body
+from sglang.srt.entrypoints.generate_route import handle_generate
+from sglang.srt.entrypoints.http_responses import error_response, json_response
 from sglang.srt.entrypoints.openapi_bodies import document_request_bodies
 from sglang.srt.entrypoints.tokenization import detokenize, tokenize
 from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady
 from sglang.srt.managers.replica_load import ReplicaLoadTable
-from sglang.srt.managers.tokenizer_manager import (
-    PreparedRequest,
-    ServiceUnavailableError,
-    TokenizerManager,
-)
+from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.hf_transformers_utils import hf_tokenizer_folder
 
 logger = logging.getLogger(__name__)
 
-DISCONNECT_POLL_S = 1.0
 LOAD_TIMEOUT_MESSAGE = "The scheduler did not report its load in time (it reads requests between steps); retry."
-
-
-# ---------------------------------------------------------------------------------- JSON
-
-
-def json_response(content: Any, status_code: int = 200) -> Response:
-    """orjson writes NaN and +-inf as null, which keeps every response valid JSON."""
-    return Response(orjson.dumps(content), status_code=status_code, media_type="application/json")
-
-
-def error_response(message: str, status_code: int = 400) -> Response:
-    return json_response({"error": {"message": message}}, status_code)
-
-
-def _sse(obj: Any) -> bytes:
-    return b"data: " + orjson.dumps(obj) + b"\n\n"
-
-
-_SSE_DONE = b"data: [DONE]\n\n"
-
-
-def _sse_error(message: str, code: int = 400) -> bytes:
-    kind = "invalid_request_error" if code == 400 else "service_unavailable"
-    error = {"message": message, "type": kind, "code": code, "retryable": code == 503}
-    return _sse({"error": error})
 
 
 # ---------------------------------------------------------------------------------- auth
@@ -167,85 +137,6 @@ class TokenizerRequiredMiddleware:
         await self.app(scope, receive, send)
 
 
-# ---------------------------------------------------------------------------------- /generate
-
-
-async def _stream(
-    tm: TokenizerManager, prepared: Sequence[PreparedRequest], indexed: bool
-) -> AsyncIterator[bytes]:
-    try:
-        async with contextlib.aclosing(tm.run_many(prepared)) as results:
-            async for out in results:
-                if not indexed:
-                    del out["index"]
-                yield _sse(out)
-    except ValueError as err:
-        yield _sse_error(str(err))
-    except ServiceUnavailableError as err:  # the 200 status line has gone out already
-        yield _sse_error(str(err), 503)
-    yield _SSE_DONE
-
-
-async def _error_stream(message: str) -> AsyncIterator[bytes]:
-    yield _sse_error(message)
-    yield _SSE_DONE
-
-
-async def _until_disconnected(request: Request) -> None:
-    # Starlette cancels streaming responses on disconnect; non-streaming ones must poll.
-    while not await request.is_disconnected():
-        await asyncio.sleep(DISCONNECT_POLL_S)
-
-
-async def _collect_unless_disconnected(
-    request: Request, tm: TokenizerManager, prepared: Sequence[PreparedRequest]
-) -> Optional[list[dict[str, Any]]]:
-    """The results, or None when the client went away first (its requests are aborted)."""
-    work = asyncio.ensure_future(tm.collect(prepared))
-    watch = asyncio.ensure_future(_until_disconnected(request))
-    try:
-        done, _ = await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-        if not work.done():
-            work.cancel()
-    return work.result() if work in done else None
-
-
-async def _read_json(request: Request) -> Any:
-    try:
-        return orjson.loads(await request.body())
-    except orjson.JSONDecodeError as err:
-        raise ValueError(f"The request body is not valid JSON: {err}") from None
-
-
-async def handle_generate(request: Request, tm: TokenizerManager) -> Response:
-    try:
-        body = await _read_json(request)
-    except ValueError as err:
-        return error_response(str(err))
-    stream = isinstance(body, dict) and body.get("stream") is True
-    try:
-        items, batch = split_generate_body(body)
-        prepared = [tm.prepare_request(item) for item in items]
-    except ValueError as err:
-        if stream:
-            return StreamingResponse(_error_stream(str(err)), media_type="text/event-stream")
-        return error_response(str(err))
-    many = batch or sum(len(p.children) for p in prepared) > 1
-    if stream:
-        return StreamingResponse(_stream(tm, prepared, many), media_type="text/event-stream")
-    try:
-        outs = await _collect_unless_disconnected(request, tm, prepared)
-    except ValueError as err:
-        return error_response(str(err))
-    except ServiceUnavailableError as err:
-        return error_response(str(err), 503)
-    if outs is None:
-        return Response(status_code=499)
-    return json_response(outs if many else outs[0])
-
-
 # ---------------------------------------------------------------------------------- app
 
 
@@ -321,7 +212,8 @@ def create_app(
     @app.post("/tokenize")
     @app.post("/v1/tokenize")
     async def tokenize_route(request: Request) -> Response:
-        return await _json_call(request, lambda body: tokenize(body, tm.tokenizer, ready.context_len))
+        render_chat = getattr(app.state, "render_chat", None)
+        return await _json_call(request, lambda body: tokenize(body, tm.tokenizer, ready.context_len, render_chat))
 
     @app.post("/detokenize")
     @app.post("/v1/detokenize")

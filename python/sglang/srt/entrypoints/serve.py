@@ -48,6 +48,8 @@ def launch_server(server_args: ServerArgs) -> None:
     logging.basicConfig(level=server_args.log_level.upper(), format="[server] %(asctime)s %(levelname)s %(message)s")
     if server_args.ignored_flags:
         logger.warning("These SGLang flags have no effect in this server and are ignored: %s", " ".join(server_args.ignored_flags))
+    for message in server_args.startup_warnings:
+        logger.warning(message)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _exit_on_signal)
     port_args = PortArgs.init_new()

@@ -2,6 +2,9 @@
 
 POST /tokenize   {"prompt": str | [str], "add_special_tokens": true, "model": ...}
               -> {"tokens": [int] | [[int]], "count": int | [int], "max_model_len": int}
+POST /tokenize   {"messages": [...], chat template fields, "add_special_tokens": bool, "model": ...}
+              -> {"tokens": [int], "count": int, "max_model_len": int}: the ids a chat completion
+                 of these messages sends (add_special_tokens given: the rendered text encoded so)
 POST /detokenize {"tokens": [int] | [[int]], "skip_special_tokens": true, "model": ...}
               -> {"text": str | [str]}
 Any other field, or a value of the wrong type, is a ValueError naming it (the route answers 400).
@@ -9,13 +12,24 @@ Any other field, or a value of the wrong type, is a ValueError naming it (the ro
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Optional
 
 TOKENIZE_FIELDS = {"prompt", "add_special_tokens", "model"}
+# With messages: the chat completion fields that shape the rendered prompt.
+CHAT_TOKENIZE_FIELDS = {
+    "messages", "model", "add_special_tokens", "add_generation_prompt", "continue_final_message",
+    "chat_template_kwargs", "tools", "tool_choice", "reasoning_effort",
+}
 DETOKENIZE_FIELDS = {"tokens", "skip_special_tokens", "model"}
 
 
-def tokenize(body: Any, tokenizer: Any, max_model_len: int) -> dict:
+def tokenize(
+    body: Any, tokenizer: Any, max_model_len: int, render_chat: Optional[Callable[[dict], str]] = None
+) -> dict:
+    """render_chat: chat messages (a chat completion body) -> the prompt text a chat completion sends."""
+    if isinstance(body, dict) and "messages" in body:
+        return _tokenize_chat(body, tokenizer, max_model_len, render_chat)
     _check_fields(body, TOKENIZE_FIELDS, "prompt")
     prompt = body["prompt"]
     add_special = _flag(body, "add_special_tokens")
@@ -26,6 +40,20 @@ def tokenize(body: Any, tokenizer: Any, max_model_len: int) -> dict:
         tokens = [tokenizer.encode(p, add_special_tokens=add_special) for p in prompt]
         return {"tokens": tokens, "count": [len(t) for t in tokens], "max_model_len": max_model_len}
     raise ValueError("prompt must be a string or a list of strings.")
+
+
+def _tokenize_chat(body: dict, tokenizer: Any, max_model_len: int, render_chat: Optional[Callable[[dict], str]]) -> dict:
+    if "prompt" in body:
+        raise ValueError("Exactly one of 'prompt' or 'messages' must be provided.")
+    _check_fields(body, CHAT_TOKENIZE_FIELDS, "messages")
+    if render_chat is None:
+        raise ValueError("messages need the chat template of the OpenAI routes, which this server does not serve.")
+    prompt = render_chat({k: v for k, v in body.items() if k != "add_special_tokens"})
+    if "add_special_tokens" in body:
+        tokens = tokenizer.encode(prompt, add_special_tokens=_flag(body, "add_special_tokens"))
+    else:
+        tokens = tokenizer.encode(prompt)  # as the tokenizer manager encodes a chat completion's prompt
+    return {"tokens": tokens, "count": len(tokens), "max_model_len": max_model_len}
 
 
 def detokenize(body: Any, tokenizer: Any, vocab_size: int) -> dict:

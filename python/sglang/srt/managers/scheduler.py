@@ -14,9 +14,10 @@ scheduler waits for each step before preparing the next; the device work is the 
 
 This module holds the event loop, the request intake and the state that ties the parts
 together (the waiting queue, the request mid-prefill, the step in flight). The parts:
-schedule_policy (which requests enter a prefill step), step_builder (the Steps),
-running_batch (the decode batch), result_processor (reading results, failing steps, sending
-output), scheduler_stats (step count, log lines, load), scheduler_process (the process).
+request_intake (a Req from a message, and whether it can run), schedule_policy (which
+requests enter a prefill step), step_builder (the Steps), running_batch (the decode batch),
+result_processor (reading results, failing steps, sending output), scheduler_stats (step
+count, log lines, load), scheduler_process (the process).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from sglang.srt.managers.io_struct import (
     decoder,
 )
 from sglang.srt.managers.replica_load import ReplicaLoadReporter
+from sglang.srt.managers.request_intake import InvalidRequest, check_fits, kv_budget, req_from_message
 from sglang.srt.managers.result_processor import ResultProcessor
 from sglang.srt.managers.results_channel import results_sender
 from sglang.srt.managers.running_batch import RunningBatch
@@ -62,9 +64,8 @@ from sglang.srt.managers.step_builder import StepBuilder
 from sglang.srt.managers.step_failures import StepFailureLimit, StepFaultHook
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
-from sglang.srt.model_executor.step import LogprobRequest, Step, StepResult
+from sglang.srt.model_executor.step import Step, StepResult
 from sglang.srt.sampling.logits_processor import LoadedLogitsProcessors
-from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
@@ -259,33 +260,12 @@ class Scheduler:
 
     def _add_request(self, message: TokenizedGenerateReqInput) -> None:
         try:
-            params = SamplingParams.from_message(message.sampling_params)
-        except (TypeError, ValueError) as err:  # not the tokenizer manager's normalized params
-            self._reject(Req(message.rid, message.input_ids, SamplingParams()), str(err))
+            req = req_from_message(message, self.context_len, self.eos_token_ids, self.tokenizer)
+            check_fits(req, self.context_len, self.max_total_tokens)
+        except InvalidRequest as err:
+            self._reject(err.req, str(err))
             return
-        if params.max_new_tokens is None:
-            # SGLang's meaning of null: the rest of the context.
-            params.max_new_tokens = max(self.context_len - len(message.input_ids), 0)
-        logprob = None
-        if message.return_logprob:
-            start = message.logprob_start_len if message.logprob_start_len >= 0 else len(message.input_ids)
-            logprob = LogprobRequest(message.top_logprobs_num, message.token_ids_logprob, start)
-        req = Req(
-            message.rid,
-            message.input_ids,
-            params,
-            eos_token_ids=self.eos_token_ids,
-            custom_logit_processor=message.custom_logit_processor,
-            tokenizer=self.tokenizer,
-            logprob=logprob,
-            stream=message.stream,
-        )
-        req.extra_key = message.extra_key
-        try:
-            self._check_fits(req)
-        except ValueError as err:
-            self._reject(req, str(err))
-            return
+        params = req.sampling_params
         key = grammar_key(params)
         limit = self.server_args.max_queued_requests
         if key is not None and self.grammar_queue is None:
@@ -321,23 +301,8 @@ class Scheduler:
             self.reqs_by_rid.pop(req.rid, None)
         self._send([req for req, _ in failed])
 
-    def _check_fits(self, req: Req) -> None:
-        need = self._budget(req)
-        if len(req.origin_input_ids) == 0:
-            raise ValueError("The input is empty: at least one prompt token is required.")
-        if need > self.context_len:
-            raise ValueError(
-                f"The prompt ({len(req.origin_input_ids)} tokens) plus max_new_tokens exceeds the context length {self.context_len}."
-            )
-        if need > self.max_total_tokens:
-            raise ValueError(f"The request needs {need} KV-cache tokens; the server holds {self.max_total_tokens}.")
-
     def _budget(self, req: Req) -> int:
-        """KV tokens the request may use in total: prompt plus every token it may generate."""
-        max_new = req.sampling_params.max_new_tokens
-        if max_new is None:
-            return self.context_len
-        return len(req.origin_input_ids) + max_new
+        return kv_budget(req, self.context_len)
 
     def _send(self, reqs: list[Req]) -> None:
         self.results.send(reqs)

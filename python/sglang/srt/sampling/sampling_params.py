@@ -267,9 +267,9 @@ class SamplingParams:
     def _verify_product_rules(self, vocab_size: int) -> None:
         if not (_is_int(self.n) and self.n >= 1):
             raise ValueError(f"n must be at least 1, got {self.n}.")
-        for token_id in self.stop_token_ids or ():
-            if not (_is_int(token_id) and 0 <= token_id < vocab_size):
-                raise ValueError(f"stop_token_ids must have values in [0, {vocab_size - 1}], got {token_id}.")
+        if self.stop_token_ids:
+            # An id outside the vocabulary can never be produced: it is dropped, as SGLang ignores it.
+            self.stop_token_ids = {t for t in self.stop_token_ids if _is_int(t) and 0 <= t < vocab_size} or None
         si = self.stream_interval
         if si is not None and not (_is_int(si) and si >= 1):
             raise ValueError(f"stream_interval must be at least 1, got {si}.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from fastapi import FastAPI
 from fastapi.responses import Response
 
@@ -30,6 +31,8 @@ def register_openai_routes(app: FastAPI, tokenizer_manager: Any, server_args: An
     """Add the OpenAI routes to `app`, serving through `tokenizer_manager.generate_request`."""
     completions = OpenAIServingCompletion(tokenizer_manager, server_args)
     chat = OpenAIServingChat(tokenizer_manager, server_args)
+    # /v1/tokenize renders chat messages into the prompt a chat completion would send.
+    app.state.render_chat = lambda body: chat.render(chat.parse(orjson.dumps(body)))
     app.add_api_route("/v1/completions", completions.handle, methods=["POST"])
     app.add_api_route("/v1/chat/completions", chat.handle, methods=["POST"])
     score = OpenAIServingScore(tokenizer_manager, server_args)
