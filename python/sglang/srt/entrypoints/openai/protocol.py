@@ -18,10 +18,21 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PrivateAttr,
     Tag,
     field_validator,
     model_serializer,
     model_validator,
+)
+
+from sglang.srt.entrypoints.openai.protocol_base import _Nested, _Strict
+from sglang.srt.entrypoints.openai.tool_protocol import (
+    NamedToolChoice,
+    RequestToolCall,
+    ToolCallOut,
+    ToolChoice,
+    ToolDefinition,
+    check_tool_choice,
 )
 
 # Each choice becomes its own engine request; a bound keeps one HTTP call from flooding the queue.
@@ -37,21 +48,6 @@ OPENAI_SAMPLING_DEFAULTS: dict[str, Any] = {
     "min_p": 0.0,
     "repetition_penalty": 1.0,
 }
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_means_default(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            return {k: v for k, v in data.items() if v is not None}
-        return data
-
-
-class _Nested(_Strict):
-    model_config = ConfigDict(extra="forbid")
 
 
 # ----------------------------------------------------------------------------- response_format
@@ -195,11 +191,12 @@ class TextContentPart(_Nested):
 
 
 class ChatMessage(_Nested):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[TextContentPart]] = ""
     name: Optional[str] = None
-    # Clients echo previous assistant messages back whole; empty tool calls mean nothing.
-    tool_calls: list[Any] = Field(default_factory=list, max_length=0)
+    # An assistant message's calls, and the call a tool message answers.
+    tool_calls: list[RequestToolCall] = Field(default_factory=list)
+    tool_call_id: Optional[str] = None
     annotations: list[Any] = Field(default_factory=list)
 
     @field_validator("content", mode="before")
@@ -211,6 +208,14 @@ class ChatMessage(_Nested):
                 raise ValueError(f"content parts of type {kind!r} are not supported (only 'text')")
         return value
 
+    @model_validator(mode="after")
+    def _tool_fields_fit_the_role(self) -> "ChatMessage":
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a message with role 'tool' needs the tool_call_id of the call it answers")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only a message with role 'assistant' carries tool_calls")
+        return self
+
     def to_template_dict(self) -> dict[str, Any]:
         """The message as chat templates expect it: content as one string."""
         content = self.content
@@ -221,6 +226,10 @@ class ChatMessage(_Nested):
         out: dict[str, Any] = {"role": role, "content": content}
         if self.name is not None:
             out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = [call.template_dict() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
         return out
 
 
@@ -387,10 +396,36 @@ class ChatCompletionRequest(_GenerationRequest):
     continue_final_message: bool = False
     # vLLM: None = true (the assistant header is appended); a top-level field, not a template kwarg.
     add_generation_prompt: Optional[bool] = None
-    # SGLang splits reasoning_content out only with --reasoning-parser, which this server does not
-    # have: both are accepted and the content is returned whole, as SGLang does without a parser.
+    # With --reasoning-parser: reasoning_content split out of the content (separate_reasoning), and
+    # streamed as it comes or in one delta once the section ends (stream_reasoning).
     separate_reasoning: bool = True
     stream_reasoning: bool = True
+    tools: Optional[list[ToolDefinition]] = None
+    # Set by the chat handler once the prompt is rendered: the template opened a think section.
+    _prompt_opens_reasoning: bool = PrivateAttr(False)
+    # None: "auto" with tools, else "none" (OpenAI's default).
+    tool_choice: Optional[ToolChoice] = None
+    parallel_tool_calls: bool = True
+
+    @property
+    def effective_tool_choice(self) -> ToolChoice:
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return "auto" if self.tools else "none"
+
+    @property
+    def template_tools(self) -> Optional[list[dict[str, Any]]]:
+        """The tools the chat template is given: none when tool_choice is none."""
+        if not self.tools or self.effective_tool_choice == "none":
+            return None
+        return [tool.template_dict() for tool in self.tools]
+
+    @model_validator(mode="after")
+    def _tool_choice_fits_the_tools(self) -> "ChatCompletionRequest":
+        problem = check_tool_choice(self.tools, self.effective_tool_choice)
+        if problem is not None:
+            raise RequestError(problem, param="tool_choice")
+        return self
 
     @field_validator("chat_template_kwargs")
     @classmethod
@@ -464,13 +499,8 @@ _COMMON_UNSUPPORTED: Unsupported = {
 
 CHAT_UNSUPPORTED: Unsupported = {
     **_COMMON_UNSUPPORTED,
-    "tools": (_is_falsy, "tool calling is not implemented"),
-    "tool_choice": (
-        lambda v: v in (None, "none"),
-        "tool calling is not implemented; only 'none' is accepted",
-    ),
-    "functions": (_is_falsy, "function calling is not implemented"),
-    "function_call": (lambda v: v in (None, "none"), "function calling is not implemented"),
+    "functions": (_is_falsy, "the deprecated functions field is not implemented; use tools"),
+    "function_call": (lambda v: v in (None, "none"), "function calling is not implemented; use tools and tool_choice"),
     "audio": (_is_absent, "audio output is not implemented"),
     "modalities": (lambda v: v in (None, ["text"]), "only the 'text' modality is implemented"),
     "prediction": (_is_absent, "predicted outputs are not implemented"),
@@ -572,7 +602,17 @@ class CompletionStreamResponse(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: Optional[str]
+    reasoning_content: Optional[str] = None
+    tool_calls: Optional[list[ToolCallOut]] = None
+
+    @model_serializer
+    def _without_absent_calls(self) -> dict[str, Any]:
+        # reasoning_content is always sent (null where empty); tool_calls only when there are some.
+        out = {"role": self.role, "content": self.content, "reasoning_content": self.reasoning_content}
+        if self.tool_calls:
+            out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        return out
 
 
 class ChatCompletionChoice(_ChoiceEnd):
@@ -593,11 +633,18 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None
+    tool_calls: Optional[list[ToolCallOut]] = None
 
     @model_serializer
     def _only_set(self) -> dict[str, Any]:
-        # A delta carries only what changed: role once, then content.
-        return {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
+        # A delta carries what changed: role once, then content and tool calls; reasoning_content
+        # is always there (null where empty), as SGLang's deltas carry it.
+        out: dict[str, Any] = {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
+        out["reasoning_content"] = self.reasoning_content
+        if self.tool_calls:
+            out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        return out
 
 
 class ChatCompletionStreamChoice(_ChoiceEnd):
