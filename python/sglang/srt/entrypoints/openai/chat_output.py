@@ -91,3 +91,13 @@ class ChatChoiceTracker(ChoiceTracker):
                 piece.finish_reason = "tool_calls"
         piece.text, piece.reasoning, piece.tool_calls = delta.content, delta.reasoning, delta.tool_calls
         return piece
+
+
+def merge_calls(deltas: list[ToolCallOut]) -> list[tuple[str, str, str]]:
+    """(id, name, arguments) of each call, from its deltas in order."""
+    calls: dict[int, list[str]] = {}
+    for delta in deltas:
+        if delta.id is not None:
+            calls[delta.index] = [delta.id, delta.function.name or "", ""]
+        calls[delta.index][2] += delta.function.arguments
+    return [(c[0], c[1], c[2]) for _, c in sorted(calls.items())]

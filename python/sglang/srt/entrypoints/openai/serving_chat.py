@@ -190,11 +190,13 @@ class OpenAIServingChat(OpenAIServingBase[ChatCompletionRequest]):
 
     def trackers(self, req: ChatCompletionRequest, count: int) -> list[ChoiceTracker]:
         fmt = self._logprobs if req.logprobs else None
-        return [ChatChoiceTracker(i, fmt, self._output_parser(req)) for i in range(count)]
+        return [ChatChoiceTracker(i, fmt, self.output_parser(req)) for i in range(count)]
 
-    def _output_parser(self, req: ChatCompletionRequest) -> ChatOutputParser:
+    def output_parser(self, req: ChatCompletionRequest, reasoning_split: bool = True) -> ChatOutputParser:
+        """A fresh parser of one choice's output: the reasoning section split out (with
+        --reasoning-parser, unless the request or the caller says not to), the tool calls parsed."""
         reasoning = None
-        if self.server_args.reasoning_parser is not None and req.separate_reasoning:
+        if self.server_args.reasoning_parser is not None and req.separate_reasoning and reasoning_split:
             reasoning = ReasoningParser(
                 self.server_args.reasoning_parser, req._prompt_opens_reasoning, req.stream_reasoning
             )

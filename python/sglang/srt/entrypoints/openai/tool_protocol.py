@@ -54,6 +54,7 @@ class RequestToolCall(_Nested):
     id: str
     type: Literal["function"] = "function"
     function: CalledFunction
+    index: Optional[int] = None  # present when a response's call is echoed back whole
 
     def template_dict(self) -> dict[str, Any]:
         # Templates write the arguments with tojson: an object, not its JSON text, when it parses.
