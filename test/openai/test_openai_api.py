@@ -843,8 +843,10 @@ def test_continue_final_message_leaves_the_assistant_message_open(
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Once upon"}]
     for extra in ({"continue_final_message": True}, {"continue_final_message": True, "add_generation_prompt": False}):
         client.chat.completions.create(model=MODEL, messages=messages, extra_body=extra)
-    # The messages before it with the assistant header, then the text itself: no end of turn.
-    assert [obj.text for obj in fake.received] == ["<s><|user|>hi\n<|assistant|>Once upon"] * 2
+    # The messages before it with the assistant header, then the text itself: no end of turn. The
+    # text is encoded apart from the template's (SGLang's token boundary), so the ids are sent.
+    expected = fake.tokenizer.encode("<s><|user|>hi\n<|assistant|>") + fake.tokenizer.encode("Once upon")
+    assert [(obj.text, obj.input_ids) for obj in fake.received] == [(None, expected)] * 2
 
 
 def test_add_generation_prompt_false_omits_the_assistant_header(

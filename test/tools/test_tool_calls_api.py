@@ -52,7 +52,7 @@ class Tokenizer:
 
 
 class ScriptedEngine:
-    """Answers each chat with SCRIPTS[last message's content], three characters per stream item."""
+    """Answers each chat with SCRIPTS[last message's content] (plain for others), three characters per stream item."""
 
     def __init__(self) -> None:
         self.tokenizer = Tokenizer()
@@ -64,7 +64,7 @@ class ScriptedEngine:
         return self._run(objs[0])
 
     async def _run(self, obj: GenerateReqInput) -> AsyncIterator[dict]:
-        script = SCRIPTS[self.tokenizer.calls[-1]["messages"][-1]["content"]]
+        script = SCRIPTS.get(self.tokenizer.calls[-1]["messages"][-1]["content"], SCRIPTS["plain"])
         ends = list(range(3, len(script), 3)) + [len(script)] if obj.stream else [len(script)]
         for end in ends:
             finish = {"type": "stop", "matched": 2} if end == len(script) else None
@@ -224,3 +224,16 @@ def test_openai_client_reads_the_calls(engine: ScriptedEngine) -> None:
     assert [c.function.name for c in calls] == ["get_weather", "get_time"]
     stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "think"}], stream=True)
     assert all(hasattr(chunk.choices[0].delta, "reasoning_content") for chunk in stream if chunk.choices)
+
+
+def test_a_final_assistant_message_is_the_users_unless_continued(engine: ScriptedEngine) -> None:
+    client = make_client(engine)
+    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "plain"}]
+    assert client.post("/v1/chat/completions", json={"messages": messages}).status_code == 200
+    assert [m["role"] for m in engine.tokenizer.calls[-1]["messages"]] == ["user", "user"]
+    assert client.post("/v1/chat/completions", json={"messages": messages, "add_generation_prompt": True}).status_code == 200
+    assert [m["role"] for m in engine.tokenizer.calls[-1]["messages"]] == ["user", "assistant"]
+    body = {"messages": messages, "continue_final_message": True}
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
+    assert [m["role"] for m in engine.tokenizer.calls[-1]["messages"]] == ["user"]
+    assert engine.received[-1].input_ids == engine.tokenizer.encode("<user>x<assistant>") + engine.tokenizer.encode("plain")

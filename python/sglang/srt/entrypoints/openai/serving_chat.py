@@ -95,8 +95,8 @@ class OpenAIServingChat(OpenAIServingBase[ChatCompletionRequest]):
         return tokenizer_adds_bos(self.tokenizer_manager.tokenizer)
 
     def convert(self, req: ChatCompletionRequest) -> list[GenerateReqInput]:
-        prompt = self.render(req)
-        req._prompt_opens_reasoning = prompt_opens_reasoning(prompt)
+        text, prefix = self.render_parts(req)
+        req._prompt_opens_reasoning = prompt_opens_reasoning(text + prefix)
         params = common_sampling_params(req, self.generation_defaults) | self.format_params(req) | self.tool_params(req)
         # None = up to the rest of the context, which the engine resolves.
         params["max_new_tokens"] = self._max_new_tokens(req)
@@ -105,7 +105,8 @@ class OpenAIServingChat(OpenAIServingBase[ChatCompletionRequest]):
             params["sampling_seed"] = req.seed
         return [
             GenerateReqInput(
-                text=prompt,
+                text=None if prefix else text,
+                input_ids=self.prompt_with_prefix(text, prefix) if prefix else None,
                 sampling_params=params,
                 return_logprob=req.logprobs,
                 top_logprobs_num=req.top_logprobs,
@@ -151,11 +152,18 @@ class OpenAIServingChat(OpenAIServingBase[ChatCompletionRequest]):
         return req.format_grammar is not None or bool(forced_tools(req.tools or [], req.effective_tool_choice))
 
     def render(self, req: ChatCompletionRequest) -> str:
-        """The prompt text: the chat template applied to the messages.
+        """The prompt text: the chat template's text, then any assistant prefix."""
+        text, prefix = self.render_parts(req)
+        return text + prefix
+
+    def render_parts(self, req: ChatCompletionRequest) -> tuple[str, str]:
+        """The chat template applied to the messages, and the assistant prefix that follows it.
 
         With continue_final_message the final (assistant) message is left open, as SGLang does
         it: the template renders the messages before it with the generation prompt, and the
-        message's text follows verbatim, so no end-of-turn marker closes it.
+        message's text is the prefix, so no end-of-turn marker closes it. Without it (and without
+        an explicit add_generation_prompt) a final assistant message is rendered as the user's,
+        as SGLang renders it, so that the prompt always ends with a turn to answer.
         """
         tokenizer = getattr(self.tokenizer_manager, "tokenizer", None)
         if tokenizer is None:
@@ -167,8 +175,19 @@ class OpenAIServingChat(OpenAIServingBase[ChatCompletionRequest]):
         prefix = ""
         if req.continue_final_message:  # validated: the last message is the assistant's
             prefix, opening = messages.pop()["content"], True
+        elif req.add_generation_prompt is None and messages[-1]["role"] == "assistant" and "tool_calls" not in messages[-1]:
+            messages[-1] = {"role": "user", "content": messages[-1]["content"]}
         prompt = self._apply_template(tokenizer, messages, opening, req.chat_template_kwargs, req.template_tools)
-        return strip_duplicate_bos(prompt, tokenizer, self._adds_bos) + prefix
+        return strip_duplicate_bos(prompt, tokenizer, self._adds_bos), prefix
+
+    def prompt_with_prefix(self, text: str, prefix: str) -> list[int]:
+        """The template's tokens, then the prefix's own (without a BOS): SGLang encodes the two
+        apart, so the prefix's first token never merges with the template's last text."""
+        tokenizer = self.tokenizer_manager.tokenizer
+        ids = tokenizer.encode(prefix)
+        if ids and ids[0] == getattr(tokenizer, "bos_token_id", None):
+            ids = ids[1:]
+        return tokenizer.encode(text) + ids
 
     @staticmethod
     def _apply_template(
