@@ -237,3 +237,17 @@ def test_a_final_assistant_message_is_the_users_unless_continued(engine: Scripte
     assert client.post("/v1/chat/completions", json=body).status_code == 200
     assert [m["role"] for m in engine.tokenizer.calls[-1]["messages"]] == ["user"]
     assert engine.received[-1].input_ids == engine.tokenizer.encode("<user>x<assistant>") + engine.tokenizer.encode("plain")
+
+
+def test_strict_tools_under_auto_get_a_structural_tag_in_the_parser_format(engine: ScriptedEngine) -> None:
+    strict = {"type": "function", "function": {**WEATHER_TOOL["function"], "strict": True}}
+    client = make_client(engine, tool_call_parser="hermes")
+    body = ask(client, "hermes", tools=[strict, TIME_TOOL]).json()
+    tag = json.loads(engine.received[-1].sampling_params["structural_tag"])
+    assert tag["triggers"] == ["<tool_call>"]
+    (structure,) = tag["structures"]
+    assert structure["begin"].startswith('<tool_call>\n{"name": "get_weather"')
+    assert structure["schema"] == WEATHER_TOOL["function"]["parameters"]
+    assert [c["function"]["name"] for c in body["choices"][0]["message"]["tool_calls"]] == ["get_weather", "get_time"]
+    ask(client, "hermes", tools=[strict], regex="a+")  # the request's own grammar wins
+    assert "structural_tag" not in engine.received[-1].sampling_params

@@ -37,7 +37,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     common_sampling_params,
     grammar_params,
 )
-from sglang.srt.entrypoints.openai.tool_protocol import forced_tools, tool_call_schema
+from sglang.srt.entrypoints.openai.tool_protocol import FunctionDefinition, forced_tools, tool_call_schema
 from sglang.srt.function_call import ToolCallParser, get_detector, json_array_detector
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.parser.reasoning_parser import ReasoningParser, prompt_opens_reasoning
@@ -133,7 +133,7 @@ class OpenAIServingChat(OpenAIServingBase[ChatCompletionRequest]):
         validated here so that a schema the grammar backend refuses is a 400 naming tools."""
         functions = forced_tools(req.tools or [], req.effective_tool_choice)
         if not functions:
-            return {}
+            return self._strict_tool_params(req)
         taken = [name for name in GRAMMAR_PARAMS if getattr(req, name, None) is not None]
         if req.format_grammar is not None or taken:
             raise RequestError(
@@ -148,8 +148,36 @@ class OpenAIServingChat(OpenAIServingBase[ChatCompletionRequest]):
         tokenizer = getattr(self.tokenizer_manager, "tokenizer", None)
         return grammar_params(Grammar("json_schema", json.dumps(schema)), self.server_args, tokenizer, "tools")
 
+    def _strict_tools(self, req: ChatCompletionRequest) -> list[FunctionDefinition]:
+        """Under tool_choice auto with --tool-call-parser, the tools marked strict; none when the
+        request carries its own grammar (which wins; the calls are still parsed)."""
+        parser = self.server_args.tool_call_parser
+        if req.effective_tool_choice != "auto" or parser is None or parser == "pythonic":
+            return []
+        if req.format_grammar is not None or any(getattr(req, name, None) is not None for name in GRAMMAR_PARAMS):
+            return []
+        return [t.function for t in req.tools or [] if t.function.strict]
+
+    def _strict_tool_params(self, req: ChatCompletionRequest) -> dict[str, str]:
+        """A structural tag in the parser's format for the strict tools: free text until the model
+        opens a call, then that call's arguments follow its schema."""
+        strict = self._strict_tools(req)
+        if not strict:
+            return {}
+        detector = get_detector(self.server_args.tool_call_parser)
+        infos = [(detector.structure_info(f.name), f.parameter_schema()) for f in strict]
+        tag = {
+            "type": "structural_tag",
+            "structures": [{"begin": info.begin, "schema": schema, "end": info.end} for info, schema in infos],
+            "triggers": sorted({info.trigger for info, _ in infos}),
+        }
+        tokenizer = getattr(self.tokenizer_manager, "tokenizer", None)
+        return grammar_params(Grammar("structural_tag", json.dumps(tag)), self.server_args, tokenizer, "tools")
+
     def grammar_checked(self, req: ChatCompletionRequest) -> bool:
-        return req.format_grammar is not None or bool(forced_tools(req.tools or [], req.effective_tool_choice))
+        # format_params and tool_params validated these grammars; a regex / ebnf is the engine's to check.
+        forced = forced_tools(req.tools or [], req.effective_tool_choice)
+        return req.format_grammar is not None or bool(forced) or bool(self._strict_tools(req))
 
     def render(self, req: ChatCompletionRequest) -> str:
         """The prompt text: the chat template's text, then any assistant prefix."""
