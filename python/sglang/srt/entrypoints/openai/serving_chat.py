@@ -129,8 +129,9 @@ class OpenAIServingChat(OpenAIServingBase[ChatCompletionRequest]):
         return limit
 
     def tool_params(self, req: ChatCompletionRequest) -> dict[str, str]:
-        """The json_schema grammar that makes a required or named tool_choice's call ({} otherwise),
-        validated here so that a schema the grammar backend refuses is a 400 naming tools."""
+        """The grammar of the tools: a required or named tool_choice's json_schema (the call), or
+        the structural tag of strict tools under auto, or {} for none. Validated here, so that a
+        schema the grammar backend refuses is a 400 naming tools."""
         functions = forced_tools(req.tools or [], req.effective_tool_choice)
         if not functions:
             return self._strict_tool_params(req)

@@ -354,8 +354,8 @@ class OpenAIServingResponses:
 
     @staticmethod
     def _grammar_checked(obj: GenerateReqInput) -> bool:
-        # Any grammar here (text.format's or a forced tool call's) was validated by _engine_request.
-        return "json_schema" in obj.sampling_params
+        # Any grammar here (text.format's or the tools') was validated by _engine_request.
+        return any(kind in obj.sampling_params for kind in ("json_schema", "structural_tag"))
 
     def _stored(self, response_id: str) -> StoredResponse:
         stored = self.store.get(_checked_id(response_id))
