@@ -4,8 +4,10 @@ POST /v1/responses renders `instructions` + the conversation (a previous respons
 output when `previous_response_id` is given) + `input` with the chat template, generates, and
 answers a response object, or streams Responses events (response.created, response.in_progress,
 response.output_item.added, response.content_part.added, response.output_text.delta...,
-response.output_text.done, response.content_part.done, response.output_item.done, then
-response.completed / response.incomplete / response.failed). `background: true` answers a
+response.output_text.done, response.content_part.done, response.output_item.done, a function
+call's output_item.added / function_call_arguments.delta... / .done / output_item.done, then
+response.completed / response.incomplete / response.failed). Function tools and tool_choice go
+through the chat handler: its template, its tool grammar and its tool-call parser. `background: true` answers a
 queued response at once and generates in a task (POST /v1/responses/{id}/cancel stops it).
 GET /v1/responses/{id} retrieves and DELETE /v1/responses/{id} deletes a stored response.
 
