@@ -142,7 +142,7 @@ def test_unknown_schedule_policy_is_a_parse_error(capsys) -> None:
     assert "--schedule-policy" in capsys.readouterr().err
 
 
-OUR_GROUPS = ["Model and tokenizer", "Device and parallelism", "Memory and scheduling", "Sampling",
+OUR_GROUPS = ["Model and tokenizer", "Device and parallelism", "Memory and scheduling", "Sampling", "Tool calling and reasoning",
               "Kernels and graphs", "HTTP server and streaming", "Reliability and metrics", "Logging"]
 
 

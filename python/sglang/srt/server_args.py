@@ -8,6 +8,8 @@ import json
 import os
 from typing import Any, Optional
 
+from sglang.srt.function_call import TOOL_CALL_PARSERS
+from sglang.srt.parser.reasoning_parser import REASONING_PARSERS
 from sglang.srt.server_args_compat import add_compat_args, compat_fields, ignored_flags, ignored_values, parse_args
 from sglang.srt.utils.embedded_model import embedded_model_path
 
@@ -74,6 +76,8 @@ class ServerArgs:
     sampling_backend: Optional[str] = None
     grammar_backend: str = "xgrammar"
     constrained_json_disable_any_whitespace: bool = False
+    tool_call_parser: Optional[str] = None
+    reasoning_parser: Optional[str] = None
     enable_custom_logit_processor: bool = False
     custom_logit_processor_allowlist: Optional[list[str]] = None
     logits_processors: Optional[list[str]] = None
@@ -200,6 +204,10 @@ class ServerArgs:
             raise ValueError(
                 f"--attention-backend must be one of {', '.join(ATTENTION_BACKEND_CHOICES)}, got {self.attention_backend!r}."
             )
+        if self.tool_call_parser is not None and self.tool_call_parser not in TOOL_CALL_PARSERS:
+            raise ValueError(f"--tool-call-parser must be one of {', '.join(TOOL_CALL_PARSERS)}, got {self.tool_call_parser!r}.")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}, got {self.reasoning_parser!r}.")
         if self.log_requests_level not in LOG_REQUESTS_LEVELS:
             raise ValueError(f"--log-requests-level must be one of 0, 1, 2, 3, got {self.log_requests_level!r}.")
         if self.skip_tokenizer_init and self.chat_template is not None:
@@ -415,6 +423,15 @@ class ServerArgs:
             help="JSON object merged under every /generate request's sampling_params (request keys win).")
         add("--max-top-logprobs-num", type=int, default=d.max_top_logprobs_num, help="Largest top_logprobs_num a request may ask for.")
         add("--random-seed", type=int, default=d.random_seed, help="Seed of the unseeded sampling noise.")
+
+        group = parser.add_argument_group("Tool calling and reasoning")
+        add = group.add_argument
+        add("--tool-call-parser", default=d.tool_call_parser, choices=list(TOOL_CALL_PARSERS),
+            help="The model's tool-call format: chat completions with tools (tool_choice auto) answer its calls as "
+            "tool_calls. A required or named tool_choice works without it (a JSON-schema grammar forces the call).")
+        add("--reasoning-parser", default=d.reasoning_parser, choices=list(REASONING_PARSERS),
+            help="The model's think-section format: chat completions answer the reasoning as reasoning_content "
+            "(unless the request sets separate_reasoning false).")
 
         group = parser.add_argument_group("Kernels and graphs")
         add = group.add_argument

@@ -18,10 +18,21 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PrivateAttr,
     Tag,
     field_validator,
     model_serializer,
     model_validator,
+)
+
+from sglang.srt.entrypoints.openai.protocol_base import _Nested, _Strict
+from sglang.srt.entrypoints.openai.tool_protocol import (
+    NamedToolChoice,
+    RequestToolCall,
+    ToolCallOut,
+    ToolChoice,
+    ToolDefinition,
+    check_tool_choice,
 )
 
 # Each choice becomes its own engine request; a bound keeps one HTTP call from flooding the queue.
@@ -37,21 +48,6 @@ OPENAI_SAMPLING_DEFAULTS: dict[str, Any] = {
     "min_p": 0.0,
     "repetition_penalty": 1.0,
 }
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_means_default(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            return {k: v for k, v in data.items() if v is not None}
-        return data
-
-
-class _Nested(_Strict):
-    model_config = ConfigDict(extra="forbid")
 
 
 # ----------------------------------------------------------------------------- response_format
@@ -195,11 +191,14 @@ class TextContentPart(_Nested):
 
 
 class ChatMessage(_Nested):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[TextContentPart]] = ""
     name: Optional[str] = None
-    # Clients echo previous assistant messages back whole; empty tool calls mean nothing.
-    tool_calls: list[Any] = Field(default_factory=list, max_length=0)
+    # An assistant message's calls, and the call a tool message answers.
+    tool_calls: list[RequestToolCall] = Field(default_factory=list)
+    tool_call_id: Optional[str] = None
+    # An earlier answer's reasoning, echoed back; templates that keep reasoning read it.
+    reasoning_content: Optional[str] = None
     annotations: list[Any] = Field(default_factory=list)
 
     @field_validator("content", mode="before")
@@ -211,6 +210,14 @@ class ChatMessage(_Nested):
                 raise ValueError(f"content parts of type {kind!r} are not supported (only 'text')")
         return value
 
+    @model_validator(mode="after")
+    def _tool_fields_fit_the_role(self) -> "ChatMessage":
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a message with role 'tool' needs the tool_call_id of the call it answers")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only a message with role 'assistant' carries tool_calls")
+        return self
+
     def to_template_dict(self) -> dict[str, Any]:
         """The message as chat templates expect it: content as one string."""
         content = self.content
@@ -221,6 +228,12 @@ class ChatMessage(_Nested):
         out: dict[str, Any] = {"role": role, "content": content}
         if self.name is not None:
             out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = [call.template_dict() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.reasoning_content is not None:
+            out["reasoning_content"] = self.reasoning_content
         return out
 
 
@@ -387,10 +400,36 @@ class ChatCompletionRequest(_GenerationRequest):
     continue_final_message: bool = False
     # vLLM: None = true (the assistant header is appended); a top-level field, not a template kwarg.
     add_generation_prompt: Optional[bool] = None
-    # SGLang splits reasoning_content out only with --reasoning-parser, which this server does not
-    # have: both are accepted and the content is returned whole, as SGLang does without a parser.
+    # With --reasoning-parser: reasoning_content split out of the content (separate_reasoning), and
+    # streamed as it comes or in one delta once the section ends (stream_reasoning).
     separate_reasoning: bool = True
     stream_reasoning: bool = True
+    tools: Optional[list[ToolDefinition]] = None
+    # Set by the chat handler once the prompt is rendered: the template opened a think section.
+    _prompt_opens_reasoning: bool = PrivateAttr(False)
+    # None: "auto" with tools, else "none" (OpenAI's default).
+    tool_choice: Optional[ToolChoice] = None
+    parallel_tool_calls: bool = True
+
+    @property
+    def effective_tool_choice(self) -> ToolChoice:
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return "auto" if self.tools else "none"
+
+    @property
+    def template_tools(self) -> Optional[list[dict[str, Any]]]:
+        """The tools the chat template is given: none when tool_choice is none."""
+        if not self.tools or self.effective_tool_choice == "none":
+            return None
+        return [tool.template_dict() for tool in self.tools]
+
+    @model_validator(mode="after")
+    def _tool_choice_fits_the_tools(self) -> "ChatCompletionRequest":
+        problem = check_tool_choice(self.tools, self.effective_tool_choice)
+        if problem is not None:
+            raise RequestError(problem, param="tool_choice")
+        return self
 
     @field_validator("chat_template_kwargs")
     @classmethod
@@ -464,13 +503,8 @@ _COMMON_UNSUPPORTED: Unsupported = {
 
 CHAT_UNSUPPORTED: Unsupported = {
     **_COMMON_UNSUPPORTED,
-    "tools": (_is_falsy, "tool calling is not implemented"),
-    "tool_choice": (
-        lambda v: v in (None, "none"),
-        "tool calling is not implemented; only 'none' is accepted",
-    ),
-    "functions": (_is_falsy, "function calling is not implemented"),
-    "function_call": (lambda v: v in (None, "none"), "function calling is not implemented"),
+    "functions": (_is_falsy, "the deprecated functions field is not implemented; use tools"),
+    "function_call": (lambda v: v in (None, "none"), "function calling is not implemented; use tools and tool_choice"),
     "audio": (_is_absent, "audio output is not implemented"),
     "modalities": (lambda v: v in (None, ["text"]), "only the 'text' modality is implemented"),
     "prediction": (_is_absent, "predicted outputs are not implemented"),
@@ -572,7 +606,17 @@ class CompletionStreamResponse(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: Optional[str]
+    reasoning_content: Optional[str] = None
+    tool_calls: Optional[list[ToolCallOut]] = None
+
+    @model_serializer
+    def _without_absent_calls(self) -> dict[str, Any]:
+        # reasoning_content is always sent (null where empty); tool_calls only when there are some.
+        out = {"role": self.role, "content": self.content, "reasoning_content": self.reasoning_content}
+        if self.tool_calls:
+            out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        return out
 
 
 class ChatCompletionChoice(_ChoiceEnd):
@@ -593,11 +637,18 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None
+    tool_calls: Optional[list[ToolCallOut]] = None
 
     @model_serializer
     def _only_set(self) -> dict[str, Any]:
-        # A delta carries only what changed: role once, then content.
-        return {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
+        # A delta carries what changed: role once, then content and tool calls; reasoning_content
+        # is always there (null where empty), as SGLang's deltas carry it.
+        out: dict[str, Any] = {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
+        out["reasoning_content"] = self.reasoning_content
+        if self.tool_calls:
+            out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        return out
 
 
 class ChatCompletionStreamChoice(_ChoiceEnd):
@@ -700,6 +751,79 @@ class ResponseInputMessage(_Nested):
         return {"role": self.role, "content": content}
 
 
+class ResponseFunctionCallInput(_Nested):
+    """A call of an earlier response, passed back as input."""
+
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: Optional[str] = None
+    status: Optional[str] = None
+
+
+class ResponseFunctionCallOutputInput(_Nested):
+    """The client's answer to a call: it becomes a tool message."""
+
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str
+    id: Optional[str] = None
+    status: Optional[str] = None
+
+
+def _input_item_kind(value: Any) -> Optional[str]:
+    # A message may leave out its type.
+    if isinstance(value, dict):
+        return f"item[{value.get('type', 'message')}]"
+    return f"item[{getattr(value, 'type', None)}]"
+
+
+ResponseInputItem = Annotated[
+    Union[
+        Annotated[ResponseInputMessage, Tag("item[message]")],
+        Annotated[ResponseFunctionCallInput, Tag("item[function_call]")],
+        Annotated[ResponseFunctionCallOutputInput, Tag("item[function_call_output]")],
+    ],
+    Discriminator(_input_item_kind),
+]
+RESPONSE_INPUT_TYPES = ("message", "function_call", "function_call_output")
+
+
+def _input_chat_messages(items: list[Any]) -> list[dict[str, Any]]:
+    """Input items as chat messages: consecutive calls join one assistant message."""
+    out: list[dict[str, Any]] = []
+    for item in items:
+        if isinstance(item, ResponseInputMessage):
+            out.append(item.to_chat_message())
+        elif isinstance(item, ResponseFunctionCallOutputInput):
+            out.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
+        else:
+            call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
+            if not (out and out[-1]["role"] == "assistant" and out[-1].get("tool_calls")):
+                out.append({"role": "assistant", "content": "", "tool_calls": []})
+            out[-1]["tool_calls"].append(call)
+    return out
+
+
+class ResponsesFunctionTool(_Strict):
+    """A Responses API function tool (flat: name and parameters beside type)."""
+
+    type: Literal["function"]
+    name: str = Field(min_length=1)
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+    strict: Optional[bool] = None
+
+    def chat_tool(self) -> dict[str, Any]:
+        return {"type": "function", "function": self.model_dump(exclude={"type"}, exclude_none=True)}
+
+
+class ResponsesNamedToolChoice(_Nested):
+    type: Literal["function"]
+    name: str
+
+
 class ResponsesJsonSchemaFormat(_SchemaFields):
     """The Responses API's json_schema format: the same fields, not nested under `json_schema`."""
 
@@ -738,7 +862,7 @@ class ResponsesRequest(_Strict):
 
     model_config = ConfigDict(extra="ignore")
 
-    input: Union[str, list[ResponseInputMessage]]
+    input: Union[str, list[ResponseInputItem]]
     model: Optional[str] = None
     instructions: Optional[str] = None
     max_output_tokens: Optional[int] = Field(None, ge=1)
@@ -750,8 +874,9 @@ class ResponsesRequest(_Strict):
     previous_response_id: Optional[str] = None
     metadata: dict[str, Any] = Field(default_factory=dict)
     user: Optional[str] = None
-    parallel_tool_calls: bool = True  # no tools can be given, so there is nothing to parallelise
-    tool_choice: Literal["auto", "none"] = "auto"
+    parallel_tool_calls: bool = True
+    tools: list[ResponsesFunctionTool] = Field(default_factory=list)
+    tool_choice: Union[Literal["auto", "none", "required"], ResponsesNamedToolChoice] = "auto"
     text: ResponseTextConfig = Field(default_factory=ResponseTextConfig)
     # SGLang extras.
     request_id: Optional[str] = None
@@ -777,7 +902,21 @@ class ResponsesRequest(_Strict):
     def input_messages(self) -> list[dict[str, Any]]:
         if isinstance(self.input, str):
             return [{"role": "user", "content": self.input}]
-        return [m.to_chat_message() for m in self.input]
+        return _input_chat_messages(self.input)
+
+    def chat_tool_fields(self) -> dict[str, Any]:
+        """tools / tool_choice / parallel_tool_calls in the chat request's shape."""
+        choice = self.tool_choice
+        if isinstance(choice, ResponsesNamedToolChoice):
+            choice = {"type": "function", "function": {"name": choice.name}}
+        if not self.tools:  # a required or named choice without tools is refused by the chat request
+            return {} if choice in ("auto", "none") else {"tool_choice": choice}
+        return {"tools": [t.chat_tool() for t in self.tools], "tool_choice": choice,
+                "parallel_tool_calls": self.parallel_tool_calls}
+
+    def tool_choice_echo(self) -> Any:
+        choice = self.tool_choice
+        return choice.model_dump() if isinstance(choice, ResponsesNamedToolChoice) else choice
 
     def sampling_params(self) -> dict[str, Any]:
         params = {
@@ -813,12 +952,11 @@ def _is_format_only(value: Any) -> bool:
 
 
 RESPONSES_UNSUPPORTED: Unsupported = {
-    "tools": (_is_falsy, "tools are not implemented"),
     "include": (_is_falsy, "extra output data (include) is not implemented"),
     "reasoning": (_is_absent, "reasoning controls are not implemented"),
     "text": (_is_format_only, "only text.format is implemented (verbosity control is not)"),
     "truncation": (lambda v: v in (None, "disabled"), "truncation is not implemented; only 'disabled' is accepted"),
-    "max_tool_calls": (_is_absent, "tools are not implemented"),
+    "max_tool_calls": (_is_absent, "a limit on tool calls is not implemented"),
     "top_logprobs": (lambda v: v in (None, 0), "logprobs are not returned by /v1/responses"),
     "prompt": (_is_absent, "stored prompt templates are not implemented"),
     "conversation": (_is_absent, "the Conversations API is not implemented; use previous_response_id"),
@@ -842,6 +980,17 @@ class ResponseOutputMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     status: Literal["in_progress", "completed", "incomplete"]
     content: list[ResponseOutputText]
+
+
+class ResponseFunctionCall(BaseModel):
+    """A call the model made (an output item)."""
+
+    id: str
+    type: Literal["function_call"] = "function_call"
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
 
 
 class ResponseUsage(BaseModel):
@@ -876,7 +1025,7 @@ class ResponsesResponse(BaseModel):
     created_at: int = Field(default_factory=_now)
     status: ResponseStatus
     model: str
-    output: list[ResponseOutputMessage] = Field(default_factory=list)
+    output: list[Union[ResponseOutputMessage, ResponseFunctionCall]] = Field(default_factory=list)
     usage: Optional[ResponseUsage] = None
     error: Optional[dict[str, Any]] = None
     incomplete_details: Optional[dict[str, Any]] = None
@@ -889,7 +1038,7 @@ class ResponsesResponse(BaseModel):
     temperature: float
     top_p: float
     text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})
-    tool_choice: str = "auto"
+    tool_choice: Any = "auto"
     tools: list[Any] = Field(default_factory=list)
     parallel_tool_calls: bool = True
     truncation: Literal["disabled"] = "disabled"
@@ -897,4 +1046,7 @@ class ResponsesResponse(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     def output_text(self) -> str:
-        return "".join(part.text for message in self.output for part in message.content)
+        return "".join(part.text for item in self.output if item.type == "message" for part in item.content)
+
+    def function_calls(self) -> list[ResponseFunctionCall]:
+        return [item for item in self.output if item.type == "function_call"]

@@ -14,7 +14,7 @@ import logging
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Optional, TypeVar, Union
 
 import orjson
@@ -201,9 +201,12 @@ class Piece:
     has_tokens: bool
     finish_reason: Optional[str]
     matched_stop: Union[int, str, None]
+    # Chat only: what the reasoning and tool-call parsers took out of the text.
+    reasoning: str = ""
+    tool_calls: list[Any] = field(default_factory=list)
 
     def is_empty(self) -> bool:
-        return not self.text and not self.has_tokens and self.finish_reason is None
+        return not (self.text or self.reasoning or self.tool_calls or self.has_tokens) and self.finish_reason is None
 
 
 class ChoiceTracker:
@@ -335,8 +338,7 @@ class OpenAIServingBase(ABC, Generic[RequestT]):
             # A client's rid names the engine request of its single prompt as it is (SGLang);
             # the tokenizer manager names the n > 1 children `{rid}_{i}`.
             obj.rid = req.rid if req.rid and len(inputs) == 1 else f"{request_id}-{i}"
-        # A response_format grammar was validated by format_params: the engine does not again.
-        events = self.tokenizer_manager.generate_many(inputs, grammar_checked=req.format_grammar is not None)
+        events = self.tokenizer_manager.generate_many(inputs, grammar_checked=self.grammar_checked(req))
         count = len(inputs) * req.n
         if req.stream:
             return await self._stream(req, request_id, events, count)
@@ -361,6 +363,11 @@ class OpenAIServingBase(ABC, Generic[RequestT]):
         """The grammar sampling param of req.response_format, validated (RequestError if not)."""
         tokenizer = getattr(self.tokenizer_manager, "tokenizer", None)
         return grammar_params(req.format_grammar, self.server_args, tokenizer, "response_format")
+
+    def grammar_checked(self, req: RequestT) -> bool:
+        """Whether convert validated the request's grammar (a response_format's, by format_params),
+        so that the engine does not again."""
+        return req.format_grammar is not None
 
     def model_name(self, req: RequestT) -> str:
         return req.model or self.server_args.served_model_name

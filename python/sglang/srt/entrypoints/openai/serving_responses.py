@@ -4,8 +4,10 @@ POST /v1/responses renders `instructions` + the conversation (a previous respons
 output when `previous_response_id` is given) + `input` with the chat template, generates, and
 answers a response object, or streams Responses events (response.created, response.in_progress,
 response.output_item.added, response.content_part.added, response.output_text.delta...,
-response.output_text.done, response.content_part.done, response.output_item.done, then
-response.completed / response.incomplete / response.failed). `background: true` answers a
+response.output_text.done, response.content_part.done, response.output_item.done, a function
+call's output_item.added / function_call_arguments.delta... / .done / output_item.done, then
+response.completed / response.incomplete / response.failed). Function tools and tool_choice go
+through the chat handler: its template, its tool grammar and its tool-call parser. `background: true` answers a
 queued response at once and generates in a task (POST /v1/responses/{id}/cancel stops it).
 GET /v1/responses/{id} retrieves and DELETE /v1/responses/{id} deletes a stored response.
 
@@ -21,19 +23,21 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import orjson
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
+from sglang.srt.entrypoints.openai.chat_output import ChatChoiceTracker, ChatDelta, ChatOutputParser, merge_calls
 from sglang.srt.entrypoints.openai.protocol import (
     RESPONSE_ID_PREFIX,
     RESPONSES_UNSUPPORTED,
     ChatCompletionRequest,
     ErrorResponse,
     RequestError,
+    ResponseFunctionCall,
     ResponseOutputMessage,
     ResponseOutputText,
     ResponsesRequest,
@@ -42,7 +46,6 @@ from sglang.srt.entrypoints.openai.protocol import (
     ResponseUsage,
 )
 from sglang.srt.entrypoints.openai.serving_base import (
-    ChoiceTracker,
     Events,
     collect_unless_disconnected,
     describe_failure,
@@ -143,6 +146,8 @@ class Turn:
     response_id: str
     model: str
     history: list[Message]  # previous conversation + this input, without instructions
+    # A fresh parser of the output (its tool calls); set once the chat request is built.
+    make_parser: Callable[[], ChatOutputParser] = lambda: ChatOutputParser(None, None)
     message_id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
     created_at: int = field(default_factory=lambda: int(time.time()))
 
@@ -152,7 +157,8 @@ class Turn:
             id=self.response_id, created_at=self.created_at, status=status, model=self.model,
             instructions=req.instructions, max_output_tokens=req.max_output_tokens,
             previous_response_id=req.previous_response_id, store=req.store, background=req.background,
-            temperature=req.effective_temperature, top_p=req.effective_top_p, tool_choice=req.tool_choice,
+            temperature=req.effective_temperature, top_p=req.effective_top_p, tool_choice=req.tool_choice_echo(),
+            tools=[t.model_dump(exclude_none=True) for t in req.tools],
             parallel_tool_calls=req.parallel_tool_calls, user=req.user, metadata=req.metadata,
             text=req.text.echo(), **fields,
         )
@@ -160,26 +166,50 @@ class Turn:
     def message(self, text: str, status: str) -> ResponseOutputMessage:
         return ResponseOutputMessage(id=self.message_id, status=status, content=[ResponseOutputText(text=text)])
 
-    def finished(self, final: dict[str, Any]) -> ResponsesResponse:
+    def finished(self, final: dict[str, Any], parsed: Optional[ChatDelta] = None) -> ResponsesResponse:
         """The response for the engine's last item: completed (also on reaching max_output_tokens:
         SGLang's answer, which SGLang clients and the openai client's stream helper expect;
-        OpenAI's own API says incomplete there)."""
+        OpenAI's own API says incomplete there). `parsed` is the streamed parse of the output;
+        without it the text is parsed here. The message comes first, then the calls."""
+        if parsed is None:
+            parser = self.make_parser()
+            parsed = parser.feed(final["text"]).add(parser.finish())
         meta = final["meta_info"]
         usage = ResponseUsage.of(meta["prompt_tokens"], meta["completion_tokens"], meta.get("cached_tokens", 0))
         finish = meta.get("finish_reason") or {}
-        kind = finish.get("type")
-        if kind == "abort":
+        status = "incomplete" if finish.get("type") == "abort" else "completed"
+        output = [self.message(parsed.content, status), *function_calls(parsed, status)]
+        if finish.get("type") == "abort":
             error = {"code": "server_error", "message": finish.get("message", "the request was aborted")}
-            return self.response("failed", output=[self.message(final["text"], "incomplete")], usage=usage, error=error)
-        return self.response("completed", output=[self.message(final["text"], "completed")], usage=usage)
+            return self.response("failed", output=output, usage=usage, error=error)
+        return self.response("completed", output=output, usage=usage)
 
     def failed(self, failure: ErrorResponse) -> ResponsesResponse:
         return self.response("failed", error={"code": "server_error", "message": failure.message})
 
     def stored(self, response: ResponsesResponse) -> StoredResponse:
-        output = response.output_text()
-        history = self.history + ([{"role": "assistant", "content": output}] if response.output else [])
-        return StoredResponse(response, history)
+        answer: Message = {"role": "assistant", "content": response.output_text()}
+        calls = response.function_calls()
+        if calls:
+            answer["tool_calls"] = [
+                {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
+            ]
+        return StoredResponse(response, self.history + ([answer] if response.output else []))
+
+
+def _input_error(exc: RequestError, prefix: str) -> RequestError:
+    """An error of the chat request built from the input: it names tools / tool_choice, else input."""
+    if exc.param in ("tools", "tool_choice"):
+        return exc
+    return RequestError(f"{prefix}{exc}", param="input")
+
+
+def function_calls(parsed: ChatDelta, status: str) -> list[ResponseFunctionCall]:
+    return [
+        ResponseFunctionCall(id=f"fc_{call_id.removeprefix('call_')}", call_id=call_id, name=name, arguments=arguments,
+                             status=status)
+        for call_id, name, arguments in merge_calls(parsed.tool_calls)
+    ]
 
 
 async def _last_item(events: Events) -> dict[str, Any]:
@@ -201,6 +231,22 @@ class _EventWriter:
         body = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
         return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(body) + b"\n\n"
+
+
+def _call_events(event: _EventWriter, deltas: list[Any], item_ids: dict[int, str]) -> list[bytes]:
+    """A call's item (after the message, at output_index 1 + its index) opens with its first
+    delta; its argument text follows as deltas. `item_ids` keeps each call's item id."""
+    out = []
+    for delta in deltas:
+        if delta.id is not None:
+            item_ids[delta.index] = f"fc_{delta.id.removeprefix('call_')}"
+            item = ResponseFunctionCall(id=item_ids[delta.index], call_id=delta.id, name=delta.function.name,
+                                        arguments="", status="in_progress")
+            out.append(event("response.output_item.added", output_index=1 + delta.index, item=item.model_dump()))
+        if delta.function.arguments:
+            out.append(event("response.function_call_arguments.delta", output_index=1 + delta.index,
+                             item_id=item_ids[delta.index], delta=delta.function.arguments))
+    return out
 
 
 # ----------------------------------------------------------------------------- serving
@@ -225,7 +271,7 @@ class OpenAIServingResponses:
             return responses_error(str(exc), exc.status_code, exc.param)
         except RequestError as exc:
             return responses_error(str(exc), param=exc.param)
-        events = self.tokenizer_manager.generate_many([obj], grammar_checked=turn.req.format_grammar is not None)
+        events = self.tokenizer_manager.generate_many([obj], grammar_checked=self._grammar_checked(obj))
         if turn.req.background:
             return self._start_background(turn, events)
         if turn.req.stream:
@@ -288,18 +334,30 @@ class OpenAIServingResponses:
         return list(previous.history)
 
     def _engine_request(self, turn: Turn) -> GenerateReqInput:
+        """The engine request; sets turn.make_parser. The conversation and tools go through the chat
+        handler (template, tool_choice's grammar); the reasoning section stays in the text."""
         req = turn.req
         system = [{"role": "system", "content": req.instructions}] if req.instructions is not None else []
         try:
-            chat_req = ChatCompletionRequest.model_validate({"messages": system + turn.history})
+            chat_req = ChatCompletionRequest.model_validate({"messages": system + turn.history, **req.chat_tool_fields()})
             prompt = self.chat.render(chat_req)
         except ValidationError as exc:
-            raise RequestError(f"input: {validation_error(exc)}", param="input") from None
+            raise _input_error(validation_error(exc), "input: ") from None
         except RequestError as exc:
-            raise RequestError(str(exc), param="input") from None
+            raise _input_error(exc, "") from None
+        tool_grammar = self.chat.tool_params(chat_req)
+        if tool_grammar and req.format_grammar is not None:
+            raise RequestError("tool_choice 'required' or a named function cannot be combined with text.format",
+                               param="tool_choice")
         tokenizer = getattr(self.tokenizer_manager, "tokenizer", None)
-        params = req.sampling_params() | grammar_params(req.format_grammar, self.server_args, tokenizer, "text")
+        params = req.sampling_params() | grammar_params(req.format_grammar, self.server_args, tokenizer, "text") | tool_grammar
+        turn.make_parser = lambda: self.chat.output_parser(chat_req, reasoning_split=False)
         return GenerateReqInput(text=prompt, sampling_params=params, rid=turn.response_id, stream=req.stream)
+
+    @staticmethod
+    def _grammar_checked(obj: GenerateReqInput) -> bool:
+        # Any grammar here (text.format's or the tools') was validated by _engine_request.
+        return any(kind in obj.sampling_params for kind in ("json_schema", "structural_tag"))
 
     def _stored(self, response_id: str) -> StoredResponse:
         stored = self.store.get(_checked_id(response_id))
@@ -342,12 +400,16 @@ class OpenAIServingResponses:
         yield event("response.output_item.added", output_index=0, item=turn.message("", "in_progress").model_dump()
                     | {"content": []})
         yield event("response.content_part.added", **ids, part=ResponseOutputText(text="").model_dump())
-        tracker, final = ChoiceTracker(0, None), first
+        tracker, final = ChatChoiceTracker(0, None, turn.make_parser()), first
+        parsed, item_ids = ChatDelta(), {}
         try:
             async for item in prepend(first, events):
-                final, delta = item, tracker.step(item).text
-                if delta:
-                    yield event("response.output_text.delta", **ids, delta=delta, logprobs=[])
+                final, piece = item, tracker.step(item)
+                parsed = parsed.add(ChatDelta(content=piece.text, tool_calls=piece.tool_calls))
+                if piece.text:
+                    yield event("response.output_text.delta", **ids, delta=piece.text, logprobs=[])
+                for chunk in _call_events(event, piece.tool_calls, item_ids):
+                    yield chunk
         except Exception as exc:
             response = turn.failed(describe_failure(exc))
             self._remember(turn, response)
@@ -355,11 +417,15 @@ class OpenAIServingResponses:
             return
         finally:
             await events.aclose()
-        response = turn.finished(final)
+        response = turn.finished(final, parsed)
         message = response.output[0]
         yield event("response.output_text.done", **ids, text=message.content[0].text, logprobs=[])
         yield event("response.content_part.done", **ids, part=message.content[0].model_dump())
         yield event("response.output_item.done", output_index=0, item=message.model_dump())
+        for index, call in enumerate(response.function_calls(), start=1):
+            yield event("response.function_call_arguments.done", item_id=call.id, output_index=index,
+                        arguments=call.arguments)
+            yield event("response.output_item.done", output_index=index, item=call.model_dump())
         self._remember(turn, response)
         yield event(f"response.{response.status}", response=response.model_dump())
 

@@ -1,0 +1,1 @@
+"""Parsers of model output text: the reasoning (think) section (`--reasoning-parser`)."""
