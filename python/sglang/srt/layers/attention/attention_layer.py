@@ -11,11 +11,31 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 
 class Attention(nn.Module):
-    def __init__(self, layer_id: int, num_heads: int, num_kv_heads: int, head_dim: int, scaling: float) -> None:
+    """sliding_window=W: a query at position p attends to keys at positions > p - W (the last W
+    positions, itself included); None attends to every earlier position. logit_cap=c: scores
+    become c * tanh(scores / c) before the softmax."""
+
+    def __init__(
+        self,
+        layer_id: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scaling: float,
+        *,
+        sliding_window: Optional[int] = None,
+        logit_cap: Optional[float] = None,
+    ) -> None:
         super().__init__()
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1, got {sliding_window}.")
+        if logit_cap is not None and logit_cap <= 0:
+            raise ValueError(f"logit_cap must be > 0, got {logit_cap}.")
         self.layer_id = layer_id
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scaling = scaling
+        self.sliding_window = sliding_window
+        self.logit_cap = logit_cap
 
     def forward(
         self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], forward_batch: ForwardBatch
