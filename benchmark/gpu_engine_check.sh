@@ -12,13 +12,16 @@
 #             independent, overlap on = off, llguidance, pytorch sampler, tok/s)
 #   grammar-bench - benchmark/bench_grammar.py --device cuda (mask fill + apply per step at V=151936)
 #   bench   - benchmark/bench_serving_gpu.py: ours vs HF generate (eager, static cache + compile)
+#   window-softcap - sliding-window and soft-capping kernels against their references natively, then
+#             benchmark/gpu_window_softcap_check.py (Gemma2, Gemma3, Mistral and Qwen2 with a window vs
+#             transformers on CUDA, fp32 and bf16, default and deterministic, graphs on)
 #   dp      - --dp-size 2, both replicas on GPU 0: benchmark/gpu_tp_check.py --tp-size 1 --dp-size 2 in bf16
 #             (outputs against one replica), then bench_serving_gpu.py, ours at N=256 with --dp-size 1 and 2
 # Run through the device tool from the repo root with carry [".carry_engine"] (benchmark/make_engine_carry.sh):
 #   bash benchmark/gpu_engine_check.sh tests|cache      |      bash benchmark/gpu_engine_check.sh bench [bench args]
 # Everything printed also goes to $OUT/gpu_engine_<phase>.txt (committed under docs/gpu/).
 set -uo pipefail
-phase=${1:?usage: gpu_engine_check.sh tests|cache|grammar|grammar-bench|bench|dp [args]}
+phase=${1:?usage: gpu_engine_check.sh tests|cache|grammar|grammar-bench|bench|window-softcap|dp [args]}
 shift
 OUT=${OUT:-/tmp/gpu_engine_out}
 mkdir -p "$OUT"
@@ -53,6 +56,11 @@ case "$phase" in
     ;;
   bench)
     timeout 560 python3 benchmark/bench_serving_gpu.py --out-dir "$OUT" --tokenizer .carry_engine/tokenizer "$@"
+    ;;
+  window-softcap)
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -k "window or cap" \
+      test/kernels/test_paged_attention.py test/kernels/test_decode_attention.py
+    timeout 480 python3 benchmark/gpu_window_softcap_check.py --out-dir "$OUT/window_softcap" "$@"
     ;;
   dp)
     timeout 240 python3 benchmark/gpu_tp_check.py --device cuda --tp-size 1 --dp-size 2 --dtype bfloat16 --out-dir "$OUT/dp_check"

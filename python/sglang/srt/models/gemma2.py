@@ -113,7 +113,8 @@ class Gemma2Model(nn.Module):
         super().__init__()
         tp = dict(params_dtype=dtype, tp_rank=tp_rank, tp_size=tp_size)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, **tp)
-        self.embed_scale = config.hidden_size**0.5
+        # sqrt(hidden) rounded to the model dtype first, as the reference does.
+        self.embed_scale = torch.tensor(config.hidden_size**0.5, dtype=dtype).item()
         types = layer_types(config.hf_config, config.num_hidden_layers, self.default_sliding_window_pattern)
         logit_cap = self.attn_logit_cap(config)
         self.layers = nn.ModuleList(
@@ -138,9 +139,7 @@ class Gemma2Model(nn.Module):
 
     def forward(self, forward_batch: ForwardBatch) -> torch.Tensor:
         """-> [N, H] final hidden states of every new token."""
-        x = self.embed_tokens(forward_batch.input_ids)  # [N, H]
-        # The scale rounded to the model dtype first, as the reference does.
-        x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        x = self.embed_tokens(forward_batch.input_ids) * self.embed_scale  # [N, H]
         ropes, residual = self.step_ropes(forward_batch.positions, x.dtype), None
         for layer in self.layers:
             x, residual = layer(ropes, x, residual, forward_batch)
