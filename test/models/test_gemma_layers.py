@@ -11,7 +11,13 @@ import torch
 import transformers
 
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.configs.sliding_window import FULL, SLIDING, layer_sliding_window, layer_types
+from sglang.srt.configs.sliding_window import (
+    FULL,
+    SLIDING,
+    layer_sliding_window,
+    layer_types,
+    llama_family_sliding_window,
+)
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.models.gemma3 import rope_of_layer_type
 
@@ -49,6 +55,14 @@ def test_transformers_configs_agree_with_layer_types() -> None:
         assert layer_types(inputs, cfg.num_hidden_layers, pattern) == cfg.layer_types
     assert layer_sliding_window({"sliding_window": 32}, 1, 4, 2) is None
     assert layer_sliding_window({"sliding_window": 32}, 0, 4, 2) == 32
+
+
+def test_llama_family_windows_only_where_transformers_reads_them() -> None:
+    hf = {"sliding_window": 32}
+    assert llama_family_sliding_window(hf | {"architectures": ["MistralForCausalLM"]}, 0, 2) == 32
+    assert llama_family_sliding_window(hf | {"architectures": ["LlamaForCausalLM"]}, 0, 2) is None
+    qwen = hf | {"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True, "max_window_layers": 1}
+    assert [llama_family_sliding_window(qwen, i, 2) for i in range(2)] == [None, 32]
 
 
 def test_unknown_layer_types_are_refused() -> None:

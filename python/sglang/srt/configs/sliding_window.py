@@ -7,6 +7,8 @@ from typing import Any, Optional
 SLIDING, FULL = "sliding_attention", "full_attention"
 # transformers' default for Qwen2 / Qwen3 configs that omit max_window_layers.
 DEFAULT_MAX_WINDOW_LAYERS = 28
+# The Llama-shaped architectures whose transformers model reads `sliding_window` (Llama's ignores it).
+WINDOWED_LLAMA_ARCHITECTURES = frozenset(("MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"))
 
 
 def layer_types(hf_config: dict[str, Any], num_layers: int, default_pattern: Optional[int] = None) -> list[str]:
@@ -39,3 +41,11 @@ def layer_sliding_window(
     if layer_types(hf_config, num_layers, default_pattern)[layer_id] == FULL:
         return None
     return int(hf_config["sliding_window"])
+
+
+def llama_family_sliding_window(hf_config: dict[str, Any], layer_id: int, num_layers: int) -> Optional[int]:
+    """layer_sliding_window for the Llama-shaped architectures: Mistral's window on every layer,
+    Qwen2/Qwen3's by use_sliding_window; None for the others, as transformers does."""
+    if not WINDOWED_LLAMA_ARCHITECTURES.intersection(hf_config.get("architectures") or ()):
+        return None
+    return layer_sliding_window(hf_config, layer_id, num_layers)

@@ -23,7 +23,7 @@ from sgl_kernel_ext.layer.decode_layer_cpu import (
 )
 from sgl_kernel_ext.rotary.rope_store_cpu import rope_store_cpu, rope_store_cpu_applies
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.configs.sliding_window import layer_sliding_window
+from sglang.srt.configs.sliding_window import llama_family_sliding_window
 from sglang.srt.layers.attention import Attention
 from sglang.srt.layers.attention.cpu_backend import CpuAttnBackend
 from sglang.srt.layers.batch_invariant import is_batch_invariant
@@ -109,7 +109,7 @@ class LlamaAttention(nn.Module):
         self.q_norm = RMSNorm(d, config.rms_norm_eps, params_dtype=dtype) if qk_norm else None
         self.k_norm = RMSNorm(d, config.rms_norm_eps, params_dtype=dtype) if qk_norm else None
         # Mistral's window on every layer; Qwen2/Qwen3's from max_window_layers on (use_sliding_window).
-        window = layer_sliding_window(config.hf_config, layer_id, config.num_hidden_layers)
+        window = llama_family_sliding_window(config.hf_config, layer_id, config.num_hidden_layers)
         self.attn = Attention(layer_id, self.num_heads, self.num_kv_heads, d, d**-0.5, sliding_window=window)
 
     def forward(self, rope: Rope, x: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
