@@ -137,7 +137,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         # The single query of each row, grouped under its KV head: GQA without repeating K/V.
         q = q.reshape(batch, layer.num_kv_heads, layer.num_heads // layer.num_kv_heads, layer.head_dim)  # [B, Hk, G, D]
         mask = meta.mask_for(layer.sliding_window)
-        out = _attention(q, k, v, mask, layer.scaling, layer.logit_cap)  # [B, Hk, G, D]
+        out = _attention(q, k, v, mask, layer.scaling, layer.logit_cap, enable_gqa=False)  # [B, Hk, G, D]
         return out.reshape(batch, layer.num_heads, layer.head_dim)
 
     def forward_extend(
@@ -156,7 +156,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             seq = slots.shape[0]
             ki = torch.index_select(k_buf, 0, slots, out=meta.k_out[:seq]).transpose(0, 1).unsqueeze(0)  # [1, Hk, S, D]
             vi = torch.index_select(v_buf, 0, slots, out=meta.v_out[:seq]).transpose(0, 1).unsqueeze(0)  # [1, Hk, S, D]
-            o = _attention(qi, ki, vi, mask, layer.scaling, layer.logit_cap)  # [1, Hq, n, D]
+            o = _attention(qi, ki, vi, mask, layer.scaling, layer.logit_cap, enable_gqa=True)  # [1, Hq, n, D]
             outs.append(o[0].transpose(0, 1))  # [n, Hq, D]
         return torch.cat(outs)
 
@@ -174,14 +174,14 @@ def _prefix_causal_mask(prefix: int, n: int, device: torch.device, window: Optio
 
 def _attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], scale: float,
-    logit_cap: Optional[float],
+    logit_cap: Optional[float], *, enable_gqa: bool,
 ) -> torch.Tensor:
-    """q [X, Hq, n, D]; k, v [X, Hk, S, D]; mask broadcastable to [X, Hq, n, S], bool (True =
-    attend) or additive, None = causal -> [X, Hq, n, D]. With a logit cap the scores are capped
-    before the softmax, in float32."""
+    """q [X, Hq, n, D]; k, v [X, Hk, S, D] (Hq == Hk unless enable_gqa); mask broadcastable to
+    [X, Hq, n, S], bool (True = attend) or additive, None = causal -> [X, Hq, n, D]. With a logit
+    cap the scores are capped before the softmax, in float32."""
     if logit_cap is None:
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
+            q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=enable_gqa
         )
     x, num_heads, n, d = q.shape
     num_kv_heads = k.shape[1]
