@@ -19,6 +19,9 @@
 #             checkpoint and --quantization fp8 against the dequantised bf16 twin)
 #   fp8-bench - bench_serving_gpu.py on the Qwen3-8B-shaped twins: ours bf16 / FP8 checkpoint / --quantization fp8 at
 #             N = 1, 64, 256, the weight-read floor and HF static + compile (reuses fp8's folders when still there)
+#   window-softcap - sliding-window and soft-capping kernels against their references natively, then
+#             benchmark/gpu_window_softcap_check.py (Gemma2, Gemma3, Mistral and Qwen2 with a window vs
+#             transformers on CUDA, fp32 and bf16, default and deterministic, graphs on)
 #   dp      - --dp-size 2, both replicas on GPU 0: benchmark/gpu_tp_check.py --tp-size 1 --dp-size 2 in bf16
 #             (outputs against one replica), then bench_serving_gpu.py, ours at N=256 with --dp-size 1 and 2
 #   dense   - benchmark/gpu_dense_families_check.py: Mistral, Phi-3 (LongRoPE, partial rotary), OLMo 2,
@@ -27,7 +30,7 @@
 #   bash benchmark/gpu_engine_check.sh tests|cache      |      bash benchmark/gpu_engine_check.sh bench [bench args]
 # Everything printed also goes to $OUT/gpu_engine_<phase>.txt (committed under docs/gpu/).
 set -uo pipefail
-phase=${1:?usage: gpu_engine_check.sh tests|cache|grammar|grammar-bench|bench|fp8|fp8-bench|dp|deepseek|dense [args]}
+phase=${1:?usage: gpu_engine_check.sh tests|cache|grammar|grammar-bench|bench|fp8|fp8-bench|window-softcap|dp|deepseek|dense [args]}
 shift
 OUT=${OUT:-/tmp/gpu_engine_out}
 mkdir -p "$OUT"
@@ -71,6 +74,11 @@ case "$phase" in
     timeout 580 python3 benchmark/bench_serving_gpu.py --out-dir "$OUT" --tokenizer .carry_engine/tokenizer \
       --preset qwen3-8b --checkpoint /tmp/qwen3-8b-bf16 --concurrency 1 64 256 --time-budget-s 500 --tag h100_fp8 \
       --systems ours ours_fp8 ours_fp8_online weight_read_floor hf_static_compiled "$@"
+    ;;
+  window-softcap)
+    timeout 200 python3 -m pytest -q -p no:cacheprovider -k "window or cap" \
+      test/kernels/test_paged_attention.py test/kernels/test_decode_attention.py
+    timeout 480 python3 benchmark/gpu_window_softcap_check.py --out-dir "$OUT/window_softcap" "$@"
     ;;
   dp)
     timeout 240 python3 benchmark/gpu_tp_check.py --device cuda --tp-size 1 --dp-size 2 --dtype bfloat16 --out-dir "$OUT/dp_check"

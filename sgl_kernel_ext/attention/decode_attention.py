@@ -4,7 +4,9 @@ One program per (request, KV head) walks the request's KV positions in fixed BLO
 position 0, with an online softmax: the reduction order depends only on the request's own
 length, never on its batch-mates (no padding to the batch's longest, no split-KV heuristic
 keyed on the batch size). Used by --enable-deterministic-inference on CUDA, where a per-request
-SDPA loop would launch batch x layers kernels per step.
+SDPA loop would launch batch x layers kernels per step. A sliding window W starts the walk at
+the request's position seq_len - W (still a function of its own length alone); a logit cap c
+maps each score s to c * tanh(s / c); both are constexprs.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_kernel_ext.attention.paged_decode import _soft_cap
 from sgl_kernel_ext.triton_launch import launch
 
 BLOCK_N = 64
@@ -39,6 +42,8 @@ def _decode_attention_kernel(
     GROUP_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK: tl.constexpr,
+    WINDOW: tl.constexpr,  # sliding window, 0 for none
+    CAP: tl.constexpr,  # logit cap, 0.0 for none
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -53,7 +58,10 @@ def _decode_attention_kernel(
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    for start in range(0, seq_len, BLOCK):
+    first = seq_len * 0  # the first position the query sees
+    if WINDOW > 0:
+        first = tl.maximum(seq_len - WINDOW, 0)
+    for start in range(first, seq_len, BLOCK):
         pos = start + tl.arange(0, BLOCK)
         live = pos < seq_len
         slots = tl.load(slots_row + pos, mask=live, other=0)
@@ -61,6 +69,8 @@ def _decode_attention_kernel(
         k = tl.load(k_ptr + kv_offs, mask=live[:, None], other=0.0).to(tl.float32)  # [N, D]
         v = tl.load(v_ptr + kv_offs, mask=live[:, None], other=0.0).to(tl.float32)  # [N, D]
         scores = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [G, N]
+        if CAP > 0:
+            scores = _soft_cap(scores, CAP)
         scores = tl.where(live[None, :], scores, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=1))
         p = tl.exp(scores - m_new[:, None])  # [G, N]
@@ -80,9 +90,13 @@ def decode_attention_triton(
     req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    *,
+    sliding_window: int | None = None,
+    logit_cap: float | None = None,
 ) -> torch.Tensor:
     """q [B, Hq, D]; k_buf, v_buf [S, Hk, D] -> [B, Hq, D] in q's dtype. Each request attends to its
-    KV slots req_to_token[req_pool_indices[b], :seq_lens[b]]."""
+    KV slots req_to_token[req_pool_indices[b], :seq_lens[b]] (the last sliding_window of them with
+    a window; logit_cap soft-caps the scores)."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
     group = num_heads // num_kv_heads
@@ -92,5 +106,6 @@ def decode_attention_triton(
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), req_to_token.stride(0),
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=max(2, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK=BLOCK_N,
+        WINDOW=sliding_window or 0, CAP=0.0 if logit_cap is None else float(logit_cap),
     )
     return out.to(q.dtype)

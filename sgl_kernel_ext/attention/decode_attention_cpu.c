@@ -140,11 +140,12 @@ static void softmax(float *s, int64_t len) {
 #define TASK_NO_MEMORY 1
 #define TASK_BAD_SLOT 2
 
-/* KV heads [h0, h1) of one request; q and out point at the request's row. Its slots are checked
- * against the cache's rows before any is read. */
+/* KV heads [h0, h1) of one request; q and out point at the request's row; slots and len are the
+ * positions it attends to. They are checked against the cache's rows before any is read. With
+ * cap > 0 every scaled score s becomes cap * tanh(s / cap) before the softmax. */
 static int attend(const float *q, const float *k_buf, const float *v_buf, const int64_t *slots, int64_t len,
                   int64_t cache_rows, int64_t h0, int64_t h1, int64_t num_kv_heads, int64_t group, int64_t head_dim,
-                  float scale, float *out) {
+                  float scale, float cap, float *out) {
     int64_t outside = 0;
     for (int64_t t = 0; t < len; t++) outside |= (uint64_t)slots[t] >= (uint64_t)cache_rows;
     if (outside) return TASK_BAD_SLOT;
@@ -161,6 +162,8 @@ static int attend(const float *q, const float *k_buf, const float *v_buf, const 
             for (int64_t i = h * group; i < (h + 1) * group; i++)
                 s[i * len + t] = dot(q + i * head_dim, k + h * head_dim, head_dim) * scale;
     }
+    if (cap > 0.0f)
+        for (int64_t i = 0; i < heads * len; i++) s[i] = cap * tanhf(s[i] / cap);
     for (int64_t i = 0; i < heads; i++) softmax(s + i * len, len);
     memset(out, 0, sizeof(float) * heads * head_dim);
     for (int64_t t0 = 0; t0 < len; t0 += TOKEN_BLOCK) {
@@ -184,7 +187,8 @@ static int attend(const float *q, const float *k_buf, const float *v_buf, const 
  * anything, when a row's length or table row lies outside the table (checked here, on B values,
  * rather than by two torch reductions per layer); BAD_KV_SLOT when a slot a row reads lies outside
  * the cache (each task checks its own slots before reading any, so no read leaves the cache);
- * NO_MEMORY_FOR_SCORES when a task could not allocate its scores. */
+ * NO_MEMORY_FOR_SCORES when a task could not allocate its scores. window > 0 keeps each row's last
+ * `window` positions (its query sits at the last one); cap > 0 soft-caps the scores. */
 #define BAD_SEQ_LEN (-1)
 #define BAD_REQ_INDEX (-2)
 #define BAD_KV_SLOT (-3)
@@ -192,7 +196,8 @@ static int attend(const float *q, const float *k_buf, const float *v_buf, const 
 int decode_attention_f32(const float *q, int64_t q_stride, const float *k_buf, const float *v_buf, int64_t cache_rows,
                          const int64_t *req_to_token, int64_t table_rows, int64_t table_stride,
                          const int64_t *req_pool_indices, const int64_t *seq_lens, int64_t batch, int64_t num_kv_heads,
-                         int64_t group, int64_t head_dim, float scale, float *out, int num_threads) {
+                         int64_t group, int64_t head_dim, float scale, int64_t window, float cap, float *out,
+                         int num_threads) {
     for (int64_t b = 0; b < batch; b++) {
         if (seq_lens[b] < 1 || seq_lens[b] > table_stride) return BAD_SEQ_LEN;
         if (req_pool_indices[b] < 0 || req_pool_indices[b] >= table_rows) return BAD_REQ_INDEX;
@@ -207,8 +212,9 @@ int decode_attention_f32(const float *q, int64_t q_stride, const float *k_buf, c
     for (int64_t task = 0; task < tasks; task++) {
         const int64_t b = task / splits, part = task % splits;
         const int64_t h0 = part * num_kv_heads / splits, h1 = (part + 1) * num_kv_heads / splits;
-        failed |= attend(q + b * q_stride, k_buf, v_buf, req_to_token + req_pool_indices[b] * table_stride,
-                         seq_lens[b], cache_rows, h0, h1, num_kv_heads, group, head_dim, scale,
+        const int64_t first = window > 0 && seq_lens[b] > window ? seq_lens[b] - window : 0;
+        failed |= attend(q + b * q_stride, k_buf, v_buf, req_to_token + req_pool_indices[b] * table_stride + first,
+                         seq_lens[b] - first, cache_rows, h0, h1, num_kv_heads, group, head_dim, scale, cap,
                          out + b * num_kv_heads * group * head_dim);
     }
     return failed & TASK_BAD_SLOT ? BAD_KV_SLOT : failed ? NO_MEMORY_FOR_SCORES : 0;

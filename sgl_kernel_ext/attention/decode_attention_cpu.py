@@ -18,6 +18,7 @@ _ARGTYPES = (
     PTR, PTR,  # req_pool_indices, seq_lens
     I64, I64, I64, I64,  # batch, KV heads, query heads per KV head, head_dim
     ctypes.c_float,  # scale
+    I64, ctypes.c_float,  # sliding window (0: none), logit cap (0: none)
     PTR,  # out
     ctypes.c_int,  # OpenMP threads
 )
@@ -47,9 +48,13 @@ def decode_attention_cpu(
     req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    *,
+    sliding_window: Optional[int] = None,
+    logit_cap: Optional[float] = None,
 ) -> torch.Tensor:
     """q [B, Hq, D] float32 (rows may be strided); k_buf, v_buf [S, Hk, D] float32; req_to_token
-    [R, C], req_pool_indices [B], seq_lens [B] int64, all on the CPU -> [B, Hq, D] float32."""
+    [R, C], req_pool_indices [B], seq_lens [B] int64, all on the CPU -> [B, Hq, D] float32.
+    sliding_window and logit_cap as in reference.decode_attention_reference."""
     kernel = _kernel()
     if kernel is None:
         raise RuntimeError("The CPU decode-attention kernel is not available (see the warning on its build).")
@@ -61,7 +66,8 @@ def decode_attention_cpu(
         q.data_ptr(), q.stride(0), k_buf.data_ptr(), v_buf.data_ptr(), k_buf.shape[0],
         req_to_token.data_ptr(), req_to_token.shape[0], req_to_token.stride(0), req_pool_indices.data_ptr(),
         seq_lens.data_ptr(),
-        batch, num_kv_heads, num_heads // num_kv_heads, head_dim, scale, out.data_ptr(), torch.get_num_threads(),
+        batch, num_kv_heads, num_heads // num_kv_heads, head_dim, scale, sliding_window or 0, logit_cap or 0.0,
+        out.data_ptr(), torch.get_num_threads(),
     )
     if failed == _BAD_SEQ_LEN:
         raise ValueError(f"seq_lens must lie in [1, {req_to_token.shape[1]}].")

@@ -23,6 +23,10 @@ a row with no positions at all comes out as zeros.
 
 A request's result depends only on its own length and NUM_SPLITS, so with a fixed split count
 (default_num_kv_splits of the largest batch) it does not change with its batch-mates.
+
+A sliding window W (a constexpr: one per layer, so a captured graph holds it) cuts the splits
+from the request's last W positions instead of all of them; a logit cap c (constexpr) maps each
+score s to c * tanh(s / c) before the softmax.
 """
 
 from __future__ import annotations
@@ -51,6 +55,20 @@ def _dot(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
         a = a.to(tl.float32)
         b = b.to(tl.float32)
     return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def _soft_cap(x, CAP: tl.constexpr):
+    """CAP * tanh(x / CAP), from one exp of a non-positive argument (no overflow at any x)."""
+    e = tl.exp(-2.0 * tl.abs(x) / CAP)
+    t = (1.0 - e) / (1.0 + e)
+    return CAP * tl.where(x < 0, -t, t)
+
+
+def cap_in_log2_units(logit_cap: float | None) -> float:
+    """The CAP constexpr of kernels whose scores are in base-2 units (scale * log2 e): capping
+    commutes with the scaling when the cap is scaled alike. 0.0 for no cap."""
+    return 0.0 if logit_cap is None else logit_cap * _LOG2E
 
 
 def dot_flags(dtype: torch.dtype) -> dict:
@@ -84,6 +102,8 @@ def _split_kernel(
     BLOCK_D: tl.constexpr,  # HEAD_DIM rounded up to a power of two >= 16
     BLOCK: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    WINDOW: tl.constexpr,  # sliding window, 0 for none
+    CAP: tl.constexpr,  # logit cap in the scores' base-2 units, 0.0 for none
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
@@ -99,9 +119,12 @@ def _split_kernel(
     q = tl.load(q_ptr + q_offs, mask=live_g[:, None] & live_d[None, :], other=0.0)  # [G, D]
 
     seq_len = tl.load(seq_lens_ptr + b)
+    first = seq_len * 0  # the first position the query sees
+    if WINDOW > 0:
+        first = tl.maximum(seq_len - WINDOW, 0)
     # Whole blocks per split, so a block never straddles two splits.
-    split_len = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK) * BLOCK
-    start = split * split_len
+    split_len = tl.cdiv(tl.cdiv(seq_len - first, NUM_SPLITS), BLOCK) * BLOCK
+    start = first + split * split_len
     end = tl.minimum(start + split_len, seq_len)
     slots_row = req_to_token_ptr + tl.load(req_pool_indices_ptr + b) * stride_r2t
 
@@ -116,6 +139,8 @@ def _split_kernel(
         k = tl.load(k_ptr + slots[:, None] * stride_k_s + kv_head * stride_k_h + d[None, :] * stride_k_d,
                     mask=kv_mask, other=0.0)  # [N, D]
         scores = _dot(q, tl.trans(k), DOT_PRECISION, DOT_UPCAST) * qk_scale  # [G, N]
+        if CAP > 0:
+            scores = _soft_cap(scores, CAP)
         scores = tl.where(live[None, :], scores, float("-inf"))
         # Every block has a live position, so m_new is finite and no exp sees -inf - -inf.
         m_new = tl.maximum(m, tl.max(scores, axis=1))
@@ -209,13 +234,16 @@ def paged_decode_attention(
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
     num_kv_splits: int | None = None,
     *,
+    sliding_window: int | None = None,
+    logit_cap: float | None = None,
     block_n: int = BLOCK_N,
     num_warps: int = NUM_WARPS,
     num_stages: int = NUM_STAGES,
 ) -> torch.Tensor:
     """q [B, Hq, D] (any strides); k_buf, v_buf [S, Hk, D] -> out [B, Hq, D] (q's dtype unless the
     caller's out says otherwise). Request b attends to its KV slots
-    req_to_token[req_pool_indices[b], :seq_lens[b]]; seq_lens[b] == 0 gives zeros.
+    req_to_token[req_pool_indices[b], :seq_lens[b]] (the last sliding_window of them with a
+    window; logit_cap soft-caps the scores); seq_lens[b] == 0 gives zeros.
 
     num_kv_splits defaults to the workspace's split count, else default_num_kv_splits(B, Hk).
     With out and workspace given this neither allocates nor syncs (CUDA-graph capturable)."""
@@ -238,7 +266,8 @@ def paged_decode_attention(
         *q.stride(), *k_buf.stride(), *v_buf.stride(), req_to_token.stride(0),
         *partial.stride(), *lse.stride(),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK=block_n, NUM_SPLITS=num_kv_splits, **dot_flags(q.dtype),
+        BLOCK=block_n, NUM_SPLITS=num_kv_splits, WINDOW=sliding_window or 0, CAP=cap_in_log2_units(logit_cap),
+        **dot_flags(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )
     launch(_merge_kernel, (batch, num_heads),

@@ -13,6 +13,10 @@ online float32 softmax in base 2, QK^T and PV on tl.dot. The key range splits in
 every row of the tile may see (up to the tile's first query position) skip the causal mask and
 all bounds checks; the remaining blocks up to the tile's last query position are masked; blocks
 entirely above the diagonal are never visited.
+
+With a sliding window W (constexpr), query position p sees keys (p - W, p]: every visited block
+is masked, and the walk starts at the block holding the tile's first query's first key. A logit
+cap c (constexpr) maps each score s to c * tanh(s / c) before the mask and the softmax.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import triton.language as tl
 
 from sgl_kernel_ext.triton_launch import launch
 
-from sgl_kernel_ext.attention.paged_decode import _dot, dot_flags
+from sgl_kernel_ext.attention.paged_decode import _dot, _soft_cap, cap_in_log2_units, dot_flags
 
 BLOCK_M = 64  # query rows per program
 BLOCK_N = 64  # key positions per inner step
@@ -36,7 +40,8 @@ _LOG2E = 1.4426950408889634
 def _attend_block(
     acc, l, m, q, q_pos, block_start, seq_end, slots_row, kv_head_k_ptr, kv_head_v_ptr,
     stride_k_s, stride_k_d, stride_v_s, stride_v_d, d, live_d, qk_scale,
-    BLOCK: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    BLOCK: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, CAP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
 ):
     """One online-softmax step over key positions [block_start, block_start + BLOCK). Without
     CAUSAL the caller guarantees every position is below seq_end and visible to every row."""
@@ -50,13 +55,22 @@ def _attend_block(
         kv_mask = live_d[None, :]
     k = tl.load(kv_head_k_ptr + slots[:, None] * stride_k_s + d[None, :] * stride_k_d, mask=kv_mask, other=0.0)  # [N, D]
     scores = _dot(q, tl.trans(k), DOT_PRECISION, DOT_UPCAST) * qk_scale  # [M, N]
+    if CAP > 0:
+        scores = _soft_cap(scores, CAP)
     if CAUSAL:
-        # Each row sees at least its own position and position 0 was in its first block, so
-        # m stays finite and exp2 never sees -inf - -inf.
-        scores = tl.where(pos[None, :] <= q_pos[:, None], scores, float("-inf"))
+        # Each row sees at least its own position and, without a window, position 0 was in its
+        # first block, so m stays finite and exp2 never sees -inf - -inf.
+        visible = pos[None, :] <= q_pos[:, None]
+        if WINDOW > 0:
+            visible = visible & (pos[None, :] > q_pos[:, None] - WINDOW)
+        scores = tl.where(visible, scores, float("-inf"))
     m_new = tl.maximum(m, tl.max(scores, axis=1))
-    alpha = tl.exp2(m - m_new)
-    p = tl.exp2(scores - m_new[:, None])  # [M, N]
+    m_ref = m_new
+    if WINDOW > 0:
+        # A row whose window starts past this block has seen nothing yet: its weights stay 0.
+        m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
+    alpha = tl.exp2(m - m_ref)
+    p = tl.exp2(scores - m_ref[:, None])  # [M, N]
     l = l * alpha + tl.sum(p, axis=1)
     v = tl.load(kv_head_v_ptr + slots[:, None] * stride_v_s + d[None, :] * stride_v_d, mask=kv_mask, other=0.0)  # [N, D]
     acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DOT_PRECISION, DOT_UPCAST)
@@ -85,6 +99,8 @@ def _extend_kernel(
     BLOCK_D: tl.constexpr,  # HEAD_DIM rounded up to a power of two >= 16
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    WINDOW: tl.constexpr,  # sliding window, 0 for none
+    CAP: tl.constexpr,  # logit cap in the scores' base-2 units, 0.0 for none
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
 ):
@@ -112,6 +128,10 @@ def _extend_kernel(
     # Whole blocks at or below the tile's first query position are visible to every row.
     unmasked_end = (prefix_len + first_row + 1) // BLOCK_N * BLOCK_N
     seq_end = prefix_len + tl.minimum(extend_len, first_row + BLOCK_M)  # past the tile's last query
+    masked_start = unmasked_end
+    if WINDOW > 0:
+        unmasked_end = unmasked_end * 0
+        masked_start = tl.maximum(prefix_len + first_row + 1 - WINDOW, 0) // BLOCK_N * BLOCK_N
 
     m = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
@@ -120,14 +140,16 @@ def _extend_kernel(
         acc, l, m = _attend_block(
             acc, l, m, q, q_pos, start, seq_end, slots_row, k_head_ptr, v_head_ptr,
             stride_k_s, stride_k_d, stride_v_s, stride_v_d, d, live_d, qk_scale,
-            BLOCK_N, False, DOT_PRECISION, DOT_UPCAST,
+            BLOCK_N, False, WINDOW, CAP, DOT_PRECISION, DOT_UPCAST,
         )
-    for start in range(unmasked_end, seq_end, BLOCK_N):
+    for start in range(masked_start, seq_end, BLOCK_N):
         acc, l, m = _attend_block(
             acc, l, m, q, q_pos, start, seq_end, slots_row, k_head_ptr, v_head_ptr,
             stride_k_s, stride_k_d, stride_v_s, stride_v_d, d, live_d, qk_scale,
-            BLOCK_N, True, DOT_PRECISION, DOT_UPCAST,
+            BLOCK_N, True, WINDOW, CAP, DOT_PRECISION, DOT_UPCAST,
         )
+    if WINDOW > 0:
+        l = tl.where(l > 0.0, l, 1.0)  # rows past the request's end may see no key in a window
     out = (acc / l[:, None]).to(out_ptr.dtype.element_ty)
     o_offs = (q_start + rows)[:, None] * stride_o_n + head * stride_o_h + d[None, :] * stride_o_d
     tl.store(out_ptr + o_offs, out, mask=q_mask)
@@ -146,6 +168,8 @@ def paged_extend_attention(
     scale: float,
     out: torch.Tensor | None = None,
     *,
+    sliding_window: int | None = None,
+    logit_cap: float | None = None,
     block_m: int = BLOCK_M,
     block_n: int = BLOCK_N,
     num_warps: int = NUM_WARPS,
@@ -153,8 +177,8 @@ def paged_extend_attention(
 ) -> torch.Tensor:
     """q [N, Hq, D] (any strides); k_buf, v_buf [S, Hk, D] -> out [N, Hq, D]. Rows
     q_starts[b] + i, i < extend_lens[b], attend to KV slots
-    req_to_token[req_pool_indices[b], :prefix_lens[b] + i + 1]; other rows of out are left as they
-    were. max_extend_len (>= every extend_lens[b]) only sizes the grid."""
+    req_to_token[req_pool_indices[b], :prefix_lens[b] + i + 1] (the last sliding_window of them with
+    a window; logit_cap soft-caps the scores); other rows of out are left as they were. max_extend_len (>= every extend_lens[b]) only sizes the grid."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
     assert num_heads % num_kv_heads == 0 and k_buf.shape[2] == head_dim and q.dtype == k_buf.dtype
@@ -169,6 +193,7 @@ def paged_extend_attention(
         q, k_buf, v_buf, out, req_to_token, req_pool_indices, q_starts, prefix_lens, extend_lens,
         scale * _LOG2E, *q.stride(), *k_buf.stride(), *v_buf.stride(), *out.stride(), req_to_token.stride(0),
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_M=block_m, BLOCK_N=block_n, **dot_flags(q.dtype), num_warps=num_warps, num_stages=num_stages,
+        BLOCK_M=block_m, BLOCK_N=block_n, WINDOW=sliding_window or 0, CAP=cap_in_log2_units(logit_cap),
+        **dot_flags(q.dtype), num_warps=num_warps, num_stages=num_stages,
     )
     return out

@@ -104,7 +104,8 @@ int decode_layer_f32(const layer_weights *w, const decode_step *s, const layer_w
     if (rope) return rope == 2 ? BAD_SLOT : BAD_HEAD_DIM;
     const int attn = decode_attention_f32(s->qkv, w->qkv_out, k_buf, v_buf, s->slots, s->req_to_token, s->table_rows,
                                           s->table_stride, s->req_pool_indices, s->seq_lens, rows, w->kv_heads,
-                                          w->q_heads / w->kv_heads, w->head_dim, w->scale, s->attn, (int)threads);
+                                          w->q_heads / w->kv_heads, w->head_dim, w->scale, 0, 0.0f, s->attn,
+                                          (int)threads);
     if (attn == BAD_SEQ_LEN) return BAD_LENGTH;
     if (attn == BAD_REQ_INDEX) return BAD_TABLE_ROW;
     if (attn == BAD_KV_SLOT) return BAD_TABLE_SLOT;

@@ -284,7 +284,7 @@ def test_model_config_from_hf_folder(tmp_path) -> None:
     assert c.eos_token_ids == [7, 9]
     assert c.generation_defaults == dict(temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.05)
 
-    (tmp_path / "config.json").write_text(json.dumps(config | dict(architectures=["BloomForCausalLM"])))
+    (tmp_path / "config.json").write_text(json.dumps(config | dict(architectures=["GPTNeoXForCausalLM"])))
     with pytest.raises(ValueError, match="Unsupported architectures"):
         ModelConfig.from_path(str(tmp_path))
 

@@ -37,6 +37,19 @@ def test_matches_reference(heads: int, kv_heads: int, dtype: torch.dtype) -> Non
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
+# Windows of one position, inside a block, across blocks, and past every length; with and without a cap.
+@pytest.mark.parametrize("window,cap", [(1, None), (5, 0.5), (BLOCK_N + 3, None), (BLOCK_N + 3, 0.5), (10_000, 0.5)])
+def test_window_and_cap_match_reference(window: int, cap) -> None:
+    head_dim, heads, kv_heads = 16, 6, 2
+    lens = [1, 4, BLOCK_N + 3, 2 * BLOCK_N + 7]
+    k, v, r2t, pool, seq_lens = _cache(kv_heads, head_dim, lens, torch.float32)
+    q = torch.randn(len(lens), heads, head_dim, generator=torch.Generator().manual_seed(1)).to(DEVICE) * 4
+    opts = dict(sliding_window=window, logit_cap=cap)
+    got = decode_attention_triton(q, k, v, r2t, pool, seq_lens, head_dim**-0.5, **opts)
+    want = decode_attention_reference(q, k, v, r2t, pool, seq_lens, head_dim**-0.5, **opts)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_rows_do_not_depend_on_the_batch() -> None:
     """A request's output is the same bits alone, next to longer and shorter requests, and at
     any row of the batch."""

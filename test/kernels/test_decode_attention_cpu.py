@@ -46,6 +46,19 @@ def test_matches_reference(kernel_variant, num_kv_heads, group, head_dim, lens) 
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+# Windows of one position, shorter than some rows, and longer than every row; with and without a cap.
+@pytest.mark.parametrize("window", [None, 1, 16, 1000])
+@pytest.mark.parametrize("cap", [None, 0.5])
+def test_window_and_cap_match_reference(kernel_variant, window, cap) -> None:
+    lens = [1, 17, 200, 33, 16]
+    k, v, r2t, pool, seq_lens = paged_kv_cache(3, 64, lens)
+    q = torch.randn(len(lens), 9, 64, generator=torch.Generator().manual_seed(1)) * 4  # scores past the cap
+    opts = dict(sliding_window=window, logit_cap=cap)
+    got = decode_attention_cpu(q, k, v, r2t, pool, seq_lens, 0.125, **opts)
+    want = decode_attention_reference(q, k, v, r2t, pool, seq_lens, 0.125, **opts)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_one_token_request_returns_its_value_row() -> None:
     k, v, r2t, pool, seq_lens = paged_kv_cache(3, 64, [1])
     q = torch.randn(1, 9, 64)

@@ -68,6 +68,21 @@ def test_decode_matches_reference(heads: int, kv_heads: int, dtype: torch.dtype,
     torch.testing.assert_close(got.float(), want.float(), atol=_tol(dtype), rtol=_tol(dtype))
 
 
+# Windows of one position, inside a block, across blocks and splits, and past every length; a cap.
+@pytest.mark.parametrize(
+    "window,cap,splits,dtype",
+    [(1, None, 4, F32), (5, 0.5, 7, F32), (BLOCK_N + 3, None, 4, F32), (3 * BLOCK_N + 1, 0.5, 7, F32),
+     (10_000, 0.5, 1, F32), (BLOCK_N + 3, 0.5, 4, BF16)],
+)
+def test_decode_window_and_cap_match_reference(window: int, cap, splits: int, dtype: torch.dtype) -> None:
+    k, v, r2t, pool, seq_lens = _cache(2, HEAD_DIM, DECODE_LENS, dtype)
+    q = (_randn(len(DECODE_LENS), 8, HEAD_DIM) * 4).to(dtype)
+    opts = dict(sliding_window=window, logit_cap=cap)
+    got = _decode(q, k, v, r2t, pool, seq_lens, splits, **opts)
+    want = decode_attention_reference(q, k, v, r2t, pool, seq_lens, HEAD_DIM**-0.5, **opts)
+    torch.testing.assert_close(got.float(), want.float(), atol=_tol(dtype), rtol=_tol(dtype))
+
+
 def test_decode_head_dim_not_a_power_of_two() -> None:
     lens = [5, BLOCK_N + 3]
     k, v, r2t, pool, seq_lens = _cache(2, 24, lens, torch.float32)
@@ -174,6 +189,22 @@ def test_extend_matches_reference(reqs, heads: int, kv_heads: int, dtype: torch.
     got = _extend(*args)
     want = extend_attention_reference(*args[:6], args[6], args[7], head_dim**-0.5)
     assert got.shape == args[0].shape and got.dtype == dtype
+    torch.testing.assert_close(got.float(), want.float(), atol=_tol(dtype), rtol=_tol(dtype))
+
+
+# Windows of one position, inside a block, across the BLOCK_M / BLOCK_N edges and past every
+# length, over prefixes (chunked prefill: the window reaches back into the cached chunk); a cap.
+@pytest.mark.parametrize(
+    "window,cap,dtype",
+    [(1, None, F32), (5, 0.5, F32), (EXTEND_BLOCK_N + 3, None, F32), (BLOCK_M + EXTEND_BLOCK_N + 1, 0.5, F32),
+     (10_000, 0.5, F32), (EXTEND_BLOCK_N - 7, 0.5, BF16)],
+)
+def test_extend_window_and_cap_match_reference(window: int, cap, dtype: torch.dtype) -> None:
+    q, *rest = _extend_batch(MIXED, 8, 2, dtype)
+    args = (q * 4, *rest)
+    opts = dict(sliding_window=window, logit_cap=cap)
+    got = _extend(*args, **opts)
+    want = extend_attention_reference(*args, HEAD_DIM**-0.5, **opts)
     torch.testing.assert_close(got.float(), want.float(), atol=_tol(dtype), rtol=_tol(dtype))
 
 

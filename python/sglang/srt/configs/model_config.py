@@ -22,8 +22,13 @@ ARCHITECTURES = {
     "Olmo2ForCausalLM": "olmo2",
     "Glm4ForCausalLM": "glm4",
     "Qwen3NextForCausalLM": "qwen3_next",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
 }
 MODEL_ARCHS = frozenset(ARCHITECTURES.values())
+# Families whose MLP is GeGLU with tanh GELU (config key hidden_activation, not hidden_act), and
+# whose configs tie the embeddings unless they say otherwise.
+GEGLU_TANH_ARCHS = ("gemma2", "gemma3")
 # Architectures read from GGUF files (gguf_loader maps their tensor names and undoes llama.cpp's
 # q/k row permutation); the others load from safetensors only.
 GGUF_ARCHS = frozenset({"llama", "qwen2", "qwen3"})
@@ -112,7 +117,7 @@ def _from_hf_folder(folder: str) -> ModelConfig:
         rope_theta=float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0))),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         context_len=context_len,
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch in GEGLU_TANH_ARCHS)),
         # Qwen2 always has q/k/v biases; its config has no attention_bias key.
         # GLM-4's default is true (transformers' Glm4Config).
         attention_bias=True if arch == "qwen2" else bool(cfg.get("attention_bias", arch == "glm4")),
@@ -143,14 +148,15 @@ def _hf_arch(cfg: dict[str, Any]) -> str:
 
 def _reject_unsupported_hf(cfg: dict[str, Any], arch: str) -> None:
     """Features that would change the numbers if ignored fail loudly instead."""
-    if cfg.get("hidden_act", "silu") != "silu":
+    if arch in GEGLU_TANH_ARCHS:
+        if cfg.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+            raise ValueError(f"hidden_activation {cfg['hidden_activation']!r} is not supported (only gelu_pytorch_tanh).")
+        if cfg.get("use_bidirectional_attention"):
+            raise ValueError("use_bidirectional_attention=true is not supported.")
+    elif cfg.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {cfg['hidden_act']!r} is not supported (only silu).")
     if cfg.get("mlp_bias"):
         raise ValueError("mlp_bias=true is not supported.")
-    if cfg.get("use_sliding_window"):
-        raise ValueError(f"Sliding-window attention ({arch}) is not supported.")
-    if arch == "mistral" and cfg.get("sliding_window") is not None:
-        raise ValueError("Sliding-window attention (mistral, sliding_window set) is not supported.")
     if arch in ("qwen3_moe", "mixtral"):
         _reject_unsupported_moe(cfg, arch)
 

@@ -15,9 +15,16 @@ from sglang.srt.layers.linear import default_weight_loader, make_param
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float = 1e-6, *, params_dtype: torch.dtype = torch.float32) -> None:
+    """unit_offset: the checkpoint stores w - 1 (Gemma), so the normalised x is scaled by (1 + w),
+    in float32 before the cast back, as Gemma's reference does."""
+
+    def __init__(
+        self, hidden_size: int, eps: float = 1e-6, *, params_dtype: torch.dtype = torch.float32,
+        unit_offset: bool = False,
+    ) -> None:
         super().__init__()
         self.eps = eps
+        self.unit_offset = unit_offset
         self.weight = make_param((hidden_size,), params_dtype, default_weight_loader)
 
     def forward(
@@ -25,6 +32,8 @@ class RMSNorm(nn.Module):
     ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """x [..., H]. With `residual`, normalises x + residual and also returns that sum as the
         next residual."""
+        if self.unit_offset:
+            return self._forward_unit_offset(x, residual)
         if rmsnorm_cpu_applies(x, self.weight) and (residual is None or residual.is_contiguous()):
             # One C call on CPU; the sum is written into `residual`, which nothing else holds.
             out = rmsnorm_cpu(x, self.weight, self.eps, residual)
@@ -39,6 +48,16 @@ class RMSNorm(nn.Module):
         # Normalised in float32, weight applied in the model dtype, as transformers does.
         # In place: normed is always a fresh tensor.
         out = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype).mul_(self.weight)
+        return out if residual is None else (out, residual)
+
+    def _forward_unit_offset(
+        self, x: torch.Tensor, residual: Optional[torch.Tensor]
+    ) -> Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        if residual is not None:
+            x = x + residual
+            residual = x
+        scale = 1.0 + self.weight.float()  # [H] float32
+        out = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).mul_(scale).to(x.dtype)
         return out if residual is None else (out, residual)
 
 

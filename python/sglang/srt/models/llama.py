@@ -23,6 +23,7 @@ from sgl_kernel_ext.layer.decode_layer_cpu import (
 )
 from sgl_kernel_ext.rotary.rope_store_cpu import rope_store_cpu, rope_store_cpu_applies
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.configs.sliding_window import llama_family_sliding_window
 from sglang.srt.layers.attention import Attention
 from sglang.srt.layers.attention.cpu_backend import CpuAttnBackend
 from sglang.srt.layers.batch_invariant import is_batch_invariant
@@ -193,13 +194,15 @@ class LlamaDecoderLayer(nn.Module):
 
     def cpu_decode_weights(self) -> Optional[DecodeLayerWeights]:
         """This layer's weights for the one-call CPU decode, or None where it cannot take them:
-        a projection without integer blocks, a bias on gate_up, q/k norms, tensor parallelism."""
+        a projection without integer blocks, a bias on gate_up, q/k norms, a sliding window, tensor
+        parallelism."""
         attn, mlp = self.self_attn, self.mlp
         linears = {"qkv": attn.qkv_proj, "o": attn.o_proj, "gate_up": mlp.gate_up_proj, "down": mlp.down_proj}
         blocks = {name: linear.block_weight for name, linear in linears.items()}
         if (
             any(b is None for b in blocks.values())
             or attn.q_norm is not None
+            or attn.attn.sliding_window is not None
             or mlp.gate_up_proj.bias is not None
             or attn.o_proj.tp_size > 1
             or not decode_layer_kernel_available()
@@ -339,10 +342,7 @@ class LlamaForCausalLM(nn.Module):
                  tp_size: int = 1) -> None:
         super().__init__()
         self.config = config
-        rotary_dim = rotary_dim_of(config.head_dim, config.hf_config, self.default_partial_rotary_factor)
-        self.model = LlamaModel(
-            config, dtype, tp_rank, tp_size, lambda i: self.make_layer(config, i, dtype, tp_rank, tp_size), rotary_dim
-        )
+        self.model = self.build_model(config, dtype, tp_rank, tp_size)
         if config.tie_word_embeddings:
             self.lm_head = self.model.embed_tokens
         else:
@@ -350,12 +350,26 @@ class LlamaForCausalLM(nn.Module):
                 config.vocab_size, config.hidden_size, params_dtype=dtype, tp_rank=tp_rank, tp_size=tp_size
             )
         self.logits_head = LogitsHead(
-            config.vocab_size, tp_all_gather=_vocab_all_gather(tp_size) if tp_size > 1 else None
+            config.vocab_size,
+            final_logit_softcapping=self.final_logit_softcapping(config),
+            tp_all_gather=_vocab_all_gather(tp_size) if tp_size > 1 else None,
+        )
+
+    def build_model(self, config: ModelConfig, dtype: torch.dtype, tp_rank: int, tp_size: int) -> nn.Module:
+        """The decoder body: forward(forward_batch) -> final hidden states [N, H]."""
+        rotary_dim = rotary_dim_of(config.head_dim, config.hf_config, self.default_partial_rotary_factor)
+        return LlamaModel(
+            config, dtype, tp_rank, tp_size, lambda i: self.make_layer(config, i, dtype, tp_rank, tp_size), rotary_dim
         )
 
     def make_layer(self, config: ModelConfig, layer_id: int, dtype: torch.dtype, tp_rank: int,
                    tp_size: int) -> nn.Module:
-        return LlamaDecoderLayer(config, layer_id, dtype, tp_rank, tp_size, self.qk_norm)
+        # Mistral's window on every layer; Qwen2/Qwen3's from max_window_layers on (use_sliding_window).
+        window = llama_family_sliding_window(config.hf_config, layer_id, config.num_hidden_layers)
+        return LlamaDecoderLayer(config, layer_id, dtype, tp_rank, tp_size, self.qk_norm, window)
+
+    def final_logit_softcapping(self, config: ModelConfig) -> Optional[float]:
+        return None
 
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         return self.compute_logits(self.model(forward_batch), forward_batch)  # model: [N, H]

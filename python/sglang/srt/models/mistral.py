@@ -1,5 +1,5 @@
 """Mistral: the Llama decoder (its head_dim may differ from hidden_size / num_heads; ModelConfig
-reads it). Its sliding_window is refused by ModelConfig until attention serves windows."""
+reads it) with `sliding_window` on every layer (LlamaForCausalLM.make_layer reads it)."""
 
 from __future__ import annotations
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from torch import nn
 
 from sglang.srt.models.deepseek_v3 import DeepseekV3ForCausalLM
+from sglang.srt.models.gemma2 import Gemma2ForCausalLM
+from sglang.srt.models.gemma3 import Gemma3ForCausalLM
 from sglang.srt.models.glm4 import Glm4ForCausalLM
 from sglang.srt.models.llama import LlamaForCausalLM
 from sglang.srt.models.mistral import MistralForCausalLM
@@ -28,6 +30,8 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "olmo2": Olmo2ForCausalLM,
     "glm4": Glm4ForCausalLM,
     "qwen3_next": Qwen3NextForCausalLM,
+    "gemma2": Gemma2ForCausalLM,
+    "gemma3": Gemma3ForCausalLM,
 }
 
 

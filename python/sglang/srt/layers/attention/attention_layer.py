@@ -11,6 +11,10 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 
 class Attention(nn.Module):
+    """sliding_window=W: a query at position p attends to keys at positions > p - W (the last W
+    positions, itself included); None attends to every earlier position. logit_cap=c: scores
+    become c * tanh(scores / c) before the softmax."""
+
     def __init__(
         self,
         layer_id: int,
@@ -20,26 +24,24 @@ class Attention(nn.Module):
         scaling: float,
         *,
         sliding_window: Optional[int] = None,
+        logit_cap: Optional[float] = None,
     ) -> None:
         super().__init__()
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1, got {sliding_window}.")
+        if logit_cap is not None and logit_cap <= 0:
+            raise ValueError(f"logit_cap must be > 0, got {logit_cap}.")
         self.layer_id = layer_id
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scaling = scaling
-        # A query at position p attends keys at positions > p - sliding_window. The backends attend
-        # to the whole sequence, which equals that while no sequence is longer than the window.
         self.sliding_window = sliding_window
+        self.logit_cap = logit_cap
 
     def forward(
         self, q: torch.Tensor, k: Optional[torch.Tensor], v: Optional[torch.Tensor], forward_batch: ForwardBatch
     ) -> torch.Tensor:
         """q [N, Hq, D]; k, v [N, Hk, D], or None where the caller has already stored this step's
         K/V in the cache -> [N, Hq * D]."""
-        capturing = forward_batch.attention_split is not None  # piecewise graphs: no real sequences
-        window = self.sliding_window
-        if window is not None and not capturing and max(forward_batch.seq_lens_cpu) > window:
-            raise NotImplementedError(
-                f"Sliding-window attention over sequences longer than the window ({self.sliding_window})."
-            )
         if k is not None:
             forward_batch.kv_cache.set_kv(self.layer_id, forward_batch.out_cache_loc, k, v)
         if forward_batch.attention_split is not None:  # capturing piecewise graphs: attention runs between them

@@ -33,5 +33,6 @@ class CpuAttnBackend(TorchNativeAttnBackend):
         if not self.use_kernel:
             return super().forward_decode(q, k_buf, v_buf, layer, forward_batch)
         return decode_attention_cpu(
-            q, k_buf, v_buf, self.req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens, layer.scaling
+            q, k_buf, v_buf, self.req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens, layer.scaling,
+            sliding_window=layer.sliding_window, logit_cap=layer.logit_cap,
         )

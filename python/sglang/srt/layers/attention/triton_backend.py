@@ -4,7 +4,8 @@ Decode: split-KV (flash-decoding) so that a small batch still fills the GPU; the
 no length on the host, so it is captured in the decode CUDA graph. In batch-invariant mode
 decode runs the kernel that walks each request's positions in fixed blocks from 0 instead (a
 split count would make a row's reduction order depend on the batch). Extend: one kernel over
-the prefix and the new tokens of every request, causal, no per-shape planning.
+the prefix and the new tokens of every request, causal, no per-shape planning. Each layer's sliding window and logit cap are the kernels'
+constexprs, so a captured graph holds them.
 """
 
 from __future__ import annotations
@@ -76,11 +77,12 @@ class TritonAttnBackend(AttentionBackend):
         self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, layer: "Attention", forward_batch: ForwardBatch
     ) -> torch.Tensor:
         args = (q, k_buf, v_buf, self.req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens, layer.scaling)
+        opts = dict(sliding_window=layer.sliding_window, logit_cap=layer.logit_cap)
         if is_batch_invariant():
-            return decode_attention_triton(*args)
+            return decode_attention_triton(*args, **opts)
         bs = q.shape[0]
         out = torch.empty((bs, layer.num_heads, layer.head_dim), dtype=q.dtype, device=q.device)  # [B, Hq, D]
-        return paged_decode_attention(*args, out, self._workspace_for(bs), self.num_kv_splits(bs))
+        return paged_decode_attention(*args, out, self._workspace_for(bs), self.num_kv_splits(bs), **opts)
 
     def forward_extend(
         self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, layer: "Attention", forward_batch: ForwardBatch
@@ -89,4 +91,5 @@ class TritonAttnBackend(AttentionBackend):
         return paged_extend_attention(
             q, k_buf, v_buf, self.req_to_token, forward_batch.req_pool_indices, forward_batch.extend_start_loc,
             forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens, self.max_extend_len, layer.scaling, out,
+            sliding_window=layer.sliding_window, logit_cap=layer.logit_cap,
         )
