@@ -31,11 +31,3 @@ def test_mistral_deterministic_matches_transformers(mistral, gguf_path: str) -> 
     folder, model = mistral
     with serving(folder, gguf_path, "--enable-deterministic-inference", "--chunked-prefill-size", "16") as server:
         assert_matches_hf(server, model, prompts())
-
-
-def test_mistral_sliding_window_is_refused(tmp_path) -> None:
-    from sglang.srt.configs.model_config import ModelConfig
-
-    save_tiny(str(tmp_path), "MistralConfig", "MistralForCausalLM", **(SHAPE | {"sliding_window": 16}))
-    with pytest.raises(ValueError, match="Sliding-window"):
-        ModelConfig.from_path(str(tmp_path))
