@@ -9,11 +9,14 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from sglang.srt.configs.model_config import SUPPORTED_ROPE_TYPES, ModelConfig
+from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.configs.sliding_window import FULL, SLIDING
 from sglang.srt.layers.rotary import RotaryEmbedding
 from sglang.srt.models.gemma2 import Gemma2ForCausalLM, Gemma2Model, Ropes
 
+# The scalings Gemma3 checkpoints use (linear on the global layers); the length-dependent ones
+# would need each step's sequence lengths, which these per-layer-type tables do not take.
+GEMMA3_ROPE_TYPES = ("default", "linear")
 # transformers' RoPE bases when the config names none.
 DEFAULT_THETA = {FULL: 1_000_000.0, SLIDING: 10_000.0}
 
@@ -31,8 +34,8 @@ def rope_of_layer_type(hf_config: dict[str, Any], layer_type: str) -> tuple[floa
         rope = {**(hf_config.get("rope_scaling") or {}), "rope_theta": hf_config.get("rope_theta")}
     theta = rope.get("rope_theta") or DEFAULT_THETA[layer_type]
     rope_type = rope.get("rope_type") or rope.get("type") or "default"
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(f"RoPE scaling {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}.")
+    if rope_type not in GEMMA3_ROPE_TYPES:
+        raise ValueError(f"Gemma3 RoPE scaling {rope_type!r} is not supported; supported: {GEMMA3_ROPE_TYPES}.")
     if rope_type == "default":
         return float(theta), None
     return float(theta), {k: v for k, v in rope.items() if k not in ("type", "rope_theta")} | {"rope_type": rope_type}
