@@ -110,7 +110,7 @@ def test_gemma_configs_accepted_and_refused_by_name(tmp_path) -> None:
     c = _config(tmp_path, hidden_act="gelu_pytorch_tanh")  # older configs carry both keys
     assert c.arch == "gemma2" and c.tie_word_embeddings  # Gemma ties unless the config says otherwise
     assert _config(tmp_path, architectures=["Gemma3ForCausalLM"]).arch == "gemma3"
-    assert _config(tmp_path, architectures=["MistralForCausalLM"], hidden_activation=None).arch == "llama"
+    assert _config(tmp_path, architectures=["MistralForCausalLM"], hidden_activation=None).arch == "mistral"
     with pytest.raises(ValueError, match="hidden_activation 'gelu'"):
         _config(tmp_path, hidden_activation="gelu")
     with pytest.raises(ValueError, match="use_bidirectional_attention"):
