@@ -18,7 +18,7 @@ import argparse
 import json
 import os
 import shutil
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -203,14 +203,15 @@ def qwen3_moe_layer_tensors(config: dict, layer: int, generator: torch.Generator
     return tensors
 
 
-def write_qwen3_moe_checkpoint(
-    folder: str, tokenizer_dir: Optional[str] = None, seed: int = 0, device: str = "cpu", **overrides
+def write_sharded_checkpoint(
+    folder: str, config: dict, layer_tensors: Callable[[dict, int, torch.Generator, str], dict[str, torch.Tensor]],
+    tokenizer_dir: Optional[str] = None, seed: int = 0, device: str = "cpu", norm_offset: float = 1.0,
 ) -> str:
-    """A Qwen3-30B-A3B-shaped checkpoint (config overrides allowed) in `folder`, one shard per
-    layer (host memory holds one layer at a time) and a model.safetensors.index.json."""
+    """`config`'s checkpoint in `folder`, one shard per layer (host memory holds one layer at a
+    time: `layer_tensors(config, layer, generator, device)`) and a model.safetensors.index.json;
+    the final norm's weights are norm_offset + noise (0 for the (1 + w) norms)."""
     from safetensors.torch import save_file
 
-    config = {**QWEN3_30B_A3B, **overrides}
     os.makedirs(folder, exist_ok=True)
     generator = torch.Generator(device=device).manual_seed(seed)
     h, vocab = config["hidden_size"], config["vocab_size"]
@@ -222,11 +223,11 @@ def write_qwen3_moe_checkpoint(
 
     embed = (torch.randn(vocab, h, generator=generator, device=device) * 0.02).to(torch.bfloat16).cpu()
     head = (torch.randn(vocab, h, generator=generator, device=device) * 0.02).to(torch.bfloat16).cpu()
-    final_norm = (1.0 + 0.1 * torch.randn(h, generator=generator, device=device)).to(torch.bfloat16).cpu()
+    final_norm = (norm_offset + 0.1 * torch.randn(h, generator=generator, device=device)).to(torch.bfloat16).cpu()
     shard("model-embed.safetensors", {"model.embed_tokens.weight": embed, "lm_head.weight": head,
                                       "model.norm.weight": final_norm})
     for layer in range(config["num_hidden_layers"]):
-        shard(f"model-layer-{layer:03d}.safetensors", qwen3_moe_layer_tensors(config, layer, generator, device))
+        shard(f"model-layer-{layer:03d}.safetensors", layer_tensors(config, layer, generator, device))
     with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {}, "weight_map": weight_map}, f)
     with open(os.path.join(folder, "config.json"), "w") as f:
@@ -235,6 +236,14 @@ def write_qwen3_moe_checkpoint(
         for name in os.listdir(tokenizer_dir):
             shutil.copy(os.path.join(tokenizer_dir, name), folder)
     return folder
+
+
+def write_qwen3_moe_checkpoint(
+    folder: str, tokenizer_dir: Optional[str] = None, seed: int = 0, device: str = "cpu", **overrides
+) -> str:
+    """A Qwen3-30B-A3B-shaped checkpoint (config overrides allowed) in `folder`."""
+    config = {**QWEN3_30B_A3B, **overrides}
+    return write_sharded_checkpoint(folder, config, qwen3_moe_layer_tensors, tokenizer_dir, seed, device)
 
 
 # Qwen3-Next-80B-A3B's config.json values: 48 layers, every 4th full attention, the others Gated
@@ -328,34 +337,10 @@ def write_qwen3_next_checkpoint(
     folder: str, tokenizer_dir: Optional[str] = None, seed: int = 0, device: str = "cpu", **overrides
 ) -> str:
     """A Qwen3-Next-80B-A3B-shaped checkpoint (config overrides allowed, e.g. num_hidden_layers=4:
-    3 Gated DeltaNet layers and 1 full-attention layer) in `folder`, one shard per layer."""
-    from safetensors.torch import save_file
-
+    3 Gated DeltaNet layers and 1 full-attention layer) in `folder`."""
     config = {**QWEN3_NEXT_80B_A3B, **overrides}
-    os.makedirs(folder, exist_ok=True)
-    generator = torch.Generator(device=device).manual_seed(seed)
-    h, vocab = config["hidden_size"], config["vocab_size"]
-    weight_map: dict[str, str] = {}
-
-    def shard(name: str, tensors: dict[str, torch.Tensor]) -> None:
-        save_file(tensors, os.path.join(folder, name))
-        weight_map.update(dict.fromkeys(tensors, name))
-
-    embed = (torch.randn(vocab, h, generator=generator, device=device) * 0.02).to(torch.bfloat16).cpu()
-    head = (torch.randn(vocab, h, generator=generator, device=device) * 0.02).to(torch.bfloat16).cpu()
-    final_norm = (0.1 * torch.randn(h, generator=generator, device=device)).to(torch.bfloat16).cpu()
-    shard("model-embed.safetensors", {"model.embed_tokens.weight": embed, "lm_head.weight": head,
-                                      "model.norm.weight": final_norm})
-    for layer in range(config["num_hidden_layers"]):
-        shard(f"model-layer-{layer:03d}.safetensors", qwen3_next_layer_tensors(config, layer, generator, device))
-    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {}, "weight_map": weight_map}, f)
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(config, f, indent=1)
-    if tokenizer_dir:
-        for name in os.listdir(tokenizer_dir):
-            shutil.copy(os.path.join(tokenizer_dir, name), folder)
-    return folder
+    return write_sharded_checkpoint(folder, config, qwen3_next_layer_tensors, tokenizer_dir, seed, device,
+                                    norm_offset=0.0)
 
 
 def preset_config(preset: str, layers: Optional[int] = None) -> dict:
