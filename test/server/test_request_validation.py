@@ -30,7 +30,7 @@ NATIVE_BAD = [
     ({"sampling_seed": 2**64}, "sampling_seed"),
     ({"logit_bias": {"999999": 1.0}}, "logit_bias"),
     ({"logit_bias": {"5": 1000.0}}, "logit_bias"),
-    ({"stop_token_ids": [10**7]}, "stop_token_ids"),
+    ({"stop_token_ids": ["x"]}, "stop_token_ids"),
     ({"regex": "(a+"}, "regex"),
     ({"not_a_param": 1}, "not_a_param"),
 ]

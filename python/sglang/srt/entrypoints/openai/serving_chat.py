@@ -123,7 +123,8 @@ class OpenAIServingChat(OpenAIServingBase[ChatCompletionRequest]):
         if limit is not None and context is not None and limit > context:
             name = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
             raise RequestError(
-                f"max_completion_tokens is too large: {limit}. This model supports at most {context} completion tokens.",
+                f"max_completion_tokens is too large: {limit}. This model supports at most {context} completion tokens "
+                f"(its context length).",
                 param=name,
             )
         return limit
