@@ -6,7 +6,8 @@ After align_to_blocks sorts the (token, slot) pairs into per-expert blocks of BL
    pair's row of act [N k, I];
 2. down: each program multiplies a block's act rows by a BLOCK_N slice of the expert's w2 and
    writes weight * result to the pair's row of out [N k, H];
-then the k slots of each token are summed in float32. Pairs of another EP rank's experts are
+then the k slots of each token are summed in float32. Decode-sized batches skip the alignment
+and take the GEMV kernels of fused_moe_gemv.py instead. Pairs of another EP rank's experts are
 never written: their rows stay zero. Shapes depend on N alone and nothing reads back to the
 host, so CUDA graphs capture the whole path. Numerics: sgl_kernel_ext.moe.reference.
 """
@@ -19,6 +20,7 @@ import triton.language as tl
 
 from sgl_kernel_ext.attention.paged_decode import _dot, dot_flags
 from sgl_kernel_ext.moe.align import align_to_blocks
+from sgl_kernel_ext.moe.fused_moe_gemv import fused_experts_gemv, fused_experts_gemv_applies
 from sgl_kernel_ext.norm.rmsnorm_triton import DTYPES, round_to
 from sgl_kernel_ext.triton_launch import launch
 
@@ -124,9 +126,11 @@ def fused_experts_triton(
     n, k = local_ids.shape
     num_experts, hidden, inter = w13.shape[0], x.shape[1], w2.shape[2]
     num_pairs = n * k
+    w13, w2 = w13.contiguous(), w2.contiguous()
+    if fused_experts_gemv_applies(num_pairs, batch_invariant):
+        return fused_experts_gemv(x, w13, w2, topk_weights, local_ids)
     cfg = block_config(num_pairs, num_experts, batch_invariant)
     blocks = align_to_blocks(local_ids, num_experts, cfg["BLOCK_M"])
-    w13, w2 = w13.contiguous(), w2.contiguous()
     flags = dot_flags(x.dtype)
     act = torch.empty(num_pairs, inter, dtype=x.dtype, device=x.device)  # [N k, I]
     grid = (blocks.block_expert.shape[0] * triton.cdiv(inter, cfg["BLOCK_N"]),)

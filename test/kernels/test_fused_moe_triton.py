@@ -13,6 +13,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from sgl_kernel_ext.moe.align import align_to_blocks, padded_rows  # noqa: E402
+from sgl_kernel_ext.moe.fused_moe_gemv import GEMV_MAX_PAIRS, fused_experts_gemv  # noqa: E402
 from sgl_kernel_ext.moe.fused_moe_triton import fused_experts_triton  # noqa: E402
 from sgl_kernel_ext.moe.reference import fused_experts_reference  # noqa: E402
 
@@ -44,13 +45,28 @@ def test_fused_experts_match_reference(n, k, experts, hidden, inter, dtype) -> N
     torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
 
 
-def test_foreign_experts_contribute_zero() -> None:
-    """EP: ids outside [0, E) (another rank's experts, shifted to negative or >= E) add nothing."""
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_foreign_experts_contribute_zero(batch_invariant) -> None:
+    """EP: ids outside [0, E) (another rank's experts, shifted to negative or >= E) add nothing,
+    on the GEMV path and the grouped GEMM."""
     x, w13, w2, weights, ids = _inputs(6, 3, 8, 32, 24, torch.float32)
     local = ids - 2  # this rank holds global experts 2..5 as local 0..3
-    got = fused_experts_triton(x, w13[:4], w2[:4], weights, local)
+    got = fused_experts_triton(x, w13[:4], w2[:4], weights, local, batch_invariant=batch_invariant)
     expected = fused_experts_reference(x, w13[:4], w2[:4], weights, local)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("n,k,hidden,inter", [(1, 8, 160, 72), (7, 8, 64, 200), (3, 2, 32, 24)])
+def test_gemv_path_equals_grouped_gemm(n, k, hidden, inter) -> None:
+    """Decode-sized batches (at most GEMV_MAX_PAIRS pairs) take the GEMV kernels; in float32 they
+    give the grouped GEMM's (batch-invariant path's) result."""
+    assert n * k <= GEMV_MAX_PAIRS
+    x, w13, w2, weights, ids = _inputs(n, k, 16, hidden, inter, torch.float32, seed=3)
+    gemv = fused_experts_gemv(x, w13, w2, weights, ids)
+    torch.testing.assert_close(fused_experts_triton(x, w13, w2, weights, ids), gemv, atol=0, rtol=0)
+    grouped = fused_experts_triton(x, w13, w2, weights, ids, batch_invariant=True)
+    torch.testing.assert_close(gemv, grouped, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(gemv, fused_experts_reference(x, w13, w2, weights, ids), atol=1e-5, rtol=1e-5)
 
 
 def test_alignment_groups_pairs_by_expert_in_padded_blocks() -> None:

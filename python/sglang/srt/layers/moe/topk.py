@@ -8,12 +8,16 @@ Two scoring rules cover the served families:
   score is the sum of its two best choice scores, only the best `topk_group` groups compete;
   the weights are the chosen experts' sigmoid scores, renormalised if asked, times
   `routed_scaling_factor`.
-Ties go to the lower expert id (torch.topk's order), the same on every path.
+Ties go to the lower expert id (torch.topk's order), the same on every path. On CUDA the
+softmax rule runs as one Triton launch (sgl_kernel_ext/moe/topk_softmax_triton.py).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Optional
 
 import torch
@@ -39,10 +43,15 @@ def select_experts(
     router_logits: torch.Tensor, config: TopKConfig, correction_bias: Optional[torch.Tensor] = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """router_logits [N, E] -> (weights [N, k] float32, expert ids [N, k] int32)."""
-    logits = router_logits.float()
     if config.scoring_func == "softmax":
         if correction_bias is not None or config.num_expert_group is not None:
             raise ValueError("Softmax routing takes no correction bias and no expert groups.")
+        kernel = _triton_softmax_topk() if router_logits.is_cuda else None
+        if kernel is not None and kernel.softmax_topk_applies(router_logits, config.top_k):
+            weights, ids = kernel.softmax_topk(router_logits, config.top_k, config.renormalize)
+            return _scaled(weights, config), ids
+    logits = router_logits.float()
+    if config.scoring_func == "softmax":
         weights, ids = torch.topk(torch.softmax(logits, dim=-1), config.top_k, dim=-1)  # [N, k]
         if config.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -55,9 +64,22 @@ def select_experts(
         weights = scores.gather(1, ids)
         if config.renormalize:
             weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return _scaled(weights, config), ids.to(torch.int32)
+
+
+def _scaled(weights: torch.Tensor, config: TopKConfig) -> torch.Tensor:
     if config.routed_scaling_factor != 1.0:
-        weights = weights * config.routed_scaling_factor
-    return weights, ids.to(torch.int32)
+        return weights * config.routed_scaling_factor
+    return weights
+
+
+@functools.cache
+def _triton_softmax_topk() -> Optional[ModuleType]:
+    """sgl_kernel_ext.moe.topk_softmax_triton (one launch on CUDA); None without triton."""
+    try:
+        return importlib.import_module("sgl_kernel_ext.moe.topk_softmax_triton")
+    except ImportError:
+        return None
 
 
 def _limit_to_groups(choice: torch.Tensor, num_groups: int, topk_group: int) -> torch.Tensor:

@@ -1,10 +1,12 @@
 """FP8 W8A8 GEMMs on CUDA, and the rule that picks one for a layer and a row count.
 
-Two kernels:
+Three kernels:
 - torch._scaled_mm (cuBLAS / CUTLASS) with row-wise scales: activations per token, the weight
   per output channel. It takes only such scales.
 - the Triton kernel of sgl_kernel_ext/gemm/fp8_block_triton.py: activations per token and
-  group of 128 columns, weight scales per 128x128 block or per output channel.
+  group of 128 columns, weight scales per 128x128 block or per output channel;
+- the W8A16 GEMV of sgl_kernel_ext/gemm/fp8_gemv_triton.py for decode-sized batches (up to
+  GEMV_MAX_ROWS rows, no static input scale): the rows stay unquantised.
 
 The rule (docs/models.md, "Quantisation"): block-scaled weights run the Triton kernel, the only
 one that takes their scales. Per-channel (and per-tensor) weights run the Triton kernel up to
@@ -68,6 +70,19 @@ def scaled_mm_rowwise(
         codes, weight.t(), scale_a=scales, scale_b=weight_scale.view(1, -1), out_dtype=x.dtype
     )  # [P, N]
     return out[:m]
+
+
+def fp8_gemv_applies(x: torch.Tensor, scale_block: tuple[int, int]) -> bool:
+    from sgl_kernel_ext.gemm.fp8_gemv_triton import fp8_gemv_applies as applies
+
+    return applies(x, scale_block)
+
+
+def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, scale_block: tuple[int, int]) -> torch.Tensor:
+    """x [M, K] (a few rows) -> [M, N] in x's dtype: the W8A16 GEMV of sgl_kernel_ext/gemm/fp8_gemv_triton.py."""
+    from sgl_kernel_ext.gemm.fp8_gemv_triton import fp8_gemv as gemv
+
+    return gemv(x, weight, weight_scale, scale_block)
 
 
 def triton_fp8_linear(

@@ -1,0 +1,243 @@
+"""Tile sweeps and a profile of the decode kernels the FP8 and MoE models spend their steps in
+(run through the device tool; prints one JSON line per record and a summary):
+
+1. fp8: the W8A16 GEMV (sgl_kernel_ext/gemm/fp8_gemv_triton.py) on Qwen3-8B's linears at
+   M = 1, 2, 4, 8 over BLOCK_N x BLOCK_K x warps x stages, against bf16 F.linear and the W8A8
+   block kernel; achieved GB/s of weight read. torch._scaled_mm with 128x128 block scales is
+   tried and reported (it is not used where it fails).
+2. moe: Qwen3-30B-A3B's experts (128 experts, top-8, hidden 2048, intermediate 768) in bf16:
+   the GEMV kernels at N = 1 and 8 and the grouped GEMM at N = 64 and 256 over their tiles;
+   the whole MoE block (router, routing, experts) replayed from a CUDA graph, GEMV path on and
+   off; a torch.profiler table of the block's kernels at N = 1, 64, 256.
+
+    PYTHONPATH=python:. python benchmark/gpu_kernel_sweep.py --out $OUT [--only fp8|moe]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmark"))
+
+from gpu_fp8_check import SHAPES, graph_time_ms  # noqa: E402
+
+from sgl_kernel_ext.gemm import fp8_gemv_triton as gemv_mod  # noqa: E402
+from sgl_kernel_ext.gemm.fp8_block_triton import fp8_linear_triton  # noqa: E402
+from sgl_kernel_ext.gemm.fp8_reference import quantize_weight_blocks  # noqa: E402
+from sgl_kernel_ext.moe import fused_moe_gemv as moe_gemv  # noqa: E402
+from sgl_kernel_ext.moe import fused_moe_triton as moe_grouped  # noqa: E402
+from sgl_kernel_ext.moe.align import align_to_blocks  # noqa: E402
+from sgl_kernel_ext.triton_launch import launch  # noqa: E402
+from sglang.srt.layers.moe.sparse_block import SparseMoeBlock  # noqa: E402
+from sglang.srt.layers.moe.topk import TopKConfig  # noqa: E402
+
+BLOCK = (128, 128)
+EXPERTS, TOP_K, HIDDEN, INTER = 128, 8, 2048, 768
+
+
+def emit(record: dict) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def _gemv_call(x, codes, scale, bn, bk, warps, stages):
+    m, k = x.shape
+    n = codes.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    rows = triton.next_power_of_2(m)
+
+    def call():
+        launch(gemv_mod._fp8_gemv_kernel, (triton.cdiv(n, bn),), x, codes, scale, out, m, n, k, x.stride(0),
+               codes.stride(0), scale.stride(0), out.stride(0), SCALE_N=BLOCK[0], SCALE_K=BLOCK[1], ROWS=rows,
+               BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+        return out
+
+    return call
+
+
+def fp8_sweep() -> dict:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    weights = {}
+    for name, (n, k) in SHAPES.items():
+        w = torch.randn(n, k, generator=gen, device="cuda") * 0.02
+        weights[name] = (w.to(torch.bfloat16),) + quantize_weight_blocks(w, BLOCK)
+    configs = list(itertools.product((8, 16, 32), (64, 128), (2, 4, 8), (3, 4)))
+    summary = {}
+    for m in (1, 2, 4, 8):
+        totals = {"bf16": 0.0, "w8a8_block": 0.0, "gemv_default": 0.0}
+        per_config = {c: 0.0 for c in configs}
+        for name, (bf16, codes, scale) in weights.items():
+            x = torch.randn(m, codes.shape[1], generator=gen, device="cuda").to(torch.bfloat16)
+            ref = gemv_mod.fp8_gemv_reference(x, codes, scale, BLOCK).float()
+            got = gemv_mod.fp8_gemv(x, codes, scale, BLOCK).float()
+            err = ((got - ref).abs().max() / ref.abs().max()).item()
+            record = {"part": "fp8", "shape": name, "M": m, "gemv_rel_err": err,
+                      "bf16_ms": graph_time_ms(lambda: F.linear(x, bf16)),
+                      "w8a8_block_ms": graph_time_ms(lambda: fp8_linear_triton(x, codes, scale, BLOCK)),
+                      "gemv_default_ms": graph_time_ms(lambda: gemv_mod.fp8_gemv(x, codes, scale, BLOCK))}
+            for c in configs:
+                try:
+                    per_config[c] += graph_time_ms(_gemv_call(x, codes, scale, *c), iters=20, reps=3)
+                except Exception:  # noqa: BLE001  (a tile that does not compile or fit is left out)
+                    per_config[c] = float("inf")
+            for key in totals:
+                totals[key] += record[f"{key}_ms"]
+            record["gemv_default_GBps"] = codes.numel() / record["gemv_default_ms"] / 1e6
+            emit(record)
+        best = min(per_config, key=per_config.get)
+        weight_bytes = sum(c.numel() for _, c, _ in weights.values())
+        summary[m] = {**{f"{k}_ms": v for k, v in totals.items()}, "best_config": best,
+                      "best_ms": per_config[best], "best_GBps": weight_bytes / per_config[best] / 1e6}
+        emit({"part": "fp8_total", "M": m, **summary[m]})
+    summary["scaled_mm_blockwise"] = _try_scaled_mm_blockwise(weights["o"][1], weights["o"][2])
+    return summary
+
+
+def _try_scaled_mm_blockwise(codes: torch.Tensor, scale: torch.Tensor) -> dict:
+    """torch._scaled_mm with activation scales per 1x128 and weight scales per 128x128 block."""
+    out = {}
+    for m in (16, 64, 256):
+        x = torch.randn(m, codes.shape[1], device="cuda").to(torch.bfloat16)
+        from sgl_kernel_ext.gemm.fp8_block_triton import quantize_rows_fp8
+
+        a, a_scale = quantize_rows_fp8(x, 128)
+        try:
+            fn = lambda: torch._scaled_mm(a, codes.t(), scale_a=a_scale.t().contiguous().t(),  # noqa: E731
+                                          scale_b=scale.t(), out_dtype=torch.bfloat16)
+            fn()
+            out[m] = {"ms": graph_time_ms(fn), "triton_ms": graph_time_ms(lambda: fp8_linear_triton(x, codes, scale, BLOCK))}
+        except Exception as exc:  # noqa: BLE001  (reported, not used)
+            out[m] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+    emit({"part": "scaled_mm_blockwise", **{str(k): v for k, v in out.items()}})
+    return out
+
+
+def _moe_inputs(n: int, gen: torch.Generator):
+    x = torch.randn(n, HIDDEN, generator=gen, device="cuda").to(torch.bfloat16)
+    logits = torch.randn(n, EXPERTS, generator=gen, device="cuda")
+    weights, ids = torch.topk(torch.softmax(logits, -1), TOP_K, -1)
+    return x, weights.float(), ids.to(torch.int32)
+
+
+def moe_sweep() -> dict:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w13 = (torch.randn(EXPERTS, 2 * INTER, HIDDEN, generator=gen, device="cuda") * HIDDEN**-0.5).to(torch.bfloat16)
+    w2 = (torch.randn(EXPERTS, HIDDEN, INTER, generator=gen, device="cuda") * INTER**-0.5).to(torch.bfloat16)
+    summary = {}
+    for n in (1, 8):
+        x, weights, ids = _moe_inputs(n, gen)
+        best = None
+        for bn, bk, warps, stages in itertools.product((16, 32, 64), (64, 128, 256), (4, 8), (2, 3, 4)):
+            try:
+                ms = graph_time_ms(_moe_gemv_call(x, w13, w2, weights, ids, bn, bk, warps, stages), iters=20, reps=3)
+            except Exception:  # noqa: BLE001  (a tile that does not compile or fit is left out)
+                continue
+            if best is None or ms < best[1]:
+                best = ((bn, bk, warps, stages), ms)
+        default = graph_time_ms(lambda: moe_gemv.fused_experts_gemv(x, w13, w2, weights, ids))
+        bytes_read = len(set(ids.flatten().tolist())) * (w13[0].numel() + w2[0].numel()) * 2
+        summary[f"gemv_N{n}"] = {"default_ms": default, "best_config": best[0], "best_ms": best[1],
+                                 "best_GBps": bytes_read / best[1] / 1e6}
+        emit({"part": "moe_gemv", "N": n, **summary[f"gemv_N{n}"]})
+    for n in (64, 256):
+        x, weights, ids = _moe_inputs(n, gen)
+        results = {}
+        for bm, bn, bk, warps, stages in itertools.product((16, 32, 64), (64, 128), (64, 128), (4, 8), (3, 4)):
+            try:
+                results[(bm, bn, bk, warps, stages)] = graph_time_ms(
+                    _moe_grouped_call(x, w13, w2, weights, ids, bm, bn, bk, warps, stages), iters=10, reps=3)
+            except Exception as exc:  # noqa: BLE001  (a tile that does not fit is skipped)
+                emit({"part": "moe_grouped_skip", "config": [bm, bn, bk, warps, stages], "error": str(exc)[:120]})
+        best = min(results, key=results.get)
+        default = graph_time_ms(lambda: moe_grouped.fused_experts_triton(x, w13, w2, weights, ids))
+        summary[f"grouped_N{n}"] = {"default_ms": default, "best_config": best, "best_ms": results[best]}
+        emit({"part": "moe_grouped", "N": n, **summary[f"grouped_N{n}"]})
+    summary["block"] = moe_block_times()
+    return summary
+
+
+def _moe_gemv_call(x, w13, w2, weights, ids, bn, bk, warps, stages):
+    n, k = ids.shape
+    act = torch.empty(n * k, INTER, dtype=x.dtype, device=x.device)
+    out = torch.empty(n, HIDDEN, dtype=x.dtype, device=x.device)
+    flat_ids, flat_w = ids.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
+
+    def call():
+        launch(moe_gemv._gate_up_gemv_kernel, (n * k, triton.cdiv(INTER, bn)), x, w13, act, flat_ids, k, EXPERTS,
+               HIDDEN, INTER, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0), BLOCK_N=bn, BLOCK_K=bk,
+               num_warps=warps, num_stages=stages)
+        launch(moe_gemv._down_gemv_kernel, (n, triton.cdiv(HIDDEN, bn)), act, w2, out, flat_w, flat_ids, k, EXPERTS,
+               HIDDEN, INTER, act.stride(0), w2.stride(0), w2.stride(1), out.stride(0), BLOCK_N=bn, BLOCK_K=bk,
+               num_warps=warps, num_stages=stages)
+        return out
+
+    return call
+
+
+def _moe_grouped_call(x, w13, w2, weights, ids, bm, bn, bk, warps, stages):
+    n, k = ids.shape
+    blocks = align_to_blocks(ids, EXPERTS, bm)
+    flags = moe_grouped.dot_flags(x.dtype)
+    act = torch.empty(n * k, INTER, dtype=x.dtype, device=x.device)
+    out = torch.zeros(n * k, HIDDEN, dtype=x.dtype, device=x.device)
+    flat_w = weights.reshape(-1).contiguous()
+    nblocks = blocks.block_expert.shape[0]
+    cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, **flags)
+
+    def call():
+        launch(moe_grouped._gate_up_kernel, (nblocks * triton.cdiv(INTER, bn),), x, w13, act, blocks.sorted_pairs,
+               blocks.block_expert, n * k, k, EXPERTS, HIDDEN, INTER, x.stride(0), w13.stride(0), w13.stride(1),
+               act.stride(0), **cfg, num_warps=warps, num_stages=stages)
+        launch(moe_grouped._down_kernel, (nblocks * triton.cdiv(HIDDEN, bn),), act, w2, out, flat_w,
+               blocks.sorted_pairs, blocks.block_expert, n * k, EXPERTS, HIDDEN, INTER, act.stride(0), w2.stride(0),
+               w2.stride(1), out.stride(0), **cfg, num_warps=warps, num_stages=stages)
+        return out
+
+    return call
+
+
+def moe_block_times() -> dict:
+    block = SparseMoeBlock(HIDDEN, EXPERTS, INTER, TopKConfig(TOP_K, True), params_dtype=torch.bfloat16).cuda()
+    for p in block.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    times = {}
+    for n in (1, 8, 64, 256):
+        x = torch.randn(n, HIDDEN, device="cuda").to(torch.bfloat16)
+        times[n] = {"gemv_on_ms": graph_time_ms(lambda: block(x))}
+        saved, moe_gemv.GEMV_MAX_PAIRS = moe_gemv.GEMV_MAX_PAIRS, 0
+        times[n]["gemv_off_ms"] = graph_time_ms(lambda: block(x))
+        moe_gemv.GEMV_MAX_PAIRS = saved
+        emit({"part": "moe_block", "N": n, **times[n]})
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                block(x)
+            torch.cuda.synchronize()
+        print(f"--- MoE block kernels, N={n}, 10 calls (eager) ---")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14), flush=True)
+    return times
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("/tmp/gpu_sweep_out"))
+    p.add_argument("--only", choices=("fp8", "moe"))
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = {"device": torch.cuda.get_device_name()}
+    if args.only in (None, "fp8"):
+        result["fp8"] = fp8_sweep()
+    if args.only in (None, "moe"):
+        result["moe"] = moe_sweep()
+    (args.out / "gpu_kernel_sweep.json").write_text(json.dumps(result, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
