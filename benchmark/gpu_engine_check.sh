@@ -24,13 +24,15 @@
 #             transformers on CUDA, fp32 and bf16, default and deterministic, graphs on)
 #   dp      - --dp-size 2, both replicas on GPU 0: benchmark/gpu_tp_check.py --tp-size 1 --dp-size 2 in bf16
 #             (outputs against one replica), then bench_serving_gpu.py, ours at N=256 with --dp-size 1 and 2
+#   sweep   - the decode-sized FP8 GEMV and MoE kernels' tests natively, then benchmark/gpu_kernel_sweep.py (tile
+#             sweeps on Qwen3-8B's linears and Qwen3-30B-A3B's experts, the MoE block's kernel profile)
 #   dense   - benchmark/gpu_dense_families_check.py: Mistral, Phi-3 (LongRoPE, partial rotary), OLMo 2,
 #             GLM-4 and a dynamic-RoPE Llama in bf16 on the GPU against transformers in bf16
 # Run through the device tool from the repo root with carry [".carry_engine"] (benchmark/make_engine_carry.sh):
 #   bash benchmark/gpu_engine_check.sh tests|cache      |      bash benchmark/gpu_engine_check.sh bench [bench args]
 # Everything printed also goes to $OUT/gpu_engine_<phase>.txt (committed under docs/gpu/).
 set -uo pipefail
-phase=${1:?usage: gpu_engine_check.sh tests|cache|grammar|grammar-bench|bench|fp8|fp8-bench|window-softcap|dp|deepseek|dense [args]}
+phase=${1:?usage: gpu_engine_check.sh tests|cache|grammar|grammar-bench|bench|fp8|fp8-bench|sweep|window-softcap|dp|deepseek|dense [args]}
 shift
 OUT=${OUT:-/tmp/gpu_engine_out}
 mkdir -p "$OUT"
@@ -74,6 +76,11 @@ case "$phase" in
     timeout 580 python3 benchmark/bench_serving_gpu.py --out-dir "$OUT" --tokenizer .carry_engine/tokenizer \
       --preset qwen3-8b --checkpoint /tmp/qwen3-8b-bf16 --concurrency 1 64 256 --time-budget-s 500 --tag h100_fp8 \
       --systems ours ours_fp8 ours_fp8_online weight_read_floor hf_static_compiled "$@"
+    ;;
+  sweep)
+    timeout 200 python3 -m pytest -q -p no:cacheprovider test/kernels/test_fp8_gemv.py test/kernels/test_fused_moe_triton.py \
+      test/kernels/test_topk_softmax_triton.py test/models/test_moe_layer.py
+    timeout 540 python3 benchmark/gpu_kernel_sweep.py --out "$OUT/sweep" "$@"
     ;;
   window-softcap)
     timeout 200 python3 -m pytest -q -p no:cacheprovider -k "window or cap" \
