@@ -24,7 +24,7 @@
 #             transformers on CUDA, fp32 and bf16, default and deterministic, graphs on)
 #   dp      - --dp-size 2, both replicas on GPU 0: benchmark/gpu_tp_check.py --tp-size 1 --dp-size 2 in bf16
 #             (outputs against one replica), then bench_serving_gpu.py, ours at N=256 with --dp-size 1 and 2
-#   sweep   - the decode-sized FP8 GEMV and MoE kernels' tests natively, then benchmark/gpu_kernel_sweep.py (tile
+#   sweep   - the FP8 GEMM and MoE kernels' tests natively, then benchmark/gpu_kernel_sweep.py (tile
 #             sweeps on Qwen3-8B's linears and Qwen3-30B-A3B's experts, the MoE block's kernel profile)
 #   dense   - benchmark/gpu_dense_families_check.py: Mistral, Phi-3 (LongRoPE, partial rotary), OLMo 2,
 #             GLM-4 and a dynamic-RoPE Llama in bf16 on the GPU against transformers in bf16
@@ -78,7 +78,7 @@ case "$phase" in
       --systems ours ours_fp8 ours_fp8_online weight_read_floor hf_static_compiled "$@"
     ;;
   sweep)
-    timeout 200 python3 -m pytest -q -p no:cacheprovider test/kernels/test_fp8_gemv.py test/kernels/test_fused_moe_triton.py \
+    timeout 200 python3 -m pytest -q -p no:cacheprovider test/kernels/test_fp8_gemm.py test/kernels/test_fused_moe_triton.py \
       test/kernels/test_topk_softmax_triton.py test/models/test_moe_layer.py
     timeout 540 python3 benchmark/gpu_kernel_sweep.py --out "$OUT/sweep" "$@"
     ;;

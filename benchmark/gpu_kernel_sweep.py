@@ -1,10 +1,9 @@
 """Tile sweeps and a profile of the decode kernels the FP8 and MoE models spend their steps in
 (run through the device tool; prints one JSON line per record and a summary):
 
-1. fp8: the W8A16 GEMV (sgl_kernel_ext/gemm/fp8_gemv_triton.py) on Qwen3-8B's linears at
-   M = 1, 2, 4, 8 over BLOCK_N x BLOCK_K x warps x stages, against bf16 F.linear and the W8A8
-   block kernel; achieved GB/s of weight read. torch._scaled_mm with 128x128 block scales is
-   tried and reported (it is not used where it fails).
+1. fp8: Qwen3-8B's linears with 128x128 block-FP8 weights at M = 1, 4, 16, 64, 256: bf16
+   F.linear, the two-launch W8A8 Triton kernel, the quantising one (default tiles and a sweep),
+   block-wise torch._scaled_mm; errors against the reference, achieved GB/s of weight read.
 2. moe: Qwen3-30B-A3B's experts (128 experts, top-8, hidden 2048, intermediate 768) in bf16:
    the GEMV kernels at N = 1 and 8 and the grouped GEMM at N = 64 and 256 over their tiles;
    the whole MoE block (router, routing, experts) replayed from a CUDA graph, GEMV path on and
@@ -30,14 +29,14 @@ sys.path.insert(0, str(ROOT / "benchmark"))
 
 from gpu_fp8_check import SHAPES, graph_time_ms  # noqa: E402
 
-from sgl_kernel_ext.gemm import fp8_gemv_triton as gemv_mod  # noqa: E402
-from sgl_kernel_ext.gemm.fp8_block_triton import fp8_linear_triton  # noqa: E402
-from sgl_kernel_ext.gemm.fp8_reference import quantize_weight_blocks  # noqa: E402
+from sgl_kernel_ext.gemm import fp8_block_triton as block_mod  # noqa: E402
+from sgl_kernel_ext.gemm.fp8_reference import FP8_MAX, MIN_SCALE, fp8_linear_reference, quantize_weight_blocks  # noqa: E402
 from sgl_kernel_ext.moe import fused_moe_gemv as moe_gemv  # noqa: E402
 from sgl_kernel_ext.moe import fused_moe_triton as moe_grouped  # noqa: E402
 from sgl_kernel_ext.moe.align import align_to_blocks  # noqa: E402
 from sgl_kernel_ext.triton_launch import launch  # noqa: E402
 from sglang.srt.layers.moe.sparse_block import SparseMoeBlock  # noqa: E402
+from sglang.srt.layers.quantization import fp8_gemm  # noqa: E402
 from sglang.srt.layers.moe.topk import TopKConfig  # noqa: E402
 
 BLOCK = (128, 128)
@@ -48,76 +47,60 @@ def emit(record: dict) -> None:
     print(json.dumps(record), flush=True)
 
 
-def _gemv_call(x, codes, scale, bn, bk, warps, stages):
+def _quantizing_call(x, codes, scale, bm, bn, warps, stages):
     m, k = x.shape
     n = codes.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    rows = triton.next_power_of_2(m)
 
     def call():
-        launch(gemv_mod._fp8_gemv_kernel, (triton.cdiv(n, bn),), x, codes, scale, out, m, n, k, x.stride(0),
-               codes.stride(0), scale.stride(0), out.stride(0), SCALE_N=BLOCK[0], SCALE_K=BLOCK[1], ROWS=rows,
-               BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+        launch(block_mod._fp8_block_matmul_kernel, (triton.cdiv(m, bm), triton.cdiv(n, bn)), x, x, codes, scale, out,
+               out, m, n, k, x.stride(0), 0, codes.stride(0), scale.stride(0), out.stride(0), SCALE_N=BLOCK[0],
+               SCALE_K=BLOCK[1], HAS_BIAS=False, QUANTIZE_A=True, FMAX=FP8_MAX, SMIN=MIN_SCALE, BLOCK_M=bm,
+               BLOCK_N=bn, BLOCK_K=128, num_warps=warps, num_stages=stages)
         return out
 
     return call
 
 
 def fp8_sweep() -> dict:
+    """Qwen3-8B's four linears per M: bf16, the two-launch W8A8 kernel, the quantising one at
+    its default tiles and over a tile sweep, and (M >= 16) block-wise torch._scaled_mm."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     weights = {}
     for name, (n, k) in SHAPES.items():
         w = torch.randn(n, k, generator=gen, device="cuda") * 0.02
         weights[name] = (w.to(torch.bfloat16),) + quantize_weight_blocks(w, BLOCK)
-    configs = list(itertools.product((8, 16, 32), (64, 128), (2, 4, 8), (3, 4)))
+    weight_bytes = sum(c.numel() for _, c, _ in weights.values())
     summary = {}
-    for m in (1, 2, 4, 8):
-        totals = {"bf16": 0.0, "w8a8_block": 0.0, "gemv_default": 0.0}
+    for m in (1, 4, 16, 64, 256):
+        configs = list(itertools.product((16,) if m <= 16 else (32, 64), (16, 32, 64, 128), (2, 4, 8), (3, 4, 5)))
+        totals = {"bf16": 0.0, "w8a8_two_launch": 0.0, "w8a8_quantizing": 0.0, "scaled_mm_blockwise": 0.0}
         per_config = {c: 0.0 for c in configs}
+        errors = {}
         for name, (bf16, codes, scale) in weights.items():
             x = torch.randn(m, codes.shape[1], generator=gen, device="cuda").to(torch.bfloat16)
-            ref = gemv_mod.fp8_gemv_reference(x, codes, scale, BLOCK).float()
-            got = gemv_mod.fp8_gemv(x, codes, scale, BLOCK).float()
-            err = ((got - ref).abs().max() / ref.abs().max()).item()
-            record = {"part": "fp8", "shape": name, "M": m, "gemv_rel_err": err,
-                      "bf16_ms": graph_time_ms(lambda: F.linear(x, bf16)),
-                      "w8a8_block_ms": graph_time_ms(lambda: fp8_linear_triton(x, codes, scale, BLOCK)),
-                      "gemv_default_ms": graph_time_ms(lambda: gemv_mod.fp8_gemv(x, codes, scale, BLOCK))}
+            ref = fp8_linear_reference(x, codes, scale, BLOCK, 128).float()
+            two = lambda: block_mod.fp8_block_matmul(*block_mod.quantize_rows_fp8(x, 128), codes, scale, BLOCK,  # noqa: E731
+                                                     x.dtype)
+            fns = {"bf16": lambda: F.linear(x, bf16), "w8a8_two_launch": two,
+                   "w8a8_quantizing": lambda: block_mod.fp8_matmul_quantizing(x, codes, scale, BLOCK),
+                   "scaled_mm_blockwise": lambda: fp8_gemm.scaled_mm_blockwise(x, codes, scale)}
+            for key, fn in fns.items():
+                if key != "bf16":
+                    errors[f"{name}_{key}"] = ((fn().float() - ref).abs().max() / ref.abs().max()).item()
+                totals[key] += graph_time_ms(fn)
             for c in configs:
                 try:
-                    per_config[c] += graph_time_ms(_gemv_call(x, codes, scale, *c), iters=20, reps=3)
+                    per_config[c] += graph_time_ms(_quantizing_call(x, codes, scale, *c), iters=20, reps=3)
                 except Exception:  # noqa: BLE001  (a tile that does not compile or fit is left out)
                     per_config[c] = float("inf")
-            for key in totals:
-                totals[key] += record[f"{key}_ms"]
-            record["gemv_default_GBps"] = codes.numel() / record["gemv_default_ms"] / 1e6
-            emit(record)
         best = min(per_config, key=per_config.get)
-        weight_bytes = sum(c.numel() for _, c, _ in weights.values())
-        summary[m] = {**{f"{k}_ms": v for k, v in totals.items()}, "best_config": best,
-                      "best_ms": per_config[best], "best_GBps": weight_bytes / per_config[best] / 1e6}
+        summary[m] = {**{f"{key}_ms": v for key, v in totals.items()}, "max_rel_err": max(errors.values()),
+                      "rel_errs": errors, "best_quantizing_tiles": best, "best_ms": per_config[best],
+                      "best_GBps": weight_bytes / per_config[best] / 1e6,
+                      "bf16_GBps": 2 * weight_bytes / totals["bf16"] / 1e6}
         emit({"part": "fp8_total", "M": m, **summary[m]})
-    summary["scaled_mm_blockwise"] = _try_scaled_mm_blockwise(weights["o"][1], weights["o"][2])
     return summary
-
-
-def _try_scaled_mm_blockwise(codes: torch.Tensor, scale: torch.Tensor) -> dict:
-    """torch._scaled_mm with activation scales per 1x128 and weight scales per 128x128 block."""
-    out = {}
-    for m in (16, 64, 256):
-        x = torch.randn(m, codes.shape[1], device="cuda").to(torch.bfloat16)
-        from sgl_kernel_ext.gemm.fp8_block_triton import quantize_rows_fp8
-
-        a, a_scale = quantize_rows_fp8(x, 128)
-        try:
-            fn = lambda: torch._scaled_mm(a, codes.t(), scale_a=a_scale.t().contiguous().t(),  # noqa: E731
-                                          scale_b=scale.t(), out_dtype=torch.bfloat16)
-            fn()
-            out[m] = {"ms": graph_time_ms(fn), "triton_ms": graph_time_ms(lambda: fp8_linear_triton(x, codes, scale, BLOCK))}
-        except Exception as exc:  # noqa: BLE001  (reported, not used)
-            out[m] = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-    emit({"part": "scaled_mm_blockwise", **{str(k): v for k, v in out.items()}})
-    return out
 
 
 def _moe_inputs(n: int, gen: torch.Generator):
@@ -229,13 +212,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("/tmp/gpu_sweep_out"))
     p.add_argument("--only", choices=("fp8", "moe"))
+    p.add_argument("--no-moe-sweep", action="store_true", help="moe: only the block times and profile")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"device": torch.cuda.get_device_name()}
     if args.only in (None, "fp8"):
         result["fp8"] = fp8_sweep()
     if args.only in (None, "moe"):
-        result["moe"] = moe_sweep()
+        result["moe"] = {"block": moe_block_times()} if args.no_moe_sweep else moe_sweep()
     (args.out / "gpu_kernel_sweep.json").write_text(json.dumps(result, indent=1, default=str))
 
 

@@ -24,6 +24,25 @@ def padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
     return -(-rows // block_m) * block_m
 
 
+# Pairs x buckets up to which a pair's rank within its expert comes from a one-hot running
+# count (a few elementwise launches) rather than a stable sort (one slow radix sort launch).
+ONE_HOT_MAX_ELEMENTS = 1 << 22
+
+
+def _rank_within_expert(key: torch.Tensor, counts: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """key [P] bucket per pair (E: foreign) -> [P] how many earlier pairs share its bucket."""
+    num_pairs = key.shape[0]
+    if num_pairs * (num_experts + 1) <= ONE_HOT_MAX_ELEMENTS:
+        one_hot = torch.zeros(num_pairs, num_experts + 1, dtype=torch.int32, device=key.device)  # [P, E + 1]
+        one_hot.scatter_(1, key.unsqueeze(1), 1)
+        return one_hot.cumsum(0, dtype=torch.int32).gather(1, key.unsqueeze(1)).squeeze(1).long() - 1
+    order = torch.argsort(key, stable=True)  # [P] pairs grouped by bucket
+    first_of_key = torch.cumsum(counts, 0) - counts  # [E + 1] unpadded start of each bucket
+    rank = torch.empty_like(key)
+    rank[order] = torch.arange(num_pairs, device=key.device) - first_of_key[key[order]]
+    return rank
+
+
 def align_to_blocks(local_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertBlocks:
     """local_ids [N, k] (ids outside [0, E) are another rank's experts: left out) -> ExpertBlocks.
     Within an expert the pairs keep their (token, slot) order."""
@@ -35,15 +54,12 @@ def align_to_blocks(local_ids: torch.Tensor, num_experts: int, block_m: int) -> 
     padded = (counts[:num_experts] + block_m - 1) // block_m * block_m  # [E]
     run_ends = torch.cumsum(padded, 0)  # [E]
     run_starts = run_ends - padded
-    order = torch.argsort(key, stable=True)  # [N k] pairs grouped by expert
-    sorted_key = key[order]
-    first_of_key = torch.cumsum(counts, 0) - counts  # [E + 1] unpadded start of each bucket
-    rank_in_run = torch.arange(num_pairs, device=device) - first_of_key[sorted_key]
     rows = padded_rows(num_pairs, num_experts, block_m)
+    rank_in_run = _rank_within_expert(key, counts, num_experts)  # [N k]
     # Foreign pairs go to a dump slot past the layout.
-    dest = torch.where(sorted_key < num_experts, run_starts[sorted_key.clamp(max=num_experts - 1)] + rank_in_run, rows)
+    dest = torch.where(key < num_experts, run_starts[key.clamp(max=num_experts - 1)] + rank_in_run, rows)
     sorted_pairs = torch.full((rows + 1,), num_pairs, dtype=torch.int32, device=device)
-    sorted_pairs.scatter_(0, dest, order.to(torch.int32))
+    sorted_pairs.scatter_(0, dest, torch.arange(num_pairs, dtype=torch.int32, device=device))
     block_starts = torch.arange(0, rows, block_m, device=device)  # [P / BLOCK_M]
     block_expert = torch.searchsorted(run_ends, block_starts, right=True).to(torch.int32)
     return ExpertBlocks(sorted_pairs[:rows], block_expert)

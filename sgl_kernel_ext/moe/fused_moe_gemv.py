@@ -24,8 +24,10 @@ from sgl_kernel_ext.triton_launch import launch
 
 # (token, slot) pairs up to which the GEMV path serves a batch.
 GEMV_MAX_PAIRS = 64
-BLOCK_N = 32
-BLOCK_K = 128
+# Tiles measured on the H100 at Qwen3-30B-A3B's shapes (docs/gpu_engine.md): narrow column
+# blocks for many programs in flight, a longer K tile where a handful of pairs leaves few.
+BLOCK_N = 16
+BLOCK_K_FEW, FEW_PAIRS, BLOCK_K_MANY = 256, 8, 128
 
 
 @triton.jit
@@ -115,11 +117,10 @@ def fused_experts_gemv(
         return out
     ids = local_ids.reshape(-1).to(torch.int32).contiguous()  # [N k]
     act = torch.empty(n * k, inter, dtype=x.dtype, device=x.device)  # [N k, I]; foreign pairs' rows unread
+    tiles = dict(BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K_FEW if n * k <= FEW_PAIRS else BLOCK_K_MANY, num_warps=8, num_stages=2)
     launch(_gate_up_gemv_kernel, (n * k, triton.cdiv(inter, BLOCK_N)), x, w13, act, ids,
-           k, num_experts, hidden, inter, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-           BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=4, num_stages=3)
+           k, num_experts, hidden, inter, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0), **tiles)
     weights = topk_weights.reshape(-1).float().contiguous()  # [N k]
     launch(_down_gemv_kernel, (n, triton.cdiv(hidden, BLOCK_N)), act, w2, out, weights, ids,
-           k, num_experts, hidden, inter, act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
-           BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=4, num_stages=3)
+           k, num_experts, hidden, inter, act.stride(0), w2.stride(0), w2.stride(1), out.stride(0), **tiles)
     return out

@@ -19,7 +19,13 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from sgl_kernel_ext.gemm.fp8_block_triton import GROUP, fp8_block_matmul, fp8_linear_triton, quantize_rows_fp8  # noqa: E402
+from sgl_kernel_ext.gemm.fp8_block_triton import (  # noqa: E402
+    GROUP,
+    fp8_block_matmul,
+    fp8_linear_triton,
+    fp8_matmul_quantizing,
+    quantize_rows_fp8,
+)
 from sgl_kernel_ext.gemm.fp8_reference import (  # noqa: E402
     FP8_DTYPE,
     FP8_MAX,
@@ -29,6 +35,7 @@ from sgl_kernel_ext.gemm.fp8_reference import (  # noqa: E402
     quantize_weight_blocks,
     quantize_weight_rows,
 )
+from sglang.srt.layers.quantization import fp8_gemm  # noqa: E402
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRETED else "cuda"
@@ -107,5 +114,30 @@ def test_triton_linear_matches_reference_on_random_inputs(rows):
     x = _randn(rows, 1024, seed=8).to(DEVICE, torch.bfloat16)
     codes, scale = quantize_weight_blocks(_randn(768, 1024, seed=9).to(DEVICE), BLOCK)
     out = fp8_linear_triton(x, codes, scale, BLOCK)
+    expected = fp8_linear_reference(x, codes, scale, BLOCK, GROUP)
+    torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 40])
+@pytest.mark.parametrize("block", [BLOCK, (1, 384)])
+def test_quantizing_matmul_equals_the_two_launches(rows, block):
+    """fp8_matmul_quantizing quantises the rows inside the matmul with quantize_rows_fp8's
+    numbers: the same output, bit for bit, as quantize_rows_fp8 then fp8_block_matmul."""
+    x, w = _randn(rows, 300, seed=10), _randn(200, 300, seed=11)
+    codes, scale = quantize_weight_blocks(w, block) if block == BLOCK else quantize_weight_rows(w)
+    scale = scale if block == BLOCK else scale.view(-1, 1)
+    x, codes, scale = x.to(DEVICE), codes.to(DEVICE), scale.to(DEVICE)
+    x_codes, x_scales = quantize_rows_fp8(x, GROUP)
+    two = fp8_block_matmul(x_codes, x_scales, codes, scale, block, torch.float32)
+    assert torch.equal(fp8_matmul_quantizing(x, codes, scale, block), two)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(INTERPRETED, reason="torch._scaled_mm runs on CUDA only")
+@pytest.mark.parametrize("rows", [65, 256])
+def test_blockwise_scaled_mm_matches_reference(rows):
+    x = _randn(rows, 1024, seed=12).to(DEVICE, torch.bfloat16)
+    codes, scale = quantize_weight_blocks(_randn(768, 1024, seed=13).to(DEVICE), BLOCK)
+    out = fp8_gemm.scaled_mm_blockwise(x, codes, scale)
     expected = fp8_linear_reference(x, codes, scale, BLOCK, GROUP)
     torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)

@@ -78,3 +78,18 @@ def test_alignment_groups_pairs_by_expert_in_padded_blocks() -> None:
     # Experts 0, 1, 2 own one block each, in order; pair 4 (token 2, expert 5) is left out.
     assert experts[:3] == [0, 1, 2] and all(e == 4 for e in experts[3:])
     assert pairs[:4] == [1, 6, 6, 6] and pairs[4:8] == [3, 6, 6, 6] and pairs[8:12] == [0, 2, 5, 6]
+
+
+def test_alignment_by_running_count_equals_the_stable_sort(monkeypatch) -> None:
+    """The one-hot running count and the stable sort give a pair the same rank in its expert."""
+    from sgl_kernel_ext.moe import align
+
+    g = torch.Generator().manual_seed(0)
+    for pairs, experts, block_m in ((6, 4, 4), (512, 128, 16), (300, 8, 32)):
+        ids = torch.randint(-2, experts + 3, (pairs // 2, 2), generator=g).to(torch.int32).to(DEVICE)
+        counted = align.align_to_blocks(ids, experts, block_m)
+        monkeypatch.setattr(align, "ONE_HOT_MAX_ELEMENTS", 0)
+        sorted_ = align.align_to_blocks(ids, experts, block_m)
+        monkeypatch.undo()
+        assert torch.equal(counted.sorted_pairs, sorted_.sorted_pairs)
+        assert torch.equal(counted.block_expert, sorted_.block_expert)

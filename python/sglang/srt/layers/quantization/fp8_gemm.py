@@ -1,15 +1,15 @@
 """FP8 W8A8 GEMMs on CUDA, and the rule that picks one for a layer and a row count.
 
-Three kernels:
-- torch._scaled_mm (cuBLAS / CUTLASS) with row-wise scales: activations per token, the weight
-  per output channel. It takes only such scales.
+Two kernels:
+- torch._scaled_mm (cuBLAS / CUTLASS) with row-wise scales (activations per token, the weight
+  per output channel) or block-wise ones (activations per token and group of 128 columns, the
+  weight per 128x128 block);
 - the Triton kernel of sgl_kernel_ext/gemm/fp8_block_triton.py: activations per token and
-  group of 128 columns, weight scales per 128x128 block or per output channel;
-- the W8A16 GEMV of sgl_kernel_ext/gemm/fp8_gemv_triton.py for decode-sized batches (up to
-  GEMV_MAX_ROWS rows, no static input scale): the rows stay unquantised.
+  group of 128 columns, weight scales per 128x128 block or per output channel.
 
-The rule (docs/models.md, "Quantisation"): block-scaled weights run the Triton kernel, the only
-one that takes their scales. Per-channel (and per-tensor) weights run the Triton kernel up to
+The rule (docs/models.md, "Quantisation"): block-scaled weights run the Triton kernel below
+BLOCKWISE_SCALED_MM_MIN_ROWS rows and torch._scaled_mm from there on. Per-channel (and
+per-tensor) weights run the Triton kernel up to
 ROWWISE_TRITON_MAX_ROWS rows and torch._scaled_mm above, or the Triton kernel where
 _scaled_mm cannot take the shape (K or N not a multiple of 16) or the model is not bf16. benchmark/gpu_fp8_check.py
 times both on Qwen3-8B's shapes and reports the threshold its measurements give.
@@ -26,6 +26,9 @@ from sgl_kernel_ext.gemm.fp8_reference import FP8_DTYPE, FP8_MAX, GROUP
 # Per-channel FP8 weights: batches of at most this many rows go to the Triton kernel, larger
 # ones to torch._scaled_mm (0: always _scaled_mm where the shape allows).
 ROWWISE_TRITON_MAX_ROWS = 0
+# Block-scaled weights: batches of at least this many rows go to torch._scaled_mm's block-wise
+# scaling (cuBLAS), smaller ones to the Triton kernel.
+BLOCKWISE_SCALED_MM_MIN_ROWS = 65
 # torch._scaled_mm's operands: K and N multiples of 16; M is padded to a multiple of 16.
 SCALED_MM_MULTIPLE = 16
 
@@ -72,19 +75,6 @@ def scaled_mm_rowwise(
     return out[:m]
 
 
-def fp8_gemv_applies(x: torch.Tensor, scale_block: tuple[int, int]) -> bool:
-    from sgl_kernel_ext.gemm.fp8_gemv_triton import fp8_gemv_applies as applies
-
-    return applies(x, scale_block)
-
-
-def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, scale_block: tuple[int, int]) -> torch.Tensor:
-    """x [M, K] (a few rows) -> [M, N] in x's dtype: the W8A16 GEMV of sgl_kernel_ext/gemm/fp8_gemv_triton.py."""
-    from sgl_kernel_ext.gemm.fp8_gemv_triton import fp8_gemv as gemv
-
-    return gemv(x, weight, weight_scale, scale_block)
-
-
 def triton_fp8_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -94,7 +84,29 @@ def triton_fp8_linear(
 ) -> torch.Tensor:
     """x [M, K] -> [M, N] in x's dtype through the Triton kernel (weight_scale [ceil(N / bn),
     ceil(K / bk)] for scale_block (bn, bk))."""
-    from sgl_kernel_ext.gemm.fp8_block_triton import fp8_block_matmul
+    from sgl_kernel_ext.gemm.fp8_block_triton import FUSED_QUANT_MAX_ROWS, fp8_block_matmul, fp8_matmul_quantizing
 
+    if input_scale is None and x.shape[0] <= FUSED_QUANT_MAX_ROWS:
+        return fp8_matmul_quantizing(x, weight, weight_scale, scale_block)
     codes, scales = quantize_input(x, GROUP, x.shape[0], input_scale)
     return fp8_block_matmul(codes, scales, weight, weight_scale, scale_block, x.dtype)
+
+
+def scaled_mm_blockwise_applies(m: int, n: int, k: int, scale_block: tuple[int, int], dtype: torch.dtype) -> bool:
+    """torch._scaled_mm with 1x128 activation and 128x128 weight scales: bf16 models, batches
+    above BLOCKWISE_SCALED_MM_MIN_ROWS rows, N and K multiples of 128."""
+    return (m >= BLOCKWISE_SCALED_MM_MIN_ROWS and tuple(scale_block) == (GROUP, GROUP) and dtype == torch.bfloat16
+            and n % GROUP == 0 and k % GROUP == 0)
+
+
+def scaled_mm_blockwise(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """x [M, K] -> [M, N] bf16 through torch._scaled_mm: weight [N, K] fp8 with 128x128 block
+    scales [N / 128, K / 128], activations per token and group of 128 columns."""
+    from sgl_kernel_ext.gemm.fp8_block_triton import quantize_rows_fp8
+
+    m = x.shape[0]
+    padded = -(-m // SCALED_MM_MULTIPLE) * SCALED_MM_MULTIPLE
+    codes, scales = quantize_rows_fp8(x, GROUP, padded)  # [P, K], [P, K / 128]
+    out = torch._scaled_mm(codes, weight.t(), scale_a=scales.t().contiguous().t(), scale_b=weight_scale.t(),
+                           out_dtype=x.dtype)  # [P, N]; cuBLAS takes both scales outer-dimension-major
+    return out[:m]

@@ -17,13 +17,12 @@ import torch
 from torch import nn
 
 from sgl_kernel_ext.gemm.fp8_reference import FP8_DTYPE, GROUP, fp8_linear_reference, quantize_weight_rows
-from sglang.srt.layers.batch_invariant import is_batch_invariant
 from sglang.srt.layers.linear import LinearBase
 from sglang.srt.layers.quantization.base import Fp8Scheme, QuantConfig
 from sglang.srt.layers.quantization.fp8_gemm import (
-    fp8_gemv,
-    fp8_gemv_applies,
     rowwise_backend,
+    scaled_mm_blockwise,
+    scaled_mm_blockwise_applies,
     scaled_mm_rowwise,
     triton_fp8_linear,
 )
@@ -114,9 +113,7 @@ class Fp8LinearMethod:
 
     def apply(self, layer: LinearBase, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         """x [..., K] -> [..., N] in x's dtype. Off CUDA (the tests; the CPU engine refuses FP8)
-        the torch reference computes the W8A8 product. On CUDA a decode-sized batch without a
-        static input scale takes the W8A16 GEMV (outside the batch-invariant mode, where a row's
-        numbers must not depend on how many rows run with it)."""
+        the torch reference computes the same quantised product."""
         rows = x.reshape(-1, x.shape[-1]).contiguous()  # [M, K]; the kernels read unit column strides
         out = self._matmul(layer, rows)  # [M, N]
         if bias is not None:
@@ -132,15 +129,13 @@ class Fp8LinearMethod:
         if not x.is_cuda:
             group = GROUP if backend == "triton" else k
             return fp8_linear_reference(x, layer.weight, scale, block, group, input_scale=input_scale)
-        if block is None:
-            row_scale, row_block = scale.view(-1, 1), (1, math.ceil(k / GROUP) * GROUP)  # per row: one block per row
-        else:
-            row_scale, row_block = scale, block
-        if input_scale is None and not is_batch_invariant() and fp8_gemv_applies(x, row_block):
-            return fp8_gemv(x, layer.weight, row_scale, row_block)
         if backend == "scaled_mm":
             return scaled_mm_rowwise(x, layer.weight, scale, input_scale)
-        return triton_fp8_linear(x, layer.weight, row_scale, row_block, input_scale)
+        if block is not None and input_scale is None and scaled_mm_blockwise_applies(m, n, k, block, x.dtype):
+            return scaled_mm_blockwise(x, layer.weight, scale)
+        if block is None:
+            scale, block = scale.view(-1, 1), (1, math.ceil(k / GROUP) * GROUP)  # per row: one block per row
+        return triton_fp8_linear(x, layer.weight, scale, block, input_scale)
 
 
 def attach_fp8(model: nn.Module, config: QuantConfig) -> int:
