@@ -1,9 +1,9 @@
 """Tile sweeps and a profile of the decode kernels the FP8 and MoE models spend their steps in
 (run through the device tool; prints one JSON line per record and a summary):
 
-1. fp8: Qwen3-8B's linears with 128x128 block-FP8 weights at M = 1, 4, 16, 64, 256: bf16
-   F.linear, the two-launch W8A8 Triton kernel, the quantising one (default tiles and a sweep),
-   block-wise torch._scaled_mm; errors against the reference, achieved GB/s of weight read.
+1. fp8: Qwen3-8B's linears with 128x128 block-FP8 weights at M = 1 ... 256: bf16 F.linear,
+   the W8A8 Triton kernel, block-wise torch._scaled_mm; errors against the reference, achieved
+   GB/s of weight read.
 2. moe: Qwen3-30B-A3B's experts (128 experts, top-8, hidden 2048, intermediate 768) in bf16:
    the GEMV kernels at N = 1 and 8 and the grouped GEMM at N = 64 and 256 over their tiles;
    the whole MoE block (router, routing, experts) replayed from a CUDA graph, GEMV path on and
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "benchmark"))
 from gpu_fp8_check import SHAPES, graph_time_ms  # noqa: E402
 
 from sgl_kernel_ext.gemm import fp8_block_triton as block_mod  # noqa: E402
-from sgl_kernel_ext.gemm.fp8_reference import FP8_MAX, MIN_SCALE, fp8_linear_reference, quantize_weight_blocks  # noqa: E402
+from sgl_kernel_ext.gemm.fp8_reference import fp8_linear_reference, quantize_weight_blocks  # noqa: E402
 from sgl_kernel_ext.moe import fused_moe_gemv as moe_gemv  # noqa: E402
 from sgl_kernel_ext.moe import fused_moe_triton as moe_grouped  # noqa: E402
 from sgl_kernel_ext.moe.align import align_to_blocks  # noqa: E402
@@ -47,24 +47,8 @@ def emit(record: dict) -> None:
     print(json.dumps(record), flush=True)
 
 
-def _quantizing_call(x, codes, scale, bm, bn, warps, stages):
-    m, k = x.shape
-    n = codes.shape[0]
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-
-    def call():
-        launch(block_mod._fp8_block_matmul_kernel, (triton.cdiv(m, bm), triton.cdiv(n, bn)), x, x, codes, scale, out,
-               out, m, n, k, x.stride(0), 0, codes.stride(0), scale.stride(0), out.stride(0), SCALE_N=BLOCK[0],
-               SCALE_K=BLOCK[1], HAS_BIAS=False, QUANTIZE_A=True, FMAX=FP8_MAX, SMIN=MIN_SCALE, BLOCK_M=bm,
-               BLOCK_N=bn, BLOCK_K=128, num_warps=warps, num_stages=stages)
-        return out
-
-    return call
-
-
 def fp8_sweep() -> dict:
-    """Qwen3-8B's four linears per M: bf16, the two-launch W8A8 kernel, the quantising one at
-    its default tiles and over a tile sweep, and (M >= 16) block-wise torch._scaled_mm."""
+    """Qwen3-8B's four linears per M: bf16, the W8A8 Triton kernel, block-wise torch._scaled_mm."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     weights = {}
     for name, (n, k) in SHAPES.items():
@@ -72,32 +56,21 @@ def fp8_sweep() -> dict:
         weights[name] = (w.to(torch.bfloat16),) + quantize_weight_blocks(w, BLOCK)
     weight_bytes = sum(c.numel() for _, c, _ in weights.values())
     summary = {}
-    for m in (1, 4, 16, 64, 256):
-        configs = list(itertools.product((16,) if m <= 16 else (32, 64), (16, 32, 64, 128), (2, 4, 8), (3, 4, 5)))
-        totals = {"bf16": 0.0, "w8a8_two_launch": 0.0, "w8a8_quantizing": 0.0, "scaled_mm_blockwise": 0.0}
-        per_config = {c: 0.0 for c in configs}
+    for m in (1, 4, 16, 17, 64, 256):
+        totals = {"bf16": 0.0, "w8a8_triton": 0.0, "scaled_mm_blockwise": 0.0}
         errors = {}
         for name, (bf16, codes, scale) in weights.items():
             x = torch.randn(m, codes.shape[1], generator=gen, device="cuda").to(torch.bfloat16)
             ref = fp8_linear_reference(x, codes, scale, BLOCK, 128).float()
-            two = lambda: block_mod.fp8_block_matmul(*block_mod.quantize_rows_fp8(x, 128), codes, scale, BLOCK,  # noqa: E731
-                                                     x.dtype)
-            fns = {"bf16": lambda: F.linear(x, bf16), "w8a8_two_launch": two,
-                   "w8a8_quantizing": lambda: block_mod.fp8_matmul_quantizing(x, codes, scale, BLOCK),
+            fns = {"bf16": lambda: F.linear(x, bf16),
+                   "w8a8_triton": lambda: block_mod.fp8_linear_triton(x, codes, scale, BLOCK),
                    "scaled_mm_blockwise": lambda: fp8_gemm.scaled_mm_blockwise(x, codes, scale)}
             for key, fn in fns.items():
                 if key != "bf16":
                     errors[f"{name}_{key}"] = ((fn().float() - ref).abs().max() / ref.abs().max()).item()
                 totals[key] += graph_time_ms(fn)
-            for c in configs:
-                try:
-                    per_config[c] += graph_time_ms(_quantizing_call(x, codes, scale, *c), iters=20, reps=3)
-                except Exception:  # noqa: BLE001  (a tile that does not compile or fit is left out)
-                    per_config[c] = float("inf")
-        best = min(per_config, key=per_config.get)
         summary[m] = {**{f"{key}_ms": v for key, v in totals.items()}, "max_rel_err": max(errors.values()),
-                      "rel_errs": errors, "best_quantizing_tiles": best, "best_ms": per_config[best],
-                      "best_GBps": weight_bytes / per_config[best] / 1e6,
+                      "fp8_GBps": weight_bytes / min(totals["w8a8_triton"], totals["scaled_mm_blockwise"]) / 1e6,
                       "bf16_GBps": 2 * weight_bytes / totals["bf16"] / 1e6}
         emit({"part": "fp8_total", "M": m, **summary[m]})
     return summary

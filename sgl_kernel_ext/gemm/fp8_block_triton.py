@@ -3,8 +3,7 @@ columns, times FP8 weights with block scales (128x128, or one scale per output r
 
 Two launches per linear: `quantize_rows_fp8` (codes and one float32 scale per row and group),
 then `fp8_block_matmul`, which takes one K tile of 128 columns at a time and scales its partial
-product by the tile's activation scale and weight scale before accumulating in float32. Up to
-FUSED_QUANT_MAX_ROWS rows, `fp8_matmul_quantizing` does both in one launch with the same numbers. No
+product by the tile's activation scale and weight scale before accumulating in float32. No
 host synchronisation, so both run inside CUDA graphs. The numbers follow
 fp8_reference.fp8_linear_reference (the tests compare them).
 """
@@ -94,15 +93,10 @@ def _fp8_block_matmul_kernel(
     SCALE_N: tl.constexpr,
     SCALE_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
-    QUANTIZE_A: tl.constexpr,
-    FMAX: tl.constexpr,
-    SMIN: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """QUANTIZE_A: a_ptr holds the unquantised rows and each program quantises its K tiles
-    itself (quantize_rows_fp8's numbers); otherwise a_ptr / a_scale_ptr hold its output."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -114,12 +108,7 @@ def _fp8_block_matmul_kernel(
         k = kt * BLOCK_K + offs_k
         a = tl.load(a_ptr + offs_m[:, None] * stride_a + k[None, :], mask=live_m[:, None] & (k[None, :] < K), other=0.0)
         b = tl.load(b_ptr + offs_n[None, :] * stride_b + k[:, None], mask=live_n[None, :] & (k[:, None] < K), other=0.0)
-        if QUANTIZE_A:
-            x = a.to(tl.float32)  # [BLOCK_M, BLOCK_K]
-            a_s = tl.maximum(tl.max(tl.abs(x), axis=1) / FMAX, SMIN)  # [BLOCK_M]
-            a = tl.minimum(tl.maximum(x / a_s[:, None], -FMAX), FMAX).to(b.dtype)
-        else:
-            a_s = tl.load(a_scale_ptr + offs_m * stride_a_scale + kt, mask=live_m, other=0.0)  # [BLOCK_M]
+        a_s = tl.load(a_scale_ptr + offs_m * stride_a_scale + kt, mask=live_m, other=0.0)  # [BLOCK_M]
         b_s = tl.load(b_scale_ptr + (offs_n // SCALE_N) * stride_b_scale + (kt * BLOCK_K) // SCALE_K,
                       mask=live_n, other=0.0)  # [BLOCK_N]
         acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
@@ -127,11 +116,6 @@ def _fp8_block_matmul_kernel(
         acc += tl.load(bias_ptr + offs_n, mask=live_n, other=0.0).to(tl.float32)[None, :]
     c = c_ptr + offs_m[:, None] * stride_c + offs_n[None, :]
     tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=live_m[:, None] & live_n[None, :])
-
-
-# Rows up to which the matmul quantises the activations itself (one launch, not two): every
-# program re-quantises the rows it reads, cheap for decode-sized batches.
-FUSED_QUANT_MAX_ROWS = 64
 
 
 def _tiles(m: int) -> tuple[int, int, int, int]:
@@ -142,29 +126,6 @@ def _tiles(m: int) -> tuple[int, int, int, int]:
     if m <= 64:
         return 32, 64, 4, 4
     return 64, 128, 8, 3
-
-
-def _matmul(a: torch.Tensor, a_scales: Optional[torch.Tensor], weight: torch.Tensor, weight_scale: torch.Tensor,
-            scale_block: tuple[int, int], out_dtype: torch.dtype, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """a [M, K]: fp8 codes with a_scales [M, ceil(K / 128)], or unquantised rows (a_scales None)."""
-    m, k = a.shape
-    n = weight.shape[0]
-    bn, bk = scale_block
-    if bk % GROUP:
-        raise ValueError(f"fp8_block_matmul needs weight-scale blocks of a multiple of {GROUP} columns, got {bk}.")
-    out = torch.empty((m, n), dtype=out_dtype, device=a.device)  # [M, N]
-    if m == 0 or n == 0:
-        return out
-    block_m, block_n, warps, stages = _tiles(m)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    launch(
-        _fp8_block_matmul_kernel, grid, a, a if a_scales is None else a_scales, weight, weight_scale,
-        out if bias is None else bias, out, m, n, k, a.stride(0), 0 if a_scales is None else a_scales.stride(0),
-        weight.stride(0), weight_scale.stride(0), out.stride(0), SCALE_N=bn, SCALE_K=bk, HAS_BIAS=bias is not None,
-        QUANTIZE_A=a_scales is None, FMAX=FP8_MAX, SMIN=MIN_SCALE, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=GROUP,
-        num_warps=warps, num_stages=stages,
-    )
-    return out
 
 
 def fp8_block_matmul(
@@ -179,19 +140,23 @@ def fp8_block_matmul(
     """codes [M, K] fp8 with scales [M, ceil(K / 128)] (quantize_rows_fp8, group 128), weight
     [N, K] fp8 with weight_scale [ceil(N / bn), ceil(K / bk)] for scale_block (bn, bk), bk a
     multiple of 128 -> [M, N] in out_dtype."""
-    return _matmul(codes, scales, weight, weight_scale, scale_block, out_dtype, bias)
-
-
-def fp8_matmul_quantizing(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    weight_scale: torch.Tensor,
-    scale_block: tuple[int, int],
-    bias: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """fp8_block_matmul(*quantize_rows_fp8(x, 128), ...) in one launch: x [M, K] (unit column
-    stride) -> [M, N] in x's dtype."""
-    return _matmul(x, None, weight, weight_scale, scale_block, x.dtype, bias)
+    m, k = codes.shape
+    n = weight.shape[0]
+    bn, bk = scale_block
+    if bk % GROUP:
+        raise ValueError(f"fp8_block_matmul needs weight-scale blocks of a multiple of {GROUP} columns, got {bk}.")
+    out = torch.empty((m, n), dtype=out_dtype, device=codes.device)  # [M, N]
+    if m == 0 or n == 0:
+        return out
+    block_m, block_n, warps, stages = _tiles(m)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    launch(
+        _fp8_block_matmul_kernel, grid, codes, scales, weight, weight_scale, out if bias is None else bias, out,
+        m, n, k, codes.stride(0), scales.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0),
+        SCALE_N=bn, SCALE_K=bk, HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=GROUP,
+        num_warps=warps, num_stages=stages,
+    )
+    return out
 
 
 def fp8_linear_triton(
@@ -203,8 +168,6 @@ def fp8_linear_triton(
 ) -> torch.Tensor:
     """x [M, K] -> x W^T (+ bias) [M, N] in x's dtype; W = fp8 weight [N, K] x weight_scale
     in blocks of scale_block (per output row: (1, K rounded up to 128))."""
-    if x.shape[0] <= FUSED_QUANT_MAX_ROWS:
-        return fp8_matmul_quantizing(x, weight, weight_scale, scale_block, bias)
     codes, scales = quantize_rows_fp8(x, GROUP)
     return fp8_block_matmul(codes, scales, weight, weight_scale, scale_block, x.dtype, bias)
 

@@ -33,9 +33,9 @@ def _rank_within_expert(key: torch.Tensor, counts: torch.Tensor, num_experts: in
     """key [P] bucket per pair (E: foreign) -> [P] how many earlier pairs share its bucket."""
     num_pairs = key.shape[0]
     if num_pairs * (num_experts + 1) <= ONE_HOT_MAX_ELEMENTS:
-        one_hot = torch.zeros(num_pairs, num_experts + 1, dtype=torch.int32, device=key.device)  # [P, E + 1]
-        one_hot.scatter_(1, key.unsqueeze(1), 1)
-        return one_hot.cumsum(0, dtype=torch.int32).gather(1, key.unsqueeze(1)).squeeze(1).long() - 1
+        one_hot = torch.zeros(num_experts + 1, num_pairs, dtype=torch.int32, device=key.device)  # [E + 1, P]
+        one_hot.scatter_(0, key.unsqueeze(0), 1)
+        return one_hot.cumsum(1, dtype=torch.int32).gather(0, key.unsqueeze(0)).squeeze(0).long() - 1
     order = torch.argsort(key, stable=True)  # [P] pairs grouped by bucket
     first_of_key = torch.cumsum(counts, 0) - counts  # [E + 1] unpadded start of each bucket
     rank = torch.empty_like(key)

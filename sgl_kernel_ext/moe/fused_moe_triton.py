@@ -105,17 +105,22 @@ def fused_experts_triton_applies(x: torch.Tensor, w13: torch.Tensor) -> bool:
     return x.is_cuda and x.dtype in DTYPES and w13.dtype == x.dtype and x.dim() == 2 and x.stride(1) == 1
 
 
-def block_config(num_pairs: int, num_experts: int, batch_invariant: bool = False) -> dict:
+def block_config(num_pairs: int, num_experts: int, dtype: torch.dtype, batch_invariant: bool = False) -> dict:
     """Tiles by the pairs an expert receives on average: BLOCK_M near that count, so that an
     expert's weights are read by as few blocks as possible without padding most rows (tiles
-    measured on the H100 at Qwen3-30B-A3B's shapes, docs/gpu_engine.md); one fixed tile when
-    batch_invariant, so that a row's sums never depend on the batch."""
+    measured on the H100 at Qwen3-30B-A3B's shapes in bf16, docs/gpu_engine.md; float32 halves
+    the K tile to stay in shared memory); one fixed tile when batch_invariant, so that a row's
+    sums never depend on the batch."""
     per_expert = num_pairs / max(num_experts, 1)
     if batch_invariant or per_expert < 16:
-        return dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3)
-    if per_expert < 64:
-        return dict(BLOCK_M=32, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3)
-    return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
+        block_m, block_k = 16, 128
+    elif per_expert < 64:
+        block_m, block_k = 32, 128
+    else:
+        block_m, block_k = 64, 64
+    if dtype == torch.float32:
+        block_k //= 2
+    return dict(BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=block_k, num_warps=8, num_stages=3)
 
 
 def fused_experts_triton(
@@ -134,7 +139,7 @@ def fused_experts_triton(
     w13, w2 = w13.contiguous(), w2.contiguous()
     if fused_experts_gemv_applies(num_pairs, batch_invariant):
         return fused_experts_gemv(x, w13, w2, topk_weights, local_ids)
-    cfg = block_config(num_pairs, num_experts, batch_invariant)
+    cfg = block_config(num_pairs, num_experts, x.dtype, batch_invariant)
     blocks = align_to_blocks(local_ids, num_experts, cfg["BLOCK_M"])
     flags = dot_flags(x.dtype)
     act = torch.empty(num_pairs, inter, dtype=x.dtype, device=x.device)  # [N k, I]

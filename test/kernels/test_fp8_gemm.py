@@ -23,7 +23,6 @@ from sgl_kernel_ext.gemm.fp8_block_triton import (  # noqa: E402
     GROUP,
     fp8_block_matmul,
     fp8_linear_triton,
-    fp8_matmul_quantizing,
     quantize_rows_fp8,
 )
 from sgl_kernel_ext.gemm.fp8_reference import (  # noqa: E402
@@ -118,23 +117,9 @@ def test_triton_linear_matches_reference_on_random_inputs(rows):
     torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("rows", [1, 5, 40])
-@pytest.mark.parametrize("block", [BLOCK, (1, 384)])
-def test_quantizing_matmul_equals_the_two_launches(rows, block):
-    """fp8_matmul_quantizing quantises the rows inside the matmul with quantize_rows_fp8's
-    numbers: the same output, bit for bit, as quantize_rows_fp8 then fp8_block_matmul."""
-    x, w = _randn(rows, 300, seed=10), _randn(200, 300, seed=11)
-    codes, scale = quantize_weight_blocks(w, block) if block == BLOCK else quantize_weight_rows(w)
-    scale = scale if block == BLOCK else scale.view(-1, 1)
-    x, codes, scale = x.to(DEVICE), codes.to(DEVICE), scale.to(DEVICE)
-    x_codes, x_scales = quantize_rows_fp8(x, GROUP)
-    two = fp8_block_matmul(x_codes, x_scales, codes, scale, block, torch.float32)
-    assert torch.equal(fp8_matmul_quantizing(x, codes, scale, block), two)
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(INTERPRETED, reason="torch._scaled_mm runs on CUDA only")
-@pytest.mark.parametrize("rows", [65, 256])
+@pytest.mark.parametrize("rows", [17, 256])
 def test_blockwise_scaled_mm_matches_reference(rows):
     x = _randn(rows, 1024, seed=12).to(DEVICE, torch.bfloat16)
     codes, scale = quantize_weight_blocks(_randn(768, 1024, seed=13).to(DEVICE), BLOCK)

@@ -28,7 +28,7 @@ from sgl_kernel_ext.gemm.fp8_reference import FP8_DTYPE, FP8_MAX, GROUP
 ROWWISE_TRITON_MAX_ROWS = 0
 # Block-scaled weights: batches of at least this many rows go to torch._scaled_mm's block-wise
 # scaling (cuBLAS), smaller ones to the Triton kernel.
-BLOCKWISE_SCALED_MM_MIN_ROWS = 65
+BLOCKWISE_SCALED_MM_MIN_ROWS = 17
 # torch._scaled_mm's operands: K and N multiples of 16; M is padded to a multiple of 16.
 SCALED_MM_MULTIPLE = 16
 
@@ -84,17 +84,15 @@ def triton_fp8_linear(
 ) -> torch.Tensor:
     """x [M, K] -> [M, N] in x's dtype through the Triton kernel (weight_scale [ceil(N / bn),
     ceil(K / bk)] for scale_block (bn, bk))."""
-    from sgl_kernel_ext.gemm.fp8_block_triton import FUSED_QUANT_MAX_ROWS, fp8_block_matmul, fp8_matmul_quantizing
+    from sgl_kernel_ext.gemm.fp8_block_triton import fp8_block_matmul
 
-    if input_scale is None and x.shape[0] <= FUSED_QUANT_MAX_ROWS:
-        return fp8_matmul_quantizing(x, weight, weight_scale, scale_block)
     codes, scales = quantize_input(x, GROUP, x.shape[0], input_scale)
     return fp8_block_matmul(codes, scales, weight, weight_scale, scale_block, x.dtype)
 
 
 def scaled_mm_blockwise_applies(m: int, n: int, k: int, scale_block: tuple[int, int], dtype: torch.dtype) -> bool:
     """torch._scaled_mm with 1x128 activation and 128x128 weight scales: bf16 models, batches
-    above BLOCKWISE_SCALED_MM_MIN_ROWS rows, N and K multiples of 128."""
+    of at least BLOCKWISE_SCALED_MM_MIN_ROWS rows, N and K multiples of 128."""
     return (m >= BLOCKWISE_SCALED_MM_MIN_ROWS and tuple(scale_block) == (GROUP, GROUP) and dtype == torch.bfloat16
             and n % GROUP == 0 and k % GROUP == 0)
 
