@@ -20,8 +20,8 @@ The GPU sibling of benchmark/bench_serving.py. On a random-weight Qwen3-0.6B-sha
 - weight_read_floor: parameter bytes / measured device-to-device copy bandwidth = the shortest
   possible decode step (every weight read once) -> ms per step and tok/s at N = 1. For a
   mixture-of-experts checkpoint (--preset qwen3-30b-a3b) the bytes are the active weights of one token:
-  each MoE layer's experts count num_experts_per_tok / num_experts of their size.
-  possible decode step (every weight read once) -> ms per step and tok/s at N = 1.
+  each MoE layer's experts count num_experts_per_tok / num_experts of their size. With --tp-size T
+  each GPU reads 1/T of the bytes: the floor is the per-GPU one.
 - ours_fp8 / ours_fp8_online (when named in --systems): our server on the block-FP8 twin of the
   checkpoint (random_checkpoint.py --fp8-block; the bf16 checkpoint is then its dequantised twin,
   so every system serves the same model), and on the bf16 checkpoint with --quantization fp8.
@@ -528,13 +528,14 @@ def active_param_count(folder: str) -> int:
 def floor_record(ctx: "Context") -> dict[str, Any]:
     params = active_param_count(ctx.ckpt)
     weight_bytes = params * ctx.dtype.itemsize
+    tp = ctx.args.tp_size  # each rank reads its 1/tp of the weights, all ranks at once
     bandwidth = copy_bandwidth(ctx.device, (1 << 30) if ctx.device == "cuda" else (128 << 20))
-    step_s = weight_bytes / bandwidth
-    print(f"  weight_read_floor: {params / 1e6:,.1f} M params x {ctx.dtype.itemsize} B / {bandwidth / 1e9:,.0f} GB/s copy "
-          f"= {1e3 * step_s:.3f} ms per step -> {1 / step_s:,.0f} tok/s at N=1", flush=True)
+    step_s = weight_bytes / tp / bandwidth
+    print(f"  weight_read_floor: {params / 1e6:,.1f} M params x {ctx.dtype.itemsize} B / {tp} GPU(s) / "
+          f"{bandwidth / 1e9:,.0f} GB/s copy = {1e3 * step_s:.3f} ms per step -> {1 / step_s:,.0f} tok/s at N=1", flush=True)
     return {**base_record(ctx, "weight_read_floor", 1), "output_tok_s": 1 / step_s, "itl_ms": 1e3 * step_s,
-            "rounds": 1, "param_count": params, "weight_bytes": weight_bytes, "copy_bandwidth_GBps": bandwidth / 1e9,
-            "dtype": str(ctx.dtype).removeprefix("torch.")}
+            "rounds": 1, "param_count": params, "weight_bytes": weight_bytes, "per_gpu_weight_bytes": weight_bytes // tp,
+            "copy_bandwidth_GBps": bandwidth / 1e9, "dtype": str(ctx.dtype).removeprefix("torch.")}
 
 
 # ------------------------------------------------------------------------- the run
@@ -896,8 +897,11 @@ def markdown(ctx: Context) -> str:
     if floor and floor["error_count"]:
         lines += ["", f"Weight-read floor: failed: {' '.join(floor['errors'][0].split())[:200]}"]
     if floor and floor.get("output_tok_s"):
-        lines += ["", f"Weight-read floor: {floor['weight_bytes'] / 1e9:.3f} GB of weights / {floor['copy_bandwidth_GBps']:,.0f} GB/s "
-                  f"(device copy) = {floor['itl_ms']:.3f} ms per decode step -> {floor['output_tok_s']:,.0f} tok/s at N=1."]
+        per_gpu = floor.get("per_gpu_weight_bytes", floor["weight_bytes"])
+        gpus = f" ({per_gpu / 1e9:.3f} GB per GPU)" if per_gpu != floor["weight_bytes"] else ""
+        lines += ["", f"Weight-read floor: {floor['weight_bytes'] / 1e9:.3f} GB of weights{gpus} / "
+                  f"{floor['copy_bandwidth_GBps']:,.0f} GB/s (device copy) = {floor['itl_ms']:.3f} ms per decode step -> "
+                  f"{floor['output_tok_s']:,.0f} tok/s at N=1."]
     lines += ["", "| system | N | output tok/s | TTFT median ms | TTFT p90 ms | ITL median ms | ITL p90 ms | requests | warm-up s | errors | notes |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted((r for r in records if r["system"] != "weight_read_floor"), key=lambda r: (SYSTEMS.index(r["system"]), r["N"])):
@@ -1019,7 +1023,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--dummy-weights", action="store_true",
                    help="write only config.json and serve it with --load-format dummy (shapes too large for the disk); "
                    "the floor then counts parameters from the config")
-    p.add_argument("--preset", choices=("qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b", "qwen3-next-80b-a3b"), default="qwen3-0.6b",
+    p.add_argument("--preset", choices=("qwen3-0.6b", "qwen3-8b", "qwen3-30b-a3b", "qwen3-next-80b-a3b", "llama3.1-70b"),
+                   default="qwen3-0.6b",
                    help="the shape of a checkpoint written here (random_checkpoint.py; qwen3-30b-a3b: 128 experts, "
                    "top-8, ~61 GB bf16)")
     p.add_argument("--fp8-checkpoint", type=Path, default=None,

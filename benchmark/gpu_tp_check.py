@@ -16,6 +16,7 @@ tokens agree.
   python benchmark/gpu_tp_check.py --device cuda --out-dir OUT        # two GPUs, NCCL
   python benchmark/gpu_tp_check.py --device cuda --dtype bfloat16     # logprobs within tolerance
   python benchmark/gpu_tp_check.py --device cpu --shape tiny          # the same flow on gloo
+  python benchmark/gpu_tp_check.py --tp-size 4 --shape llama3.1-70b-2layers --graphs-vs-eager  # graphs = eager at TP=4
   python benchmark/gpu_tp_check.py --device cuda --tp-size 1 --dp-size 2 --dtype bfloat16   # two replicas on one GPU
 
 With --dp-size D the server also runs as D data-parallel replicas (of --tp-size ranks each; all
@@ -45,6 +46,9 @@ from sglang.test.server_process import free_port
 SHAPES = {
     "qwen3-0.6b": dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
                        head_dim=128, intermediate_size=3072, vocab_size=151936),
+    # Llama-3.1-70B's layer shape at two layers, with a 32k vocabulary to keep the fp32 file small.
+    "llama3.1-70b-2layers": dict(hidden_size=8192, num_hidden_layers=2, num_attention_heads=64, num_key_value_heads=8,
+                                 head_dim=128, intermediate_size=28672, vocab_size=32000),
     "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  head_dim=32, intermediate_size=256, vocab_size=1024),
 }
@@ -52,13 +56,15 @@ WEIGHT_STD = 0.02
 SEEDED = dict(temperature=0.8, top_p=0.95, top_k=100, min_p=0.01, frequency_penalty=0.3, presence_penalty=0.2,
               repetition_penalty=1.1)
 HEALTH_TIMEOUT_S = 600
+LLAMA_SHAPES = ("llama3.1-70b-2layers",)
 
 
 # ------------------------------------------------------------------ checkpoint and tokenizer
 
 
-def write_checkpoint(folder: str, shape: dict[str, int], dtype: torch.dtype, seed: int = 0) -> None:
-    """config.json + model.safetensors with N(0, WEIGHT_STD) projections and ~1 norms."""
+def write_checkpoint(folder: str, shape: dict[str, int], dtype: torch.dtype, seed: int = 0, llama: bool = False) -> None:
+    """config.json + model.safetensors with N(0, WEIGHT_STD) projections and ~1 norms: a Qwen3
+    (q/k norms, tied embeddings) or, with `llama`, a Llama-3.1 checkpoint (separate LM head)."""
     from safetensors.torch import save_file
 
     h, d, v = shape["hidden_size"], shape["head_dim"], shape["vocab_size"]
@@ -78,14 +84,20 @@ def write_checkpoint(folder: str, shape: dict[str, int], dtype: torch.dtype, see
             p + "input_layernorm.weight": norm(h), p + "post_attention_layernorm.weight": norm(h),
             p + "self_attn.q_proj.weight": randn(q, h), p + "self_attn.k_proj.weight": randn(kv, h),
             p + "self_attn.v_proj.weight": randn(kv, h), p + "self_attn.o_proj.weight": randn(h, q),
-            p + "self_attn.q_norm.weight": norm(d), p + "self_attn.k_norm.weight": norm(d),
             p + "mlp.gate_proj.weight": randn(inter, h), p + "mlp.up_proj.weight": randn(inter, h),
             p + "mlp.down_proj.weight": randn(h, inter),
         }
+        if not llama:
+            tensors |= {p + "self_attn.q_norm.weight": norm(d), p + "self_attn.k_norm.weight": norm(d)}
+    family = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", rope_theta=1000000.0, rms_norm_eps=1e-6,
+                  tie_word_embeddings=True)
+    if llama:
+        tensors["lm_head.weight"] = randn(v, h)
+        family = dict(architectures=["LlamaForCausalLM"], model_type="llama", rope_theta=500000.0, rms_norm_eps=1e-5,
+                      tie_word_embeddings=False)
     save_file(tensors, os.path.join(folder, "model.safetensors"))
-    config = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", max_position_embeddings=4096,
-                  rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, hidden_act="silu",
-                  torch_dtype=str(dtype).removeprefix("torch."), eos_token_id=shape["vocab_size"] - 1, **shape)
+    config = dict(max_position_embeddings=4096, hidden_act="silu", torch_dtype=str(dtype).removeprefix("torch."),
+                  eos_token_id=shape["vocab_size"] - 1, **family, **shape)
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
 
@@ -191,6 +203,8 @@ def main() -> int:
     parser.add_argument("--logprob-tolerance", type=float, default=0.05,
                         help="bfloat16: largest |logprob(TP=1) - logprob(TP=N)| allowed on the common token prefix")
     parser.add_argument("--out-dir", default=None, help="Where server logs and results.json go.")
+    parser.add_argument("--graphs-vs-eager", action="store_true",
+                        help="compare TP=--tp-size with CUDA graphs against TP=--tp-size eager (not against TP=1)")
     args = parser.parse_args()
     out_dir = args.out_dir or tempfile.mkdtemp(prefix="gpu_tp_check_")
     os.makedirs(out_dir, exist_ok=True)
@@ -198,17 +212,21 @@ def main() -> int:
     shape = SHAPES[args.shape]
 
     start = time.perf_counter()
-    write_checkpoint(model, shape, torch.bfloat16 if args.shape == "qwen3-0.6b" else torch.float32)
+    write_checkpoint(model, shape, torch.bfloat16 if args.shape == "qwen3-0.6b" else torch.float32,
+                     llama=args.shape in LLAMA_SHAPES)
     write_tokenizer(model, shape["vocab_size"])
     print(f"checkpoint {args.shape} {shape} written to {model} in {time.perf_counter() - start:.1f} s", flush=True)
 
     exact = args.dtype == "float32"
     bodies, comparable = build_requests(shape["vocab_size"], args.max_new_tokens, logprobs=not exact)
-    runs = {"tp1": (1, [])}
-    if args.tp_size > 1:
+    reference_name = f"tp{args.tp_size}-eager" if args.graphs_vs_eager else "tp1"
+    runs = {reference_name: (args.tp_size, ["--disable-cuda-graph"]) if args.graphs_vs_eager else (1, [])}
+    if args.graphs_vs_eager:
+        runs[f"tp{args.tp_size}-graphs"] = (args.tp_size, [])
+    elif args.tp_size > 1:
         runs[f"tp{args.tp_size}-overlap"] = (args.tp_size, [])
         runs[f"tp{args.tp_size}-no-overlap"] = (args.tp_size, ["--disable-overlap-schedule"])
-    if args.dp_size > 1:
+    if args.dp_size > 1 and not args.graphs_vs_eager:
         share = args.device == "cuda" and torch.cuda.device_count() < args.dp_size * args.tp_size
         runs[f"dp{args.dp_size}-tp{args.tp_size}"] = (
             args.tp_size, ["--dp-size", str(args.dp_size), *(["--gpu-id-step", "0"] if share else [])])
@@ -219,10 +237,10 @@ def main() -> int:
         print(f"{name}: ready in {r['ready_s']} s, {len(bodies)} requests x {args.max_new_tokens} tokens in "
               f"{r['generate_s']} s, server exit code {r['exit_code']}", flush=True)
 
-    reference = results["tp1"]
+    reference = results[reference_name]
     failures = 0
     for name, r in results.items():
-        if name == "tp1":
+        if name == reference_name:
             continue
         for i in range(comparable):
             kind = "greedy" if i < comparable // 2 else "seeded+penalties"
@@ -230,17 +248,17 @@ def main() -> int:
             failures += not ok
             print(f"{name} request {i} ({kind}): {verdict}")
         print(f"{name} unseeded request: {len(r['output_ids'][comparable])} tokens, ranks agreed at every step")
-    print(f"first greedy request, TP=1 tokens: {reference['output_ids'][0][:16]} ...")
+    print(f"first greedy request, {reference_name} tokens: {reference['output_ids'][0][:16]} ...")
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump({"shape": args.shape, "device": args.device, "dtype": args.dtype, "runs": results}, f)
-    what = "outputs equal TP=1" if exact else f"logprobs within {args.logprob_tolerance} of TP=1"
+    what = f"outputs equal {reference_name}" if exact else f"logprobs within {args.logprob_tolerance} of {reference_name}"
     print("RESULT:", f"PASS, {what}" if failures == 0 else f"FAIL, {failures} requests differ")
     return 1 if failures else 0
 
 
 def compare_tokens(reference: dict, run: dict, i: int, tolerance: float) -> tuple[bool, str]:
     ref, got = reference["output_ids"][i], run["output_ids"][i]
-    return ref == got, "== TP=1" if ref == got else f"DIFFERS from TP=1\n  tp1: {ref}\n  tpN: {got}"
+    return ref == got, "== reference" if ref == got else f"DIFFERS from the reference\n  ref: {ref}\n  got: {got}"
 
 
 def compare_logprobs(reference: dict, run: dict, i: int, tolerance: float) -> tuple[bool, str]:

@@ -352,6 +352,8 @@ def write_preset(folder: str, preset: str, tokenizer_dir: Optional[str] = None, 
                  seed: int = 0, device: str = "cpu", fp8_block: bool = False,
                  dequantized_twin: Optional[str] = None) -> None:
     """A random checkpoint of `preset`'s shape in `folder` (MoE presets: bf16 only)."""
+    if preset in CONFIG_ONLY_PRESETS:
+        raise ValueError(f"{preset} is served with dummy weights only (bench_serving_gpu.py --dummy-weights).")
     config = preset_config(preset, layers)
     sparse_writers = {"Qwen3MoeForCausalLM": write_qwen3_moe_checkpoint, "Qwen3NextForCausalLM": write_qwen3_next_checkpoint}
     writer = sparse_writers.get(config["architectures"][0])
@@ -364,7 +366,31 @@ def write_preset(folder: str, preset: str, tokenizer_dir: Optional[str] = None, 
     write_qwen3_checkpoint(folder, tokenizer_dir, seed, device, fp8_block, dequantized_twin, **overrides)
 
 
-PRESETS.update({"qwen3-30b-a3b": QWEN3_30B_A3B, "qwen3-next-80b-a3b": QWEN3_NEXT_80B_A3B})
+# Llama-3.1-70B's config.json values: served with --load-format dummy (140 GB of weights are
+# never written; write_preset refuses it).
+LLAMA31_70B = dict(
+    architectures=["LlamaForCausalLM"],
+    model_type="llama",
+    hidden_size=8192,
+    intermediate_size=28672,
+    num_hidden_layers=80,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    head_dim=128,
+    vocab_size=128256,
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    rope_scaling={"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    tie_word_embeddings=False,
+    hidden_act="silu",
+    torch_dtype="bfloat16",
+    bos_token_id=128000,
+    eos_token_id=128009,
+)
+CONFIG_ONLY_PRESETS = ("llama3.1-70b",)
+PRESETS.update({"qwen3-30b-a3b": QWEN3_30B_A3B, "qwen3-next-80b-a3b": QWEN3_NEXT_80B_A3B, "llama3.1-70b": LLAMA31_70B})
 
 
 def main() -> None:
