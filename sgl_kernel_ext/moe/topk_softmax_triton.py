@@ -41,8 +41,9 @@ def _softmax_topk_kernel(
     chosen_w = tl.zeros((K_PAD,), dtype=tl.float32)
     chosen_id = tl.zeros((K_PAD,), dtype=tl.int32)
     for slot in tl.static_range(TOP_K):
-        best = tl.argmax(p, axis=0, tie_break_left=True)
-        chosen_w = tl.where(slots == slot, tl.max(p, axis=0), chosen_w)
+        top = tl.max(p, axis=0)
+        best = tl.min(tl.where(p == top, experts, BLOCK_E), axis=0)  # the lowest id among ties
+        chosen_w = tl.where(slots == slot, top, chosen_w)
         chosen_id = tl.where(slots == slot, best.to(tl.int32), chosen_id)
         p = tl.where(experts == best, -1.0, p)
     if RENORMALIZE:
