@@ -108,8 +108,7 @@ def test_deepseek_v3_nextn_head_loads(q_lora_folder) -> None:
     nextn = deepseek_nextn_tensors(folder, model.config)
     head = ModelRunner(folder, max_total_tokens=128, max_running_requests=2).model.nextn_heads[0]
     prefix = f"model.layers.{LAYERS}."
-    eh_proj = head.eh_proj.weight  # a CPU linear's weight is packed for oneDNN after loading
-    assert torch.equal(eh_proj.to_dense() if eh_proj.is_mkldnn else eh_proj, nextn[prefix + "eh_proj.weight"])
+    assert torch.equal(head.eh_proj.weight, nextn[prefix + "eh_proj.weight"])
     assert torch.equal(head.shared_head.norm.weight, nextn[prefix + "shared_head.norm.weight"])
     kv_b = nextn[prefix + "self_attn.kv_b_proj.weight"].view(SHAPE["num_attention_heads"], -1, SHAPE["kv_lora_rank"])
     assert torch.equal(head.decoder.self_attn.w_uk, kv_b[:, : SHAPE["qk_nope_head_dim"]])

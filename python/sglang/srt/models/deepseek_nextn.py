@@ -25,12 +25,25 @@ from torch import nn
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.linear import ColumnParallelLinear
+from sglang.srt.layers.linear import default_weight_loader, dense_matmul, make_param
 
 # Checkpoint suffixes of a NextN layer that copy the main model's tensors of the same shape.
 SHARED_WITH_MAIN = {"embed_tokens.weight": "model.embed_tokens.weight", "shared_head.head.weight": "lm_head.weight"}
 _HEAD_OWN = ("enorm.", "hnorm.", "eh_proj.", "shared_head.norm.")
 _LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.*)$")
+
+
+class EhProjection(nn.Module):
+    """eh_proj: [enorm(embedding) | hnorm(hidden)] [N, 2H] -> [N, H], replicated, in the model
+    dtype. Not a LinearBase: DeepSeek-V3's FP8 checkpoints keep this weight unquantised, so FP8
+    attachment must pass it by."""
+
+    def __init__(self, hidden_size: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = make_param((hidden_size, 2 * hidden_size), dtype, default_weight_loader)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dense_matmul(x, self.weight)
 
 
 class DeepseekV3NextNHead(nn.Module):
@@ -41,7 +54,7 @@ class DeepseekV3NextNHead(nn.Module):
         hidden, eps = config.hidden_size, config.rms_norm_eps
         self.enorm = RMSNorm(hidden, eps, params_dtype=dtype)
         self.hnorm = RMSNorm(hidden, eps, params_dtype=dtype)
-        self.eh_proj = ColumnParallelLinear(2 * hidden, hidden, False, params_dtype=dtype)  # replicated
+        self.eh_proj = EhProjection(hidden, dtype)
         self.decoder = decoder
         self.shared_head = nn.Module()
         self.shared_head.norm = RMSNorm(hidden, eps, params_dtype=dtype)
