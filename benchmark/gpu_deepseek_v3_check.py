@@ -3,12 +3,18 @@ against transformers in float32, at the ModelRunner level (run through the devic
 
     python benchmark/gpu_deepseek_v3_check.py --out $OUT      (or: bash benchmark/gpu_engine_check.sh deepseek)
 
-Cases: `tiny` (latent row 96 + 32 = 128 values, so the batch-invariant decode kernel, which needs a
-power-of-two width, runs too) and `v3_attention` (DeepSeek-V3's attention dimensions: q LoRA 1536,
+Cases: `tiny` (latent row 96 + 32 = 128 values) and `v3_attention` (DeepSeek-V3's attention dimensions: q LoRA 1536,
 kv LoRA 512 + rope 64 = 576 values per cached row, 16 heads, YaRN factor 40). Each: four prompts
 (5 to 300 tokens) prefilled in one batch, then 8 decode steps fed transformers' greedy tokens;
 per step, the bf16 log-probabilities of transformers' top-5 tokens against float32 transformers,
 and whether our argmax agrees, with CUDA graphs on, off, and (tiny) in deterministic mode.
+
+The modes split what CUDA graphs add: `graphs` (decode graphs and piecewise prefill graphs),
+`decode_graphs` (decode graphs, eager prefill), `eager`, `deterministic` (decode graphs, eager
+batch-invariant prefill) and `eager_deterministic` (no graphs); the V3-shaped case runs eager,
+graphs and deterministic (CASE_MODES). Each mode
+also reports, per step (step 0: the prefill's last token), its max |logprob difference| to the
+eager mode's own output: 0 up to rounding where a mode computes what eager computes.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import gc
 import json
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -89,10 +96,29 @@ def hf_reference(model, prompts: list[list[int]]) -> list[tuple[list[int], torch
     return out
 
 
+@dataclass(frozen=True)
+class Mode:
+    graphs: bool  # decode CUDA graphs
+    piecewise: bool  # piecewise CUDA graphs for prefill (with graphs only)
+    deterministic: bool
+
+
+MODES = {
+    "eager": Mode(False, False, False),
+    "graphs": Mode(True, True, False),
+    "decode_graphs": Mode(True, False, False),
+    "deterministic": Mode(True, False, True),
+    "eager_deterministic": Mode(False, False, True),
+}
+# The tiny case isolates graphs' part in its mismatch; the V3-shaped one checks the MLA kernels.
+CASE_MODES = {"tiny": list(MODES), "v3_attention": ["eager", "graphs", "deterministic"]}
+
+
 @torch.no_grad()
-def ours(folder: str, prompts, forced, graphs: bool, deterministic: bool) -> list[torch.Tensor]:
+def ours(folder: str, prompts, forced, mode: Mode) -> list[torch.Tensor]:
     runner = ModelRunner(folder, device=DEVICE, dtype="bfloat16", max_total_tokens=8192, max_running_requests=8,
-                         disable_cuda_graph=not graphs, deterministic=deterministic)
+                         disable_cuda_graph=not mode.graphs, disable_piecewise_cuda_graph=not mode.piecewise,
+                         deterministic=mode.deterministic)
     driver = Driver(runner)
     reqs = [driver.new_req() for _ in prompts]
     steps = [driver.extend(reqs, prompts).next_token_logits.float()]  # [B, V]
@@ -101,6 +127,11 @@ def ours(folder: str, prompts, forced, graphs: bool, deterministic: bool) -> lis
     del runner, driver
     gc.collect()
     return [torch.log_softmax(torch.stack([s[b] for s in steps]), dim=-1) for b in range(len(prompts))]  # [steps, V]
+
+
+def per_step_diff(mine: list[torch.Tensor], eager: list[torch.Tensor]) -> list[float]:
+    """Max |logprob difference| over the batch and the vocabulary at each step."""
+    return [max((a[s] - b[s]).abs().max().item() for a, b in zip(mine, eager)) for s in range(eager[0].shape[0])]
 
 
 def compare(mine: list[torch.Tensor], forced, hf_bf16_diff: float = 0.0) -> dict:
@@ -124,14 +155,15 @@ def run_case(name: str, shape: dict) -> dict:
     print(name, "transformers bf16", hf_bf16, flush=True)
     del model
     gc.collect()
-    modes = {"graphs": (True, False), "eager": (False, False)}
-    if (shape["kv_lora_rank"] + shape["qk_rope_head_dim"]) & (shape["kv_lora_rank"] + shape["qk_rope_head_dim"] - 1) == 0:
-        modes["deterministic"] = (True, True)
-    results = {"transformers_bf16": hf_bf16}
-    for mode, (graphs, deterministic) in modes.items():
+    results, eager = {"transformers_bf16": hf_bf16}, None
+    for mode in CASE_MODES[name]:
         try:
-            mine = ours(folder, prompts, forced, graphs, deterministic)
+            mine = ours(folder, prompts, forced, MODES[mode])
             results[mode] = compare(mine, forced, hf_bf16["max_top5_logprob_diff"])
+            if mode == "eager":
+                eager = mine
+            elif eager is not None:
+                results[mode]["vs_eager_per_step"] = per_step_diff(mine, eager)
         except Exception as exc:  # one mode's failure is reported, the others still run
             results[mode] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
         print(name, mode, results[mode], flush=True)

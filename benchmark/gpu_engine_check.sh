@@ -12,8 +12,11 @@
 #             independent, overlap on = off, llguidance, pytorch sampler, tok/s)
 #   grammar-bench - benchmark/bench_grammar.py --device cuda (mask fill + apply per step at V=151936)
 #   bench   - benchmark/bench_serving_gpu.py: ours vs HF generate (eager, static cache + compile)
-#   deepseek - DeepSeek-V3 (MLA, YaRN, MoE) in bf16 against float32 transformers: the MLA unit tests, then
-#             benchmark/gpu_deepseek_v3_check.py (graphs on/off, deterministic, a V3-attention-shaped case)
+#   deepseek - DeepSeek-V3 (MLA, YaRN, MoE) in bf16 against float32 transformers: the MLA unit tests and
+#             the MLA Triton kernels natively (decode kernel, wide-head extend, the tiny model through the
+#             Triton backend), benchmark/bench_mla_decode.py (the MLA decode kernel at V3's shape: us and
+#             latent-cache GB/s), then benchmark/gpu_deepseek_v3_check.py (decode/piecewise graphs on/off,
+#             deterministic, each mode's per-step difference to eager, a V3-attention-shaped case)
 #   fp8     - FP8 weights: test/kernels/test_fp8_gemm.py natively, then benchmark/gpu_fp8_check.py (kernels vs
 #             reference and timed at Qwen3-8B's shapes, the GEMM rule's threshold; a Qwen3-8B-shaped block-FP8
 #             checkpoint and --quantization fp8 against the dequantised bf16 twin)
@@ -96,8 +99,10 @@ case "$phase" in
     done
     ;;
   deepseek)
-    timeout 200 python3 -m pytest -q -p no:cacheprovider test/models/test_mla_units.py test/models/test_rope_yarn.py
-    timeout 480 python3 benchmark/gpu_deepseek_v3_check.py --out "$OUT/deepseek_v3" "$@"
+    timeout 120 python3 -m pytest -q -p no:cacheprovider test/models/test_mla_units.py test/models/test_rope_yarn.py \
+      test/kernels/test_mla_decode.py test/kernels/test_mla_triton_paths.py
+    timeout 90 python3 benchmark/bench_mla_decode.py --out "$OUT/mla_decode"
+    timeout 360 python3 benchmark/gpu_deepseek_v3_check.py --out "$OUT/deepseek_v3" "$@"
     ;;
   dense)
     timeout 540 python3 benchmark/gpu_dense_families_check.py --out-dir "$OUT/dense_families" "$@"

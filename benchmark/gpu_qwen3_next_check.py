@@ -9,7 +9,7 @@
    qwen3-next-80b-a3b: hidden 2048, 512 experts top-10, Gated DeltaNet 16 key / 32 value heads of 128,
    full attention 16 x 256 with 2 KV heads) with a few layers (3 linear + 1 full by default),
    random bf16 weights; decode tok/s of the ModelRunner at N = 1 and 64 (prompts of 128 tokens
-   prefilled, then timed greedy decode steps), eager or with CUDA graphs. The served numbers
+   prefilled, then timed greedy decode steps), eager or with CUDA graphs captured for those sizes. The served numbers
    (HTTP, scheduler included) come from bench_serving_gpu.py --preset qwen3-next-80b-a3b.
 
 Whether flash-linear-attention (fla-core) was importable is recorded: without it the torch
@@ -139,8 +139,10 @@ def throughput(folder: str, layers: int, graphs: bool, ns: list[int], steps: int
     """folder: the real-shape checkpoint, written there when missing."""
     if not (Path(folder) / "config.json").exists():
         write_qwen3_next_checkpoint(folder, device=DEVICE, num_hidden_layers=layers)
+    # Graphs are captured for the measured batch sizes only: each capture runs the forward
+    # (and compiles its kernels) three times.
     runner = ModelRunner(folder, dtype="bfloat16", device=DEVICE, max_total_tokens=max(ns) * 512,
-                         max_running_requests=max(ns), disable_cuda_graph=not graphs)
+                         max_running_requests=max(ns), disable_cuda_graph=not graphs, cuda_graph_bs=sorted(set(ns)))
     records = []
     for n in ns:
         driver = Driver(runner)

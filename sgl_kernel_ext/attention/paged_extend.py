@@ -14,6 +14,10 @@ every row of the tile may see (up to the tile's first query position) skip the c
 all bounds checks; the remaining blocks up to the tile's last query position are masked; blocks
 entirely above the diagonal are never visited.
 
+Tiles are BLOCK_M x BLOCK_D queries and BLOCK_N x BLOCK_D keys and values; heads wider than
+WIDE_HEAD_DIM (MLA's 576-wide latent rows, padded to 1024) take 32 x 32 tiles in one pipeline
+stage: 64 x 64 tiles in two stages at that width exceed an H100's shared memory (227 KiB).
+
 With a sliding window W (constexpr), query position p sees keys (p - W, p]: every visited block
 is masked, and the walk starts at the block holding the tile's first query's first key. A logit
 cap c (constexpr) maps each score s to c * tanh(s / c) before the mask and the softmax.
@@ -33,6 +37,10 @@ BLOCK_M = 64  # query rows per program
 BLOCK_N = 64  # key positions per inner step
 NUM_WARPS = 4
 NUM_STAGES = 2
+WIDE_HEAD_DIM = 256  # BLOCK_D above this takes the wide tiles
+WIDE_BLOCK_M = 32
+WIDE_BLOCK_N = 32
+WIDE_NUM_STAGES = 1
 _LOG2E = 1.4426950408889634
 
 
@@ -155,6 +163,13 @@ def _extend_kernel(
     tl.store(out_ptr + o_offs, out, mask=q_mask)
 
 
+def extend_tiles(block_d: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_stages) for a padded head width."""
+    if block_d > WIDE_HEAD_DIM:
+        return WIDE_BLOCK_M, WIDE_BLOCK_N, WIDE_NUM_STAGES
+    return BLOCK_M, BLOCK_N, NUM_STAGES
+
+
 def paged_extend_attention(
     q: torch.Tensor,
     k_buf: torch.Tensor,
@@ -170,15 +185,16 @@ def paged_extend_attention(
     *,
     sliding_window: int | None = None,
     logit_cap: float | None = None,
-    block_m: int = BLOCK_M,
-    block_n: int = BLOCK_N,
+    block_m: int | None = None,
+    block_n: int | None = None,
     num_warps: int = NUM_WARPS,
-    num_stages: int = NUM_STAGES,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """q [N, Hq, D] (any strides); k_buf, v_buf [S, Hk, D] -> out [N, Hq, D]. Rows
     q_starts[b] + i, i < extend_lens[b], attend to KV slots
     req_to_token[req_pool_indices[b], :prefix_lens[b] + i + 1] (the last sliding_window of them with
-    a window; logit_cap soft-caps the scores); other rows of out are left as they were. max_extend_len (>= every extend_lens[b]) only sizes the grid."""
+    a window; logit_cap soft-caps the scores); other rows of out are left as they were. max_extend_len (>= every extend_lens[b]) only sizes the grid.
+    Tile sizes and stages default by the head width (see extend_tiles)."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
     assert num_heads % num_kv_heads == 0 and k_buf.shape[2] == head_dim and q.dtype == k_buf.dtype
@@ -188,11 +204,15 @@ def paged_extend_attention(
     batch = req_pool_indices.shape[0]
     if batch == 0 or max_extend_len <= 0:
         return out
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    tiles = extend_tiles(block_d)
+    block_m, block_n = block_m or tiles[0], block_n or tiles[1]
+    num_stages = num_stages or tiles[2]
     grid = (batch, num_heads, triton.cdiv(max_extend_len, block_m))
     launch(_extend_kernel, grid,
         q, k_buf, v_buf, out, req_to_token, req_pool_indices, q_starts, prefix_lens, extend_lens,
         scale * _LOG2E, *q.stride(), *k_buf.stride(), *v_buf.stride(), *out.stride(), req_to_token.stride(0),
-        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_M=block_m, BLOCK_N=block_n, WINDOW=sliding_window or 0, CAP=cap_in_log2_units(logit_cap),
         **dot_flags(q.dtype), num_warps=num_warps, num_stages=num_stages,
     )

@@ -87,3 +87,24 @@ def extend_attention_reference(
         visible = _visible(q_pos, prefix + extend, sliding_window)  # [E, L]
         out[start : start + extend] = torch.einsum("hel,lhd->ehd", _weights(scores, visible, logit_cap), v)
     return out.to(q.dtype)
+
+
+def mla_decode_reference(
+    q: torch.Tensor,
+    kv_buf: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    kv_lora_rank: int,
+) -> torch.Tensor:
+    """Multi-head latent attention decode: q [B, H, R + P] absorbed queries; kv_buf [S, 1, R + P]
+    latent rows (c_kv [R], then k_rope [P]) -> [B, H, R] in q's dtype. Each head scores every row
+    of its request's slots req_to_token[req_pool_indices[b], :seq_lens[b]] as its key and sums
+    their first R values (c_kv) as its value, float32 softmax."""
+    outs = []
+    for b in range(q.shape[0]):
+        rows = kv_buf[req_to_token[req_pool_indices[b], : int(seq_lens[b])], 0].float()  # [L, R + P]
+        weights = torch.softmax(q[b].float() @ rows.T * scale, dim=-1)  # [H, L]
+        outs.append(weights @ rows[:, :kv_lora_rank])  # [H, R]
+    return torch.stack(outs).to(q.dtype)

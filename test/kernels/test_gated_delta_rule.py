@@ -5,6 +5,8 @@ leaves after one part is the state its next part starts from."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -50,13 +52,21 @@ def test_small_chunks_equal_one_chunk() -> None:
         torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
 
 
+def _torch_fallback(function):
+    """transformers' plain-torch function under its kernel decorator, which dispatches to
+    flash-linear-attention where fla-core is installed (CUDA kernels, whatever the tensors' device)."""
+    torch_function = inspect.unwrap(function)
+    assert torch_function.__module__ == function.__module__ and torch_function is not function
+    return torch_function
+
+
 def test_matches_transformers_torch_fallbacks() -> None:
     modeling = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
     q, k, v, g, beta, state = _inputs(90, seed=2)
     args = (q[None], k[None], v[None], g[None], beta[None])
     kwargs = dict(initial_state=state[None], output_final_state=True, use_qk_l2norm_in_kernel=True)
-    ref_chunk, ref_state = modeling.torch_chunk_gated_delta_rule(*args, **kwargs)
-    ref_rec, ref_rec_state = modeling.torch_recurrent_gated_delta_rule(*args, **kwargs)
+    ref_chunk, ref_state = _torch_fallback(modeling.torch_chunk_gated_delta_rule)(*args, **kwargs)
+    ref_rec, ref_rec_state = _torch_fallback(modeling.torch_recurrent_gated_delta_rule)(*args, **kwargs)
     qn, kn = prepare_qk(q, k, HV)
     out, final = chunked_gated_delta_rule(qn, kn, v, g, beta, state)
     torch.testing.assert_close(out, ref_chunk[0], atol=ATOL, rtol=0)

@@ -1,7 +1,8 @@
 """DeepSeek-V3 (MLA over the compressed KV cache, YaRN, dense then MoE layers) against
 transformers: tiny random checkpoints served in float32, every prompt sent at once, prompts
 longer than a 16-token prefill chunk; the radix cache, the deterministic mode, and TP=2 sharded
-logits equal to TP=1."""
+logits equal to TP=1. The checkpoints carry a NextN (multi-token-prediction) module, which loads
+into a draft head and leaves the outputs unchanged."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import concurrent.futures
 import pytest
 import torch
 import torch.multiprocessing as mp
-from safetensors.torch import save_file
 
+from draft_head_utils import add_to_checkpoint, deepseek_nextn_tensors
 from family_utils import assert_matches_hf, prompts, save_tiny, served, serving
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.test.server_process import free_port
@@ -33,16 +34,14 @@ TP_ATOL = 1e-4
 
 def _save_deepseek(folder: str, **config) -> torch.nn.Module:
     """A tiny checkpoint with a random correction bias (transformers initialises it to zeros) and
-    a NextN layer's tensors the server must skip."""
+    a NextN module's tensors (`model.layers.{LAYERS}.*`)."""
     model = save_tiny(folder, "DeepseekV3Config", "DeepseekV3ForCausalLM", **{**SHAPE, **config})
     torch.manual_seed(1)
     with torch.no_grad():
         for layer in model.model.layers[SHAPE["first_k_dense_replace"]:]:
             layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.2)
     model.save_pretrained(folder, safe_serialization=True)
-    nextn = f"model.layers.{LAYERS}."
-    save_file({nextn + "eh_proj.weight": torch.zeros(64, 128), nextn + "enorm.weight": torch.ones(64),
-               nextn + "self_attn.q_a_proj.weight": torch.zeros(24, 64)}, f"{folder}/nextn.safetensors")
+    add_to_checkpoint(folder, deepseek_nextn_tensors(folder, model.config))
     return model
 
 
@@ -102,3 +101,27 @@ def test_deepseek_v3_tp2_logits_match_tp1(q_lora_folder, tmp_path) -> None:
     reference = forward_logits(ModelRunner(folder, max_total_tokens=128, max_running_requests=2))
     assert [a.shape for a in sharded] == [b.shape for b in reference]
     assert max((a - b).abs().max().item() for a, b in zip(sharded, reference)) < TP_ATOL
+
+
+def test_deepseek_v3_nextn_head_loads(q_lora_folder) -> None:
+    folder, model = q_lora_folder
+    nextn = deepseek_nextn_tensors(folder, model.config)
+    head = ModelRunner(folder, max_total_tokens=128, max_running_requests=2).model.nextn_heads[0]
+    prefix = f"model.layers.{LAYERS}."
+    assert torch.equal(head.eh_proj.weight, nextn[prefix + "eh_proj.weight"])
+    assert torch.equal(head.shared_head.norm.weight, nextn[prefix + "shared_head.norm.weight"])
+    kv_b = nextn[prefix + "self_attn.kv_b_proj.weight"].view(SHAPE["num_attention_heads"], -1, SHAPE["kv_lora_rank"])
+    assert torch.equal(head.decoder.self_attn.w_uk, kv_b[:, : SHAPE["qk_nope_head_dim"]])
+    gate = nextn[prefix + "mlp.experts.5.gate_proj.weight"]
+    assert torch.equal(head.decoder.mlp.experts.w13_weight[5, : SHAPE["moe_intermediate_size"]], gate)
+
+
+def test_deepseek_v3_nextn_shape_mismatch_is_refused(q_lora_folder, tmp_path) -> None:
+    _, model = q_lora_folder
+    folder = str(tmp_path)
+    model.save_pretrained(folder, safe_serialization=True)
+    tensors = deepseek_nextn_tensors(folder, model.config)
+    tensors[f"model.layers.{LAYERS}.eh_proj.weight"] = torch.zeros(64, 64)
+    add_to_checkpoint(folder, tensors)
+    with pytest.raises(ValueError, match="eh_proj.weight"):
+        ModelRunner(folder, max_total_tokens=128, max_running_requests=2)

@@ -4,7 +4,8 @@ sparse and dense MLPs), served in float32 and compared with transformers. The pe
 recurrent state must survive chunked prefill (16-token chunks), batching, `n = 2`, an abort
 mid-decode (the next requests reuse its slot), and give the same tokens with and without
 --disable-radix-cache (prefix reuse is off for hybrid models) and the overlap schedule, and in
-deterministic mode."""
+deterministic mode. The checkpoint carries a multi-token-prediction head (`mtp.*`), which loads into
+the model's draft head and leaves the outputs unchanged."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ import concurrent.futures
 
 import pytest
 import requests
+import torch
+from draft_head_utils import add_to_checkpoint, qwen3_next_mtp_tensors
 from engine_utils import generate_ok, iter_stream
 from family_utils import assert_matches_hf, hf_reference, prompts, save_tiny, served, serving
+from sglang.srt.model_executor.model_runner import ModelRunner
 
 pytestmark = pytest.mark.e2e
 
@@ -31,7 +35,9 @@ CHUNK = ("--chunked-prefill-size", "16")
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("qwen3_next"))
-    return folder, save_tiny(folder, "Qwen3NextConfig", "Qwen3NextForCausalLM", **SHAPE)
+    model = save_tiny(folder, "Qwen3NextConfig", "Qwen3NextForCausalLM", **SHAPE)
+    add_to_checkpoint(folder, qwen3_next_mtp_tensors(folder, model.config))
+    return folder, model
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +60,24 @@ def one_slot_server(checkpoint, gguf_path: str):
 def test_matches_transformers_batched_and_chunked(default_server) -> None:
     server, model = default_server
     assert_matches_hf(server, model, prompts())
+
+
+def test_mtp_head_loads(checkpoint) -> None:
+    folder, model = checkpoint
+    mtp = qwen3_next_mtp_tensors(folder, model.config)
+    head = ModelRunner(folder, max_total_tokens=128, max_running_requests=2).model.mtp
+
+    def dense(w: torch.Tensor) -> torch.Tensor:  # a CPU linear's weight is packed for oneDNN after loading
+        return w.to_dense() if w.is_mkldnn else w
+
+    assert torch.equal(dense(head.fc.weight), mtp["mtp.fc.weight"])
+    assert torch.equal(head.norm.weight, mtp["mtp.norm.weight"])
+    assert torch.equal(head.pre_fc_norm_hidden.weight, mtp["mtp.pre_fc_norm_hidden.weight"])
+    k_rows = SHAPE["num_key_value_heads"] * SHAPE["head_dim"]
+    qkv = dense(head.layers[0].self_attn.qkv_proj.weight)
+    assert torch.equal(qkv[-2 * k_rows : -k_rows], mtp["mtp.layers.0.self_attn.k_proj.weight"])
+    expert_down = mtp["mtp.layers.0.mlp.experts.3.down_proj.weight"]
+    assert torch.equal(head.layers[0].mlp.experts.w2_weight[3], expert_down)
 
 
 def test_repeated_prompts_match_transformers(default_server) -> None:

@@ -1,16 +1,14 @@
 """Qwen3-Next at the ModelRunner level (no server): the checkpoint loads with its MTP tensors
-skipped, the KV cache holds only the full-attention layers, the state pool one row per request
+(into the draft head, not run), the KV cache holds only the full-attention layers, the state pool one row per request
 slot; logits equal transformers' for a whole prompt, for the same prompt in chunks followed by
 decode steps, and on a request slot a previous request used."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-from safetensors.torch import save_file
 
+from draft_head_utils import add_to_checkpoint, qwen3_next_mtp_tensors
 from family_utils import save_tiny
 from runner_utils import Driver
 from sglang.srt.model_executor.model_runner import ModelRunner
@@ -28,9 +26,8 @@ SHAPE = dict(
 def model_and_runner(tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("qwen3_next_units"))
     model = save_tiny(folder, "Qwen3NextConfig", "Qwen3NextForCausalLM", **SHAPE)
-    # A multi-token-prediction head beside the model's own tensors: skipped at load.
-    save_file({"mtp.fc.weight": torch.zeros(64, 128), "mtp.norm.weight": torch.zeros(64)},
-              os.path.join(folder, "mtp.safetensors"))
+    # A multi-token-prediction head beside the model's own tensors: loaded, not run.
+    add_to_checkpoint(folder, qwen3_next_mtp_tensors(folder, model.config))
     # One running request: two request slots, so the second request after a release reuses a slot.
     runner = ModelRunner(folder, max_total_tokens=1024, max_running_requests=1)
     return model, runner
@@ -43,7 +40,8 @@ def _hf_logits(model, ids: list[int]) -> torch.Tensor:
 
 def test_layouts(model_and_runner) -> None:
     _, runner = model_and_runner
-    assert runner.kv_cache_layout.num_layers == 1  # layer 3 is the only full-attention layer
+    assert runner.kv_cache_layout.num_layers == 1  # layer 3 is the only full-attention layer (the MTP head owns none)
+    assert runner.model.mtp is not None and len(runner.model.mtp.layers) == 1
     assert len(runner.kv_cache.k_buffers) == 1
     state = runner.state_pool.state
     assert tuple(state.shape) == (3, runner.req_to_token_pool.size + 1, 4, 16, 16)

@@ -55,9 +55,10 @@ def load_model(
         for module in model.modules():
             if hasattr(module, "process_weights_after_loading"):
                 module.process_weights_after_loading()
-    if quant_config is not None and torch.device(device).type == "cuda":
-        # The weights quantised at load leave their bf16 blocks cached; the KV pool is sized
-        # from the memory free after loading.
+    if torch.device(device).type == "cuda":
+        # The weights quantised at load leave their bf16 blocks cached, and the draft heads a
+        # checkpoint does not hold are dropped after building; the KV pool is sized from the
+        # memory free after loading.
         torch.cuda.empty_cache()
     return model.eval()
 

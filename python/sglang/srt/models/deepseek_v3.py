@@ -1,8 +1,9 @@
 """DeepSeek-V3: multi-head latent attention (layers/attention/mla.py) with YaRN RoPE on its rope
 dimensions, a dense SiLU MLP in the first `first_k_dense_replace` layers and a mixture of experts
 after them (sigmoid routing limited to the best groups, a correction bias for the choice, routed
-scaling, shared experts). Multi-token-prediction layers (`model.layers.{num_hidden_layers}...`)
-are not run here; their weights are skipped at load."""
+scaling, shared experts). The checkpoint's multi-token-prediction layers
+(`model.layers.{num_hidden_layers + i}...`, `num_nextn_predict_layers` of them) load into draft
+heads kept on the model (models/deepseek_nextn.py), which this model's forward does not run."""
 
 from __future__ import annotations
 
@@ -24,6 +25,13 @@ from sglang.srt.layers.rotary import RotaryEmbedding, yarn_mscale
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from sglang.srt.mem_cache.memory_pool import KVCacheLayout
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.models.deepseek_nextn import (
+    SHARED_WITH_MAIN,
+    DeepseekV3NextNHead,
+    check_shape,
+    check_shared_copy,
+    nextn_target,
+)
 from sglang.srt.models.llama import LlamaForCausalLM, LlamaMLP, _vocab_all_gather
 
 logger = logging.getLogger(__name__)
@@ -175,6 +183,16 @@ class DeepseekV3ForCausalLM(LlamaForCausalLM):
         self.logits_head = LogitsHead(
             config.vocab_size, tp_all_gather=_vocab_all_gather(tp_size) if tp_size > 1 else None
         )
+        # The NextN draft heads the config declares; dropped at load when the checkpoint has none.
+        num_nextn = int(config.hf_config.get("num_nextn_predict_layers") or 0)
+        self.nextn_heads: Optional[nn.ModuleList] = None
+        if num_nextn:
+            self.nextn_heads = nn.ModuleList(
+                DeepseekV3NextNHead(
+                    config, DeepseekV3DecoderLayer(config, config.num_hidden_layers + i, dtype, tp_rank, tp_size), dtype
+                )
+                for i in range(num_nextn)
+            )
 
     def kv_cache_layout(self) -> KVCacheLayout:
         """One latent row (c_kv, k_rope) per token and layer, attended as both key and value."""
@@ -183,33 +201,66 @@ class DeepseekV3ForCausalLM(LlamaForCausalLM):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """weights: (HF parameter name, full unsharded tensor) pairs."""
         params = dict(self.named_parameters())
+        num_layers, num_heads = len(self.model.layers), len(self.nextn_heads or ())
         loaded, skipped = set(), 0
         for name, tensor in weights:
             layer = _layer_index(name)
-            if layer is not None and layer >= len(self.model.layers):
-                skipped += 1  # a multi-token-prediction layer
+            if layer is not None and layer >= num_layers:
+                target = nextn_target(name, num_layers, num_heads)
+                if target is None:
+                    skipped += 1  # a multi-token-prediction layer the config does not declare
+                else:
+                    loaded.update(self._load_nextn(params, *target, tensor))
                 continue
             if "rotary_emb.inv_freq" in name or (self.config.tie_word_embeddings and name == "lm_head.weight"):
                 continue
-            loaded.update(self._load_one(params, name, tensor, layer))
+            loaded.update(self._load_one(params, name, tensor, None if layer is None else self.model.layers[layer]))
         if skipped:
-            logger.info("Skipped %d multi-token-prediction (NextN) tensors: they are not run by this model.", skipped)
-        missing = set(params) - loaded
+            logger.info("Skipped %d multi-token-prediction (NextN) tensors of undeclared layers.", skipped)
+        self._keep_loaded_nextn_heads(loaded)
+        missing = set(dict(self.named_parameters())) - loaded
         if missing:
             raise ValueError(f"Checkpoint is missing weights for: {sorted(missing)[:8]}...")
 
+    def _load_nextn(self, params: dict[str, nn.Parameter], index: int, rest: str, tensor: torch.Tensor) -> list[str]:
+        """One tensor of NextN module `index` (`rest`: its name inside the head)."""
+        if rest in SHARED_WITH_MAIN:
+            check_shared_copy(rest, tensor, self.config.vocab_size, self.config.hidden_size)
+            return []
+        name = f"nextn_heads.{index}.{rest}"
+        if rest.startswith("decoder."):
+            return self._load_one(params, name, tensor, self.nextn_heads[index].decoder)
+        if name not in params:
+            raise ValueError(f"NextN tensor {rest!r} has no matching parameter in {type(self).__name__}.")
+        check_shape(rest, tensor, params[name])
+        params[name].weight_loader(params[name], tensor)
+        return [name]
+
+    def _keep_loaded_nextn_heads(self, loaded: set[str]) -> None:
+        """Drops the declared heads when the checkpoint holds none of their tensors (transformers
+        writes `num_nextn_predict_layers` without them); a partly loaded head fails the caller's
+        missing-weights check."""
+        if self.nextn_heads is None:
+            return
+        if any(name.startswith("nextn_heads.") for name in loaded):
+            logger.info("Loaded %d NextN (multi-token-prediction) draft heads; the target model does not run them.",
+                        len(self.nextn_heads))
+        else:
+            self.nextn_heads = None
+
     def _load_one(self, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor,
-                  layer: Optional[int]) -> list[str]:
-        """Loads one checkpoint tensor; -> the names of the parameters it filled."""
+                  layer: Optional[DeepseekV3DecoderLayer]) -> list[str]:
+        """Loads one tensor into the parameter `name` (a checkpoint name, or a NextN head's
+        parameter name) of decoder `layer` (None outside the layers) -> the names it filled."""
         if ".self_attn." in name:
-            attn = self.model.layers[layer].self_attn
+            attn = layer.self_attn
             if name.endswith(".kv_b_proj.weight"):
                 attn.load_kv_b_proj(tensor)
                 prefix = name[: -len("kv_b_proj.weight")]
                 return [prefix + "w_uk", prefix + "w_uv"]
             tensor = attn.rope_row_order(name, tensor)
         if ".mlp.experts." in name:
-            filled = self.model.layers[layer].mlp.load_expert(name, tensor)
+            filled = layer.mlp.load_expert(name, tensor)
             if filled is None:
                 raise ValueError(f"Checkpoint tensor {name!r} has no matching parameter in {type(self).__name__}.")
             return [filled]

@@ -5,7 +5,9 @@ config's `layer_types` say; its MLP is a sparse MoE with a sigmoid-gated shared 
 for `mlp_only_layers` and layers off `decoder_sparse_step`. Norms are zero-centred (1 + w).
 
 Only the full-attention layers use the paged KV cache (kv_cache_layout); the linear layers' states
-live in the engine's RecurrentStatePool (recurrent_state_layout)."""
+live in the engine's RecurrentStatePool (recurrent_state_layout). The checkpoint's
+multi-token-prediction head (`mtp.*`) loads into Qwen3NextMTPHead, kept on the model as `mtp` for
+a speculative-decoding draft; this model's forward does not run it."""
 
 from __future__ import annotations
 
@@ -190,6 +192,28 @@ class Qwen3NextModel(nn.Module):
         return x
 
 
+class Qwen3NextMTPHead(nn.Module):
+    """The multi-token-prediction head (checkpoint `mtp.*`): fc [H, 2H] over
+    [pre_fc_norm_embedding(next token's embedding) | pre_fc_norm_hidden(last hidden state)],
+    `num_layers` gated full-attention decoder layers (layer j's MLP as the main model's layer j:
+    sparse unless `mlp_only_layers` says otherwise) and a final norm; the embedding and the output
+    head are the main model's. Its attention layers are numbered after the main model's KV layers
+    and own no KV cache here."""
+
+    def __init__(self, config: ModelConfig, num_layers: int, first_kv_layer: int, rotary_dim: int,
+                 dtype: torch.dtype) -> None:
+        super().__init__()
+        hidden, eps = config.hidden_size, config.rms_norm_eps
+        self.fc = ColumnParallelLinear(2 * hidden, hidden, params_dtype=dtype)
+        self.pre_fc_norm_embedding = ZeroCenteredRMSNorm(hidden, eps, params_dtype=dtype)
+        self.pre_fc_norm_hidden = ZeroCenteredRMSNorm(hidden, eps, params_dtype=dtype)
+        self.layers = nn.ModuleList(
+            Qwen3NextDecoderLayer(config, j, GatedAttention(config, first_kv_layer + j, rotary_dim, dtype), dtype)
+            for j in range(num_layers)
+        )
+        self.norm = ZeroCenteredRMSNorm(hidden, eps, params_dtype=dtype)
+
+
 class Qwen3NextForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, *, dtype: torch.dtype = torch.float32, tp_rank: int = 0,
                  tp_size: int = 1) -> None:
@@ -203,6 +227,11 @@ class Qwen3NextForCausalLM(nn.Module):
         else:
             self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, params_dtype=dtype)
         self.logits_head = LogitsHead(config.vocab_size)
+        # One MTP layer unless the config says otherwise; dropped at load when the checkpoint has no mtp.*.
+        rotary_dim = self.model.rotary_emb.rotary_dim
+        self.mtp: Optional[Qwen3NextMTPHead] = Qwen3NextMTPHead(
+            config, int(config.hf_config.get("num_nextn_predict_layers", 1)), self.model.num_full_layers, rotary_dim, dtype
+        )
 
     def kv_cache_layout(self) -> KVCacheLayout:
         """K/V only for the full-attention layers (their Attention layer_ids are 0..count-1)."""
@@ -222,27 +251,35 @@ class Qwen3NextForCausalLM(nn.Module):
     compute_logits = LlamaForCausalLM.compute_logits
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """weights: (HF parameter name, full tensor) pairs; the multi-token-prediction head
-        (`mtp.*`) is skipped (speculative decoding does not use it yet)."""
+        """weights: (HF parameter name, full tensor) pairs; `mtp.*` fills the MTP head."""
         params = dict(self.named_parameters())
-        loaded, skipped_mtp = set(), 0
+        loaded = set()
         for name, tensor in weights:
-            if name.startswith("mtp."):
-                skipped_mtp += 1
-                continue
             if "rotary_emb.inv_freq" in name or (self.config.tie_word_embeddings and name == "lm_head.weight"):
                 continue
             target, args = _target(name)
             if target not in params:
                 raise ValueError(f"Checkpoint tensor {name!r} has no matching parameter in {type(self).__name__}.")
             param = params[target]
+            if name.startswith("mtp."):
+                _check_whole_shape(name, tensor, param, args)
             param.weight_loader(param, tensor, *args)
             loaded.add(target)
-        if skipped_mtp:
-            logger.info("Skipped %d multi-token-prediction (mtp.*) tensors of the checkpoint.", skipped_mtp)
-        missing = set(params) - loaded
+        if any(name.startswith("mtp.") for name in loaded):
+            logger.info("Loaded the multi-token-prediction head (mtp.*, %d layers); the target model does not run it.",
+                        len(self.mtp.layers))
+        else:
+            self.mtp = None  # transformers writes Qwen3-Next checkpoints without it
+        missing = set(dict(self.named_parameters())) - loaded
         if missing:
             raise ValueError(f"Checkpoint is missing weights for: {sorted(missing)[:8]}...")
+
+
+def _check_whole_shape(name: str, tensor: torch.Tensor, param: nn.Parameter, args: tuple[Any, ...]) -> None:
+    """An MTP tensor loaded whole (no shard id) must match its parameter's shape exactly (the
+    sharded ones are checked by their weight loaders' copies)."""
+    if not args and tuple(tensor.shape) != tuple(param.shape):
+        raise ValueError(f"Checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}.")
 
 
 # Checkpoint projection -> (our fused parameter's projection, shard id).

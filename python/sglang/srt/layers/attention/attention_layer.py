@@ -13,7 +13,10 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 class Attention(nn.Module):
     """sliding_window=W: a query at position p attends to keys at positions > p - W (the last W
     positions, itself included); None attends to every earlier position. logit_cap=c: scores
-    become c * tanh(scores / c) before the softmax."""
+    become c * tanh(scores / c) before the softmax. v_head_dim < head_dim (MLA): the values are
+    the first v_head_dim entries of each key row (the cache holds one latent row per token,
+    attended as key and value), and only the first v_head_dim entries of each output head are
+    defined; None: v_head_dim = head_dim."""
 
     def __init__(
         self,
@@ -25,14 +28,18 @@ class Attention(nn.Module):
         *,
         sliding_window: Optional[int] = None,
         logit_cap: Optional[float] = None,
+        v_head_dim: Optional[int] = None,
     ) -> None:
         super().__init__()
         if sliding_window is not None and sliding_window < 1:
             raise ValueError(f"sliding_window must be >= 1, got {sliding_window}.")
         if logit_cap is not None and logit_cap <= 0:
             raise ValueError(f"logit_cap must be > 0, got {logit_cap}.")
+        if v_head_dim is not None and not 0 < v_head_dim <= head_dim:
+            raise ValueError(f"v_head_dim must be in [1, head_dim={head_dim}], got {v_head_dim}.")
         self.layer_id = layer_id
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.v_head_dim = head_dim if v_head_dim is None else v_head_dim
         self.scaling = scaling
         self.sliding_window = sliding_window
         self.logit_cap = logit_cap

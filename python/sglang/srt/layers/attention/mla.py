@@ -7,7 +7,7 @@ absorbed into the query and the output: per head h,
     sum_t p_t W_UV[h] c_kv_t = W_UV[h] (sum_t p_t c_kv_t)          (W_UV[h]: [d_v, r])
 so attention is MQA over the latent rows, with queries [q_nope W_UK, q_rope] [H, r + d_rope] and
 the same rows as keys and values; the first r values of each output are sum_t p_t c_kv_t (the
-rope part of the values is computed and dropped). Prefill, chunked prefill, cached prefixes and
+attention layer's v_head_dim = r: a backend may leave the rope part of each output undefined). Prefill, chunked prefill, cached prefixes and
 decode all take this one form, through the step's attention backend.
 """
 
@@ -77,7 +77,7 @@ class MLAttention(nn.Module):
         # kv_b_proj, split by head into its key and value halves (loaded by load_kv_b_proj).
         self.w_uk = make_param((self.num_heads, shape.qk_nope_head_dim, shape.kv_lora_rank), dtype, None)
         self.w_uv = make_param((self.num_heads, shape.v_head_dim, shape.kv_lora_rank), dtype, None)
-        self.attn = Attention(layer_id, self.num_heads, 1, shape.latent_dim, scaling)
+        self.attn = Attention(layer_id, self.num_heads, 1, shape.latent_dim, scaling, v_head_dim=shape.kv_lora_rank)
 
     def load_kv_b_proj(self, weight: torch.Tensor) -> None:
         """weight [H * (d_nope + d_v), r], the checkpoint's kv_b_proj: this rank's heads."""

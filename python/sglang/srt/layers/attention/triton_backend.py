@@ -6,6 +6,10 @@ decode runs the kernel that walks each request's positions in fixed blocks from 
 split count would make a row's reduction order depend on the batch). Extend: one kernel over
 the prefix and the new tokens of every request, causal, no per-shape planning. Each layer's sliding window and logit cap are the kernels'
 constexprs, so a captured graph holds them.
+
+MLA layers (v_head_dim < head_dim: one latent row per token is key and value) decode with the MLA
+kernel (sgl_kernel_ext/attention/mla_decode.py: heads in blocks sharing each latent load, value
+width kv_lora_rank), split-KV as above, one split in batch-invariant mode.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from sgl_kernel_ext.attention.decode_attention import decode_attention_triton
+from sgl_kernel_ext.attention.mla_decode import mla_decode_attention
 from sgl_kernel_ext.attention.paged_decode import default_num_kv_splits, paged_decode_attention
 from sgl_kernel_ext.attention.paged_extend import paged_extend_attention
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
@@ -45,13 +50,13 @@ class TritonAttnBackend(AttentionBackend):
         # size split alike.
         return default_num_kv_splits(bs, self.num_kv_heads, self.sm_count)
 
-    def _workspace_for(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Contiguous [bs, Hq, splits, D] and [bs, Hq, splits] float32 views of one reused allocation."""
-        splits = self.num_kv_splits(bs)
+    def _workspace_for(self, bs: int, splits: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Contiguous [bs, Hq, splits, width <= D] and [bs, Hq, splits] float32 views of one reused
+        allocation."""
         rows = bs * self.num_heads * splits
         if self.partial is None or self.lse.numel() < rows:
             self._allocate(rows)
-        partial = self.partial[: rows * self.head_dim].view(bs, self.num_heads, splits, self.head_dim)
+        partial = self.partial[: rows * width].view(bs, self.num_heads, splits, width)
         return partial, self.lse[:rows].view(bs, self.num_heads, splits)
 
     def _allocate(self, rows: int) -> None:
@@ -76,13 +81,28 @@ class TritonAttnBackend(AttentionBackend):
     def forward_decode(
         self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, layer: "Attention", forward_batch: ForwardBatch
     ) -> torch.Tensor:
+        if layer.v_head_dim < layer.head_dim:
+            return self._mla_decode(q, k_buf, layer, forward_batch)
         args = (q, k_buf, v_buf, self.req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens, layer.scaling)
         opts = dict(sliding_window=layer.sliding_window, logit_cap=layer.logit_cap)
         if is_batch_invariant():
             return decode_attention_triton(*args, **opts)
         bs = q.shape[0]
+        splits = self.num_kv_splits(bs)
         out = torch.empty((bs, layer.num_heads, layer.head_dim), dtype=q.dtype, device=q.device)  # [B, Hq, D]
-        return paged_decode_attention(*args, out, self._workspace_for(bs), self.num_kv_splits(bs), **opts)
+        return paged_decode_attention(*args, out, self._workspace_for(bs, splits, layer.head_dim), splits, **opts)
+
+    def _mla_decode(self, q: torch.Tensor, kv_buf: torch.Tensor, layer: "Attention", forward_batch: ForwardBatch) -> torch.Tensor:
+        """q [B, H, D] absorbed queries over the latent rows -> [B, H, D], the first v_head_dim
+        values of each head written (MLA layers have no window and no logit cap)."""
+        bs, rank = q.shape[0], layer.v_head_dim
+        splits = 1 if is_batch_invariant() else self.num_kv_splits(bs)
+        out = torch.empty((bs, layer.num_heads, layer.head_dim), dtype=q.dtype, device=q.device)  # [B, H, D]
+        mla_decode_attention(
+            q, kv_buf, self.req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens, layer.scaling, rank,
+            out[..., :rank], self._workspace_for(bs, splits, rank), splits,
+        )
+        return out
 
     def forward_extend(
         self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, layer: "Attention", forward_batch: ForwardBatch
