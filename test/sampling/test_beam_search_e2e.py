@@ -98,10 +98,11 @@ def test_stop_token_ids_finish_beams(llama) -> None:
     step = hf_step(model, prompt)
     free = beam_search(step, width=3, max_new_tokens=6, stop_ids=set())
     stops = {free[1][0][2], free[2][0][3]}
-    expected = beam_search(step, width=3, max_new_tokens=6, stop_ids=stops)
+    # length_penalty 0 ranks by total log-probability, where the shorter stopped beams win.
+    expected = beam_search(step, width=3, max_new_tokens=6, stop_ids=stops, length_penalty=0.0)
     assert any(matched is not None for _, _, matched in expected)
     result = beam_request(server, prompt, beam_width=3, n=3, max_new_tokens=6, ignore_eos=True,
-                          stop_token_ids=sorted(stops))
+                          stop_token_ids=sorted(stops), length_penalty=0.0)
     assert_beams(result, expected)
 
 
