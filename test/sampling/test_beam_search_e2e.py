@@ -11,6 +11,8 @@ import concurrent.futures
 import pytest
 import torch
 
+import sglang as sgl
+
 from beam_reference import beam_search, exhaustive, hf_step
 from engine_utils import generate, generate_ok
 from family_utils import prompts, save_tiny, serving
@@ -28,6 +30,7 @@ def llama(tmp_path_factory, gguf_path: str):
     folder = str(tmp_path_factory.mktemp("llama"))
     model = save_tiny(folder, "LlamaConfig", "LlamaForCausalLM", **SHAPE)
     with serving(folder, gguf_path, "--chunked-prefill-size", "16") as server:
+        server.checkpoint = (folder, gguf_path)
         yield server, model
 
 
@@ -167,6 +170,21 @@ def _scores(result) -> torch.Tensor:
         return torch.zeros(0, dtype=torch.float64)
     beams = result["meta_info"].get("beam_results", [])
     return torch.tensor([b["meta_info"]["sequence_score"] for b in beams], dtype=torch.float64)
+
+
+def test_engine_returns_the_server_beams(llama) -> None:
+    server, _ = llama
+    folder, gguf_path = server.checkpoint
+    prompt = prompts(2)[1]
+    params = {"beam_width": 3, "n": 2, "max_new_tokens": 5, "ignore_eos": True}
+    expected = beam_request(server, prompt, **params)
+    with sgl.Engine(model_path=folder, tokenizer_path=gguf_path, dtype="float32", max_running_requests=16,
+                    max_total_tokens=8192, log_level="warning") as llm:
+        got = llm.generate(input_ids=prompt, sampling_params=params)
+    assert [b["output_ids"] for b in got["meta_info"]["beam_results"]] == [
+        b["output_ids"] for b in expected["meta_info"]["beam_results"]
+    ]
+    assert got["text"] == expected["text"]
 
 
 def test_streamed_beam_request_sends_the_final_answer(llama) -> None:
