@@ -9,10 +9,10 @@ round sends the N requests at once and waits for all. Output tok/s = returned to
 time of the round; the table gives the median round per mode. Every record says how busy the
 machine was outside the benchmark (OutsideLoad, as bench_serving.py).
 
-Results: benchmark/results/beam/beam_<device>.json (header + records) and a plot beside it.
+Results: benchmark/results/beam/beam_<device>.json (header + records).
 
 Usage:
-  python benchmark/bench_beam_search.py                      # CPU, N=8, k=4 (~3 min)
+  python benchmark/bench_beam_search.py --rounds 2 --new-tokens 16   # CPU, N=8, k=4 (as recorded)
   python benchmark/bench_beam_search.py --device cuda --n 64 --model-path /models/Llama-3.1-8B-Instruct
   (any flags after -- go to the server)
 """
@@ -24,6 +24,7 @@ import datetime
 import json
 import statistics
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -78,7 +79,9 @@ def run(args: argparse.Namespace, server_flags: list[str]) -> list[dict[str, Any
     flags = ["--port", str(port), "--log-level", "warning", "--device", args.device, *server_flags]
     if args.model_path:
         flags += ["--model-path", args.model_path]
-    server = ServerProcess(flags, port, startup_timeout=1800)
+    log_path = Path(tempfile.gettempdir()) / f"bench_beam_server_{port}.log"
+    print(f"starting the server: {' '.join(flags)} (log: {log_path})", flush=True)
+    server = ServerProcess(flags, port, startup_timeout=1800, log_path=log_path)
     try:
         server.wait_healthy()
         for mode in MODES:
@@ -96,23 +99,6 @@ def run(args: argparse.Namespace, server_flags: list[str]) -> list[dict[str, Any
 
 def summary(records: list[dict[str, Any]]) -> dict[str, float]:
     return {mode: statistics.median(r["output_tok_s"] for r in records if r["mode"] == mode) for mode in MODES}
-
-
-def plot(records: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for mode in MODES:
-        points = [(r["round"], r["output_tok_s"]) for r in records if r["mode"] == mode]
-        ax.plot(*zip(*points), marker="o", label=mode)
-    ax.set_xlabel("round")
-    ax.set_ylabel("returned tokens / s")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
 
 
 def main() -> None:
@@ -141,7 +127,6 @@ def main() -> None:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     out = RESULTS_DIR / f"beam_{args.device}{'_' + args.tag if args.tag else ''}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
-    plot(records, out.with_suffix(".png"))
     print(f"wrote {out}: median returned tok/s {result['median_output_tok_s']}")
 
 
