@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 
 import pytest
+import requests
 import torch
 
 import sglang as sgl
@@ -219,6 +220,18 @@ def test_bad_inputs_are_400s_naming_the_field(llama, params, extra, field) -> No
     response = generate(server, prompts(1)[0], sampling_params={"max_new_tokens": 4, **params}, **extra)
     assert response.status_code == 400, response.text
     assert field in response.text
+
+
+def test_client_abort_frees_every_beam_row(llama) -> None:
+    """A client that leaves mid-search: the leader is aborted, its members leave at the next step."""
+    server, _ = llama
+    body = {"input_ids": prompts(1)[0], "stream": True,
+            "sampling_params": {"beam_width": 4, "max_new_tokens": 400, "ignore_eos": True}}
+    with pytest.raises(requests.exceptions.RequestException):
+        with requests.post(server.url + "/generate", json=body, stream=True, timeout=3) as response:
+            for _ in response.iter_lines():
+                pass
+    wait_idle(server)
 
 
 def test_no_slot_left_held(llama) -> None:
