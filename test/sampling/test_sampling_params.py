@@ -45,9 +45,10 @@ def test_defaults_and_field_order():
     names = list(p.to_dict())
     assert names[:3] == ["max_new_tokens", "stop", "stop_token_ids"]
     assert names.index("custom_params") == names.index("sampling_seed") + 1
-    # SGLang's fields end at watermark; the built-in batch processors' parameters follow.
+    # SGLang's fields end at watermark; the built-in batch processors' parameters follow, then
+    # beam search's length_penalty (SGLang fixes it at 1.0).
     assert names[names.index("watermark") + 1 :] == [
-        "allowed_token_ids", "bad_words", "no_repeat_ngram_size", "thinking_token_budget"
+        "allowed_token_ids", "bad_words", "no_repeat_ngram_size", "thinking_token_budget", "length_penalty"
     ]
 
 
@@ -159,7 +160,9 @@ _BAD = [
     ({"n": 0}, "n must be at least 1"),
     ({"n": True}, "n must be at least 1"),
     ({"stream_interval": 0}, "stream_interval"),
-    ({"beam_width": 2}, "beam_width"),
+    ({"beam_width": 2, "n": 3}, "beam_width"),
+    ({"beam_width": 2, "stop": "x"}, "beam_width"),
+    ({"length_penalty": 2.0}, "length_penalty"),
     ({"watermark": {"key": 1}}, "watermark"),
 ]
 

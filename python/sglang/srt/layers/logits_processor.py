@@ -31,6 +31,10 @@ class LogitsProcessorOutput:
     # Their sampled id is -1.
     invalid_rows: Optional[torch.Tensor] = None  # [B] bool
     row_errors: dict[int, str] = field(default_factory=dict)  # row -> message, host-known causes
+    # Beam search: (rows [R] int64, candidates C) whose top-C log-probabilities of the processed
+    # logits Sampler.forward returns in beam_topk ([R, C] float32 values, [R, C] int64 ids).
+    beam_ask: Optional[tuple[torch.Tensor, int]] = None
+    beam_topk: Optional[tuple[torch.Tensor, torch.Tensor]] = None
 
 
 class LMHead(Protocol):

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from sglang.srt.beam_search.selection import row_candidates
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.logprob_processor import LOGPROBS_MODES, clamped_log_softmax, default_logprobs_mode, fill_logprobs
 from sglang.srt.layers.sampler_cpu import CpuGroupedStep
@@ -182,7 +183,7 @@ class Sampler(nn.Module):
         )
 
     def _samples_in_graph(self, inp: SamplerInput, asks: list[Optional[LogprobAsk]]) -> bool:
-        if self._graph is None or inp.graph_rows is None:
+        if self._graph is None or inp.graph_rows is None or inp.beam is not None:
             return False
         choice = inp.info.graph_choice
         if choice is None or choice[0] is not self:  # decided once per batch composition
@@ -196,7 +197,7 @@ class Sampler(nn.Module):
         apply_penalties_bias_and_mask(logits, info, inp.rows)
         row_errors = run_batch_processors(logits, info, inp.rows if self.check_logits_processors else None)
         return_logprob = any(a is not None for a in asks)
-        out = LogitsProcessorOutput(next_token_logits=logits)
+        out = LogitsProcessorOutput(next_token_logits=logits, beam_ask=inp.beam)
         next_ids = self.forward(
             out,
             info,
@@ -206,11 +207,13 @@ class Sampler(nn.Module):
             positions=inp.positions,
             row_errors=row_errors,
         )
-        info.update_penalties(next_ids)
+        info.update_penalties(next_ids if inp.beam is None else next_ids.index_fill(0, inp.beam[0], -1))
         if inp.token_store is not None:
             ids_out, slots = inp.token_store
             ids_out.index_copy_(0, slots, next_ids)
-        return SamplerOutput(next_ids, dict(out.row_errors), out if return_logprob else None, asks, self.step_name)
+        return SamplerOutput(
+            next_ids, dict(out.row_errors), out if return_logprob else None, asks, self.step_name, out.beam_topk
+        )
 
     # ------------------------------------------------------------------ library entry points
 
@@ -236,6 +239,10 @@ class Sampler(nn.Module):
             raise ValueError("positions are required to sample rows that have a sampling_seed.")
         # next_token_logits: [B, V] float32, processed in place by custom processors.
         row_errors = {**apply_custom_logit_processors(logits_output.next_token_logits, info), **(row_errors or {})}
+        if logits_output.beam_ask is not None:
+            # Beam rows rank the fully processed logits, before temperature and the filters.
+            rows, num_candidates = logits_output.beam_ask
+            logits_output.beam_topk = row_candidates(logits_output.next_token_logits.index_select(0, rows), num_candidates)
         logprobs = LogprobGathers(top_logprobs_nums, token_ids_logprobs) if return_logprob else None
         if self.step is None:
             self._bind(logits_output.next_token_logits.device)

@@ -65,6 +65,9 @@ class SamplerInput:
     # Where the ids go on the device: ids_out.index_copy_(0, slots, next_ids) ([R] int64 buffer,
     # [S] int64 slots); the next decode step reads its input ids there.
     token_store: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+    # Beam rows ([R] int64 indices into the S rows) and how many candidates each returns; the
+    # sampler does not record their sampled ids in the penalty state (the beam step does).
+    beam: Optional[tuple[torch.Tensor, int]] = None
 
 
 @dataclass
@@ -75,6 +78,7 @@ class SamplerOutput:
     logprobs: Optional[LogitsProcessorOutput]
     asks: list[Optional[LogprobAsk]]
     strategy: str  # the strategy that sampled the step (one of the *_STEP names)
+    beam_topk: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # LogitsProcessorOutput.beam_topk
 
 
 class LogprobGathers(NamedTuple):

@@ -95,6 +95,8 @@ class DetokenizerManager:
         if self.decoder is None:
             return StrOut(token=out, new_text="")
         try:
+            if out.beam_results:
+                self._decode_beams(out)
             return self._str_out(out)
         except Exception as err:  # one request's bad ids must not take the process down
             logger.exception("Detokenization failed for request %s", out.rid)
@@ -129,6 +131,15 @@ class DetokenizerManager:
             pending, state.held = pending[: len(pending) - held], pending[len(pending) - held :]
         state.sent += pending
         return StrOut(token=out, new_text=pending)
+
+    def _decode_beams(self, out: TokenOut) -> None:
+        """Each returned beam's text, its stop token trimmed as the main text's is."""
+        for beam in out.beam_results:
+            ids = beam.output_ids
+            matched = beam.finish_reason.get("matched")
+            if isinstance(matched, int) and not out.no_stop_trim and ids and ids[-1] == matched:
+                ids = ids[:-1]
+            beam.text = self._decode(ids, out)
 
     def _trimmed(self, state: _DecodeState, out: TokenOut) -> StrOut:
         """The final message of a request that stopped on stop text: the whole output decoded at

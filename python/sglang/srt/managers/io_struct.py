@@ -12,6 +12,8 @@ from typing import Any, Optional, Sequence, Union
 
 import msgspec
 
+from sglang.srt.beam_search.types import BeamSequence
+
 
 @dataclass
 class GenerateReqInput:
@@ -144,6 +146,8 @@ class TokenOut(msgspec.Struct):
     # A streamed request's stop strings, on its first message (unless no_stop_trim): the
     # detokenizer holds back a text tail that may be the start of one.
     stop_strs: Optional[list[str]] = None
+    # A finished beam-search request: its n best beams, best first (new_output_ids is the first).
+    beam_results: Optional[list[BeamSequence]] = None
 
 
 class BatchTokenOut(msgspec.Struct):

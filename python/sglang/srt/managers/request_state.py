@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from sglang.srt.beam_search.types import BeamSequence
 from sglang.srt.managers.io_struct import StrOut
 
 TokenText = Callable[[int], Optional[str]]  # a token id -> its text (None without a tokenizer)
@@ -47,6 +48,7 @@ class ReqState:
     streamed_ids: int = 0  # output ids already sent in chunks (--stream-output)
     created_at: float = field(default_factory=time.perf_counter)
     last_token_at: Optional[float] = None  # when output ids last arrived (--enable-metrics)
+    beam_results: Optional[list[BeamSequence]] = None  # a finished beam search's returned beams
 
 
 def append_logprobs(state: ReqState, out: StrOut, token_text: TokenText) -> None:
@@ -99,7 +101,27 @@ def snapshot(state: ReqState, indexed: bool, with_text: bool, delta_ids: bool) -
         state.streamed_ids = len(state.output_ids)
     else:
         out["output_ids"] = list(state.output_ids)
+    if state.beam_results:
+        meta = beam_meta_info(meta, state.beam_results, with_text)
     out["meta_info"] = meta
     if indexed:
         out["index"] = state.index
     return out
+
+
+def beam_meta_info(meta: dict[str, Any], beams: list[BeamSequence], with_text: bool) -> dict[str, Any]:
+    """SGLang's beam response: the best beam's meta_info (with its sequence_score) at the top,
+    and under "beam_results" every returned beam as {text, output_ids, meta_info}, best first;
+    the first beam's meta_info is the full one, the others carry finish_reason and score."""
+    results = []
+    for i, beam in enumerate(beams):
+        beam_meta = dict(meta) if i == 0 else {}
+        beam_meta["finish_reason"] = beam.finish_reason
+        beam_meta["sequence_score"] = beam.sequence_score
+        entry: dict[str, Any] = {"text": beam.text or ""} if with_text else {}
+        entry["output_ids"] = list(beam.output_ids)
+        entry["meta_info"] = beam_meta
+        results.append(entry)
+    top = dict(results[0]["meta_info"])
+    top["beam_results"] = results
+    return top

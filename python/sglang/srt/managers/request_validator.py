@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from sglang.srt.beam_search.params import verify_beam_request
 from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady
 from sglang.srt.sampling.logits_processor.loader import LoadedLogitsProcessors
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -36,6 +37,8 @@ class RequestValidator:
             self.check_grammar(params)
         self.check_flags(obj)
         self.check_logprob_args(obj, len(input_ids))
+        ready = self.ready
+        verify_beam_request(params, obj.return_logprob, len(input_ids), ready.max_running_requests, ready.max_total_num_tokens)
         return input_ids, params
 
     def tokenize(self, obj: GenerateReqInput) -> list[int]:

@@ -20,6 +20,7 @@ from sglang.srt.constrained.base_grammar_backend import grammar_key
 from sglang.srt.constrained.bitmask import allows_nothing
 from sglang.srt.distributed.communication import TokenDivergenceError
 from sglang.srt.distributed.parallel_state import tp_cpu_group
+from sglang.srt.managers.beam_coordinator import BeamCoordinator, beam_token_fields, is_hidden
 from sglang.srt.managers.io_struct import STEP_ERROR, BatchTokenOut, TokenOut, encode
 from sglang.srt.managers.results_channel import ResultsSender
 from sglang.srt.managers.schedule_batch import Req
@@ -48,6 +49,7 @@ class ResultProcessor:
         req_to_token_pool: ReqToTokenPool,
         failures: StepFailureLimit,
         step_time: Histogram,
+        beams: Optional[BeamCoordinator] = None,
     ) -> None:
         self.sender = sender
         self.tp_size = tp_size
@@ -57,6 +59,7 @@ class ResultProcessor:
         self.req_to_token_pool = req_to_token_pool
         self.failures = failures
         self.step_time = step_time
+        self.beams = beams
 
     # ------------------------------------------------------------------ reading a step
 
@@ -95,9 +98,11 @@ class ResultProcessor:
         for row, entries in result.input_logprobs.items():
             _record_input_logprobs(step.reqs[row], entries)
         sampled = [step.reqs[r] for r in step.sample_rows]
+        if self.beams is not None:
+            self.beams.read(step, result)
         for i, req in enumerate(sampled):
-            if req.finished():
-                continue  # finished at the previous step (overlap) or aborted: drop this token
+            if req.finished() or req.beam is not None:
+                continue  # finished at the previous step (overlap) or aborted: drop this token; beams: read above
             self._record_token(req, next_ids[i], result.row_errors.get(i), result.output_logprobs[i])
         self.send([r for r in step.reqs if r.finished() or (r.stream and self._stream_due(r))])
 
@@ -167,8 +172,8 @@ class ResultProcessor:
             return
         outs = []
         for req in reqs:
-            if req.finish_sent:
-                continue  # e.g. aborted by the client while a step was in flight
+            if req.finish_sent or is_hidden(req):
+                continue  # e.g. aborted by the client while a step was in flight; beam rows: at the end
             outs.append(_token_out(req))
             req.finish_sent = req.finished()
         if outs:
@@ -202,6 +207,12 @@ def _token_out(req: Req) -> TokenOut:
     first = req.sent_output_len == 0
     new_ids = req.output_ids[req.sent_output_len :]
     req.sent_output_len = len(req.output_ids)
+    completion_tokens, beam_results = len(req.output_ids), None
+    beam = beam_token_fields(req)
+    if beam is not None:
+        new_ids, completion_tokens, beam_results = beam
+    elif req.beam is not None:
+        new_ids = []  # a beam request that failed: its rows' ids are no answer
     pending, req.pending_logprobs = req.pending_logprobs, type(req.pending_logprobs)()
     want = req.logprob
     return TokenOut(
@@ -209,7 +220,7 @@ def _token_out(req: Req) -> TokenOut:
         new_output_ids=new_ids,
         finished_reason=req.finished_reason,
         prompt_tokens=len(req.origin_input_ids),
-        completion_tokens=len(req.output_ids),
+        completion_tokens=completion_tokens,
         cached_tokens=req.cached_tokens,
         skip_special_tokens=params.skip_special_tokens,
         spaces_between_special_tokens=params.spaces_between_special_tokens,
@@ -222,4 +233,5 @@ def _token_out(req: Req) -> TokenOut:
         input_token_ids_logprobs=pending.input_token_ids if want and want.token_ids_logprob else None,
         matched_text=req.matched_text,
         stop_strs=params.stop_strs if first and req.stream and not params.no_stop_trim else None,
+        beam_results=beam_results,
     )

@@ -68,6 +68,8 @@ class Req:
         self.finish_sent = False
         self.kv_failed = False  # a failed step wrote (part of) its K/V: released without caching
         self.pending_logprobs = _PendingLogprobs()
+        self.beam: Any = None  # its BeamGroup when beam_width > 1 (leader and members share it)
+        self.beam_results: Any = None  # the returned beams, once the search finished
 
     @property
     def return_logprob(self) -> bool:

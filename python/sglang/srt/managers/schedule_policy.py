@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable, Optional
 
+from sglang.srt.managers.beam_coordinator import member_rows_needed
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.mem_cache.radix_cache import RadixCache
@@ -110,6 +111,8 @@ class SchedulePolicy:
         self.req_to_token_pool = req_to_token_pool
         self.max_running = max_running
         self.budget = budget
+        # Takes the request slots an admitted request needs besides its own (beam members).
+        self.reserve_rows: Callable[[Req], None] = lambda req: None
 
     def order(self, waiting: deque[Req]) -> None:
         order_waiting(waiting, self.policy, self.tree_cache)
@@ -125,7 +128,7 @@ class SchedulePolicy:
         """Give `req` a request row and its cached prefix if the rest of its budget fits beside
         `reserved` and its next chunk fits `token_budget`; returns the KV tokens it may still
         claim. None: it keeps waiting, holding nothing (it matches again next step)."""
-        if self.req_to_token_pool.available_size() == 0:
+        if self.req_to_token_pool.available_size() <= member_rows_needed(req):
             return None
         req.req_pool_idx = self.req_to_token_pool.alloc()
         req.kv_len = req.cached_tokens = self.tree_cache.admit(req, cacheable_len(req))
@@ -134,4 +137,5 @@ class SchedulePolicy:
             release_kv(self.tree_cache, req)
             req.kv_len = req.cached_tokens = 0
             return None
+        self.reserve_rows(req)
         return need

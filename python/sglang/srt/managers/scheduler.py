@@ -39,6 +39,7 @@ from sglang.srt.constrained.grammar_backends import create_grammar_backend
 from sglang.srt.constrained.grammar_queue import GrammarQueue
 from sglang.srt.distributed.communication import broadcast_frames
 from sglang.srt.distributed.parallel_state import init_tp_groups, tp_cpu_group
+from sglang.srt.managers.beam_coordinator import BeamCoordinator
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchTokenOut,
@@ -140,9 +141,14 @@ class Scheduler:
             self.recv_socket.bind(port_args.scheduler_input_ipc)
             sender = results_sender(server_args, port_args, self.context)
             self.load_reporter = ReplicaLoadReporter(self.context, port_args.load_ipc, server_args.load_watch_interval)
+        self.beams = BeamCoordinator(
+            self.tree_cache, pool, self.model_runner.future_tokens, self.builder.sampled_batch, self.max_running,
+            self.max_total_tokens,
+        )
+        self.policy.reserve_rows = self.beams.reserve_rows
         self.results = ResultProcessor(
             sender, self.tp_size, self.vocab_size, server_args.stream_interval, self.tree_cache, pool,
-            failures, self.stats.step_time,
+            failures, self.stats.step_time, self.beams,
         )
         self.num_reqs_received = 0
         if self.tp_size > 1:
@@ -165,9 +171,10 @@ class Scheduler:
         while True:
             self.recv_requests(block=self._idle())
             step = self.get_next_step()
-            if self.overlap and self.in_flight is not None and step is not None and step.reads_host_history():
+            if self.overlap and self.in_flight is not None and step is not None and (step.reads_host_history() or step.has_beam_rows()):
                 # Custom processors read each request's output ids on the host: let them see the
-                # in-flight token first.
+                # in-flight token first. Beam rows take their next input ids, K/V spans and penalty
+                # state from the in-flight step's selection (managers/beam_coordinator.py).
                 self.process_step_result(*self.in_flight)
                 self.in_flight = None
             if self.overlap and self.in_flight is not None and step is not None and (step.has_grammar_rows() or step.has_batch_logits_processors()):
@@ -265,6 +272,10 @@ class Scheduler:
         except InvalidRequest as err:
             self._reject(err.req, str(err))
             return
+        beam_error = self.beams.init_request(req)
+        if beam_error is not None:
+            self._reject(req, beam_error)
+            return
         params = req.sampling_params
         key = grammar_key(params)
         limit = self.server_args.max_queued_requests
@@ -302,7 +313,7 @@ class Scheduler:
         self._send([req for req, _ in failed])
 
     def _budget(self, req: Req) -> int:
-        return kv_budget(req, self.context_len)
+        return kv_budget(req, self.context_len) + self.beams.extra_kv_budget(req)
 
     def _send(self, reqs: list[Req]) -> None:
         self.results.send(reqs)
@@ -350,6 +361,7 @@ class Scheduler:
 
     def _release(self, req: Req) -> None:
         release_kv(self.tree_cache, req)
+        self.beams.released(req)
         self.reqs_by_rid.pop(req.rid, None)
 
     def _active_reqs(self) -> list[Req]:
@@ -377,6 +389,7 @@ class Scheduler:
             self.results.fail(step, error, in_flight, self._active_reqs())
         if step.mode == ForwardMode.EXTEND and step.sampled_batch is not None:
             self.running.to_merge.append(step.sampled_batch)
+        self.running.to_merge.extend(self.beams.take_new_batches())
 
 
 def run_scheduler_process(

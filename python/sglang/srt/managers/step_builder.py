@@ -9,6 +9,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from sglang.srt.managers.beam_coordinator import beam_ask
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import SchedulePolicy
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
@@ -111,6 +112,7 @@ class StepBuilder:
         # [S] the position of each sampled row's last prompt token
         sample_positions = host_to_device([len(r.origin_input_ids) - 1 for r in sampled], self.device)
         step = Step(ForwardMode.EXTEND, reqs, forward_batch, sample_rows, sampled_batch, sample_positions, spans, kv_slots=out_cache_loc)
+        step.beam_rows, step.beam_candidates = beam_ask(sampled)
         return step, unfinished
 
     def decode_step(self, running: ScheduleBatch) -> Step:
@@ -120,10 +122,12 @@ class StepBuilder:
         out_cache_loc = self._allocate_slots(reqs, [1] * len(reqs))  # [B] int64, host
         forward_batch = self._forward_batch(ForwardMode.DECODE, reqs, None, prefix_lens, [1] * len(reqs), out_cache_loc)
         # A decode row samples at the position of its one input token.
-        return Step(
+        step = Step(
             ForwardMode.DECODE, reqs, forward_batch, list(range(len(reqs))), running, forward_batch.positions,
             kv_slots=out_cache_loc,
         )
+        step.beam_rows, step.beam_candidates = beam_ask(reqs)
+        return step
 
     def sampled_batch(self, reqs: list[Req]) -> ScheduleBatch:
         """The ScheduleBatch of newly prefilled requests, with its SamplingBatchInfo; it joins the

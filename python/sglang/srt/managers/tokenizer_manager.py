@@ -146,7 +146,9 @@ class TokenizerManager(ManyRequests):
             stream=obj.stream,
             extra_key=obj.extra_key,
         )
-        return PreparedRequest(rid, obj.stream, fan_out(base, params.n), obj.return_text_in_logprobs, obj)
+        # A beam search is one request whatever its n (the number of beams it returns).
+        children = fan_out(base, 1 if (params.beam_width or 1) > 1 else params.n)
+        return PreparedRequest(rid, obj.stream, children, obj.return_text_in_logprobs, obj)
 
     async def run_prepared(self, prepared: PreparedRequest) -> AsyncIterator[dict[str, Any]]:
         """Send a prepared request and yield its results (see generate_request)."""
@@ -344,6 +346,7 @@ class TokenizerManager(ManyRequests):
             append_logprobs(state, out, self._token_text)
         if token.finished_reason is not None:
             state.finished_reason = token.finished_reason
+            state.beam_results = token.beam_results
             del self._states[token.rid]
             self._record_finish(state)
             if token.finished_reason.get("err_type") == DETOKENIZATION_ERROR:

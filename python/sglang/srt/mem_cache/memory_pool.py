@@ -83,9 +83,24 @@ class ReqToTokenPool:
         if self.req_to_token is not self.req_to_token_cpu:
             self.req_to_token[row, :m] = host_to_device(slots, self.device)
 
+    def copy_spans(self, dst_rows: list[int], src_rows: list[int], start: int, end: int) -> torch.Tensor:
+        """Positions [start, end) of each dst row take those of the matching src row, on the host
+        and the device; returns the dst rows' previous slots ([len(dst_rows), end - start] int64, host)."""
+        dst, src = torch.tensor(dst_rows, dtype=torch.int64), torch.tensor(src_rows, dtype=torch.int64)
+        old = self.req_to_token_cpu[dst, start:end].clone()  # [D, end - start]
+        self.req_to_token_cpu[dst, start:end] = self.req_to_token_cpu[src, start:end]
+        if self.req_to_token is not self.req_to_token_cpu:
+            dst_d, src_d = host_to_device(dst, self.device), host_to_device(src, self.device)
+            self.req_to_token[dst_d, start:end] = self.req_to_token[src_d, start:end]
+        return old
+
     def slots_of(self, row: int, length: int) -> torch.Tensor:
         """[length] int64 on the host: the KV slots of positions [0, length) of request `row`."""
         return self.req_to_token_cpu[row, :length]
+
+    def slots_of_rows(self, rows: list[int], start: int, end: int) -> torch.Tensor:
+        """[len(rows), end - start] int64 on the host: the slots of positions [start, end) of `rows`."""
+        return self.req_to_token_cpu[torch.tensor(rows, dtype=torch.int64), start:end]
 
     def alloc(self) -> Optional[int]:
         return self.free_slots.pop(0) if self.free_slots else None

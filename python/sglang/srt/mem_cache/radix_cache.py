@@ -247,6 +247,25 @@ class RadixCache:
         self.allocator.free(unused)
         return unused.numel()
 
+    def fork_rows(self, dst_rows: list[int], src_rows: list[int], start: int, end: int) -> None:
+        """Beam fork: positions [start, end) of each dst row take the src row's slots (the K/V is
+        shared, not copied). Each slot counts the rows that use it; the slots no row uses any
+        more (a dropped beam's tail) are freed. A fresh row's span (start == end) copies nothing."""
+        if end <= start or not dst_rows:
+            return
+        old = self.req_to_token_pool.copy_spans(dst_rows, src_rows, start, end).flatten()
+        new = self.req_to_token_pool.slots_of_rows(dst_rows, start, end).flatten()
+        self.slot_refs.index_add_(0, new, torch.ones_like(new, dtype=self.slot_refs.dtype))
+        self.slot_refs.index_add_(0, old, torch.full_like(old, -1, dtype=self.slot_refs.dtype))
+        candidates = old.unique()
+        self.allocator.free(candidates[self.slot_refs[candidates] == 0])
+
+    def share_prefix(self, dst_row: int, src_row: int, length: int) -> None:
+        """A fresh row (a beam member) starts with the first `length` slots of `src_row`, shared."""
+        self.req_to_token_pool.copy_spans([dst_row], [src_row], 0, length)
+        slots = self.req_to_token_pool.slots_of(dst_row, length)
+        self.slot_refs[slots] += 1
+
     # ------------------------------------------------------------------ requests
 
     def match_len(self, req: Req, limit: int) -> int:

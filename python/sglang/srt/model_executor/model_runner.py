@@ -273,7 +273,9 @@ class ModelRunner:
         logprobs = [None] * len(sampled.asks)
         if sampled.logprobs is not None:
             logprobs = output_logprobs(sampled.logprobs, sampled.asks)
-        return StepResult(ids_host, ready, sampled.row_errors, logprobs, prompt_logprobs)
+        # Beam rows: the scheduler selects from these before it submits their next step.
+        beam_topk = None if sampled.beam_topk is None else tuple(t.cpu() for t in sampled.beam_topk)
+        return StepResult(ids_host, ready, sampled.row_errors, logprobs, prompt_logprobs, beam_topk)
 
     def _sampler_input(self, step: Step, output: LogitsProcessorOutput, replayed: bool) -> SamplerInput:
         """The sampled rows' logits and metadata; their ids go to `future_tokens` at their request slots."""
@@ -292,6 +294,7 @@ class ModelRunner:
             host_ready=step.grammar_wait,
             graph_rows=batch.batch_size if replayed else None,
             token_store=(self.future_tokens, slots),
+            beam=(host_to_device(step.beam_rows, self.device), step.beam_candidates) if step.beam_rows else None,
         )
 
 

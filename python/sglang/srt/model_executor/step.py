@@ -64,6 +64,10 @@ class Step:
     processed: threading.Event = field(default_factory=threading.Event)  # set once the host read the result
     kv_slots: Optional[torch.Tensor] = None  # [N] int64 host: the KV slots this step writes
     submitted_at: float = 0.0  # time.perf_counter() when it went to the worker
+    # Beam search: the positions of beam rows among the sampled rows, and the candidates
+    # (top log-probabilities) each returns.
+    beam_rows: Optional[list[int]] = None
+    beam_candidates: int = 0
 
     @property
     def sampling_info(self) -> Optional[SamplingBatchInfo]:
@@ -71,6 +75,9 @@ class Step:
 
     def reads_host_history(self) -> bool:
         return self.sampled_batch is not None and self.sampling_info.has_custom_logit_processor
+
+    def has_beam_rows(self) -> bool:
+        return bool(self.beam_rows)
 
     def has_grammar_rows(self) -> bool:
         return self.sampled_batch is not None and self.sampling_info.grammars is not None
@@ -86,3 +93,4 @@ class StepResult:
     row_errors: dict[int, str]
     output_logprobs: list[Optional[tuple]]  # per sampled row: (logprob, top pairs, token-id pairs)
     input_logprobs: dict[int, tuple]  # forward row -> (token pairs, top lists, token-id lists)
+    beam_topk: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # host [R, C] values, ids of the beam rows

@@ -14,6 +14,8 @@ import numbers
 from dataclasses import InitVar, dataclass, fields
 from typing import Any, Optional, Union
 
+from sglang.srt.beam_search.params import verify_beam_params
+
 try:
     import re._parser as _regex_parser
     import re._constants as _regex_constants
@@ -93,6 +95,8 @@ class SamplingParams:
     bad_words: Optional[Union[str, list[str]]] = None
     no_repeat_ngram_size: int = 0
     thinking_token_budget: Optional[int] = None
+    # Beam search: beams are ranked by cum_logprob / len ** length_penalty (SGLang fixes 1.0).
+    length_penalty: float = 1.0
     # Internal state, filled by __post_init__ / normalize.
     stop_strs: Optional[list[str]] = None
     stop_regex_strs: Optional[list[str]] = None
@@ -273,11 +277,13 @@ class SamplingParams:
         si = self.stream_interval
         if si is not None and not (_is_int(si) and si >= 1):
             raise ValueError(f"stream_interval must be at least 1, got {si}.")
+        lp = self.length_penalty
+        if not _is_finite_real(lp):
+            raise ValueError(f"length_penalty must be a finite number, got {lp}.")
         if self.beam_width is not None and self.beam_width > 1:
-            raise ValueError(
-                f"beam_width must be 1 or null (beam search is not supported by this server yet), "
-                f"got {self.beam_width}."
-            )
+            verify_beam_params(self, vocab_size)
+        elif lp != 1.0:
+            raise ValueError(f"length_penalty applies to beam search only (beam_width > 1), got {lp}.")
         if self.watermark is not None:
             raise ValueError("watermark must be null (watermarking is not supported by this server yet).")
         self._verify_batch_processor_params(vocab_size)
@@ -622,6 +628,7 @@ _FIELD_CHECKS = {
     "bad_words": _check_str_or_str_list,
     "no_repeat_ngram_size": _check_int,
     "thinking_token_budget": _check_int,
+    "length_penalty": _check_float,
     "choice": _reject_choice,
     "seed": _check_int,
 }

@@ -1,0 +1,39 @@
+"""The request combinations beam search refuses (HTTP 400 naming beam_width): those SGLang
+refuses, checked on the params alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
+
+
+def verify_beam_params(params: Any, vocab_size: int) -> None:
+    """Raise ValueError for a beam_width > 1 request this server cannot search."""
+    k = params.beam_width
+    if params.n > k:
+        raise ValueError(f"n ({params.n}) cannot exceed beam_width ({k}): n is the number of beams returned.")
+    if 2 * k > vocab_size:
+        raise ValueError(f"beam_width ({k}) is too large for the vocabulary of {vocab_size} tokens.")
+    if params.max_new_tokens is not None and params.max_new_tokens < 1:
+        raise ValueError(f"beam_width ({k}) needs max_new_tokens of at least 1, got {params.max_new_tokens}.")
+    if params.stop_strs or params.stop_regex_strs:
+        raise ValueError("beam_width > 1 does not support stop strings or stop_regex; use stop_token_ids.")
+    if any(getattr(params, name) is not None for name in _GRAMMAR_FIELDS):
+        raise ValueError("beam_width > 1 does not support constrained decoding (json_schema, regex, ebnf, structural_tag).")
+    if params.min_new_tokens > 0:
+        raise ValueError("beam_width > 1 does not support min_new_tokens.")
+
+
+def verify_beam_request(params: Any, return_logprob: bool, input_len: int, max_running: int, max_total_tokens: int) -> None:
+    """The request-level fields beam search refuses, and the widths this server cannot hold."""
+    k = params.beam_width or 1
+    if k <= 1:
+        return
+    if return_logprob:
+        raise ValueError("beam_width > 1 does not support return_logprob.")
+    if k > max_running:
+        raise ValueError(f"beam_width ({k}) needs {k} request slots; this server runs at most {max_running} requests at once.")
+    if params.max_new_tokens is not None and input_len + k * params.max_new_tokens > max_total_tokens:
+        need = input_len + k * params.max_new_tokens
+        raise ValueError(f"beam_width ({k}) needs up to {need} KV-cache tokens; the server holds {max_total_tokens}.")

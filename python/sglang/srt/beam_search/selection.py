@@ -1,0 +1,73 @@
+"""Beam selection as batched tensor work.
+
+A request of width k keeps k live beams (the frontier). Each step every beam row contributes its
+top 2k next-token log-probabilities; the candidates of a request are the k * 2k sums
+cum_logprob + logprob, ranked best first, of which the first 2k are examined in order:
+a candidate whose token is a stop token finishes (its beam joins the finished pool), any other
+survives, and the walk stops once k candidates survived. Fewer than k survivors ends the
+request. The global top 2k of the k x V sums is always among these k x 2k, so no row's full
+vocabulary is ranked. On the last allowed step (max_new_tokens) the best k candidates all finish.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class RowCandidates(NamedTuple):
+    logprobs: torch.Tensor  # [R, C] float32, best first
+    token_ids: torch.Tensor  # [R, C] int64
+
+
+class Selection(NamedTuple):
+    """Per request (G of them), its first C ranked candidates."""
+
+    token_ids: torch.Tensor  # [G, C] int64
+    parents: torch.Tensor  # [G, C] int64, index of the beam (row within the request) extended
+    scores: torch.Tensor  # [G, C] float32, new cumulative log-probabilities
+    survives: torch.Tensor  # [G, C] bool, at most k per request, in rank order
+    finishes: torch.Tensor  # [G, C] bool, examined stop-token candidates
+
+
+def row_candidates(logits: torch.Tensor, num_candidates: int) -> RowCandidates:
+    """Top `num_candidates` log-probabilities of each row of `logits` [R, V] (fully processed
+    logits: penalties, bias, masks and processors applied, no temperature)."""
+    x = logits.float()
+    lse = torch.logsumexp(x, dim=-1, keepdim=True)  # [R, 1]
+    values, ids = torch.topk(x, num_candidates, dim=-1)  # [R, C] each, sorted
+    return RowCandidates(values - lse, ids)
+
+
+def joint_select(
+    cum_logprobs: torch.Tensor,  # [G, K] float32, -inf on rows past a request's beam count
+    logprobs: torch.Tensor,  # [G, K, C] float32, C = 2 * width
+    token_ids: torch.Tensor,  # [G, K, C] int64
+    stop_ids: torch.Tensor,  # [G, S] int64, padded with -1
+    width: int,
+    final: torch.Tensor,  # [G] bool: the step reaches max_new_tokens
+) -> Selection:
+    """One selection step for G requests of the same width (see the module docstring)."""
+    g, k, c = logprobs.shape
+    sums = (cum_logprobs.unsqueeze(2) + logprobs).reshape(g, k * c)  # [G, K*C]
+    scores, flat = torch.topk(sums, c, dim=1)  # [G, C], sorted best first
+    parents = flat // c
+    tokens = token_ids.reshape(g, k * c).gather(1, flat)  # [G, C]
+    valid = scores > float("-inf")
+    is_stop = (tokens.unsqueeze(2) == stop_ids.unsqueeze(1)).any(dim=2) & ~final.unsqueeze(1)  # [G, C]
+    live = valid & ~is_stop
+    rank = live.long().cumsum(1)  # 1-based rank among live candidates
+    survives = live & (rank <= width)
+    examined = valid & ((rank - live.long()) < width)
+    finishes = is_stop & examined
+    top_k = torch.arange(c, device=tokens.device).unsqueeze(0) < width  # [1, C]
+    on_final = final.unsqueeze(1)
+    survives = torch.where(on_final, torch.zeros_like(survives), survives)
+    finishes = torch.where(on_final, top_k & valid, finishes)
+    return Selection(tokens, parents, scores, survives, finishes)
+
+
+def beam_score(cum_logprob: float, length: int, length_penalty: float) -> float:
+    """The length-normalised score beams are ranked by at the end."""
+    return cum_logprob / (length**length_penalty)
