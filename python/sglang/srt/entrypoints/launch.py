@@ -219,8 +219,11 @@ class ChildProcesses:
                 logger.warning("%s did not exit on SIGTERM within %.0f s; killing it.", name, SHUTDOWN_GRACE_S)
                 proc.kill()
                 proc.join()
-        # PortArgs.init_new puts every ipc endpoint in one fresh temporary folder.
-        shutil.rmtree(os.path.dirname(self.port_args.scheduler_input_ipc.removeprefix("ipc://")), ignore_errors=True)
+        shutil.rmtree(self.ipc_dir(), ignore_errors=True)
+
+    def ipc_dir(self) -> str:
+        """The server's temporary folder: PortArgs.init_new puts every ipc endpoint there."""
+        return os.path.dirname(self.port_args.scheduler_input_ipc.removeprefix("ipc://"))
 
 
 def _load_in_background(path: str, trust_remote_code: bool) -> concurrent.futures.Future:

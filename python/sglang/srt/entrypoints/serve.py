@@ -89,6 +89,11 @@ def run_with_http_workers(children: ChildProcesses) -> None:
     try:
         children.start()
         ready = children.wait_ready(float(os.environ.get(READY_TIMEOUT_ENV, DEFAULT_READY_TIMEOUT_S)))
+        if args.enable_metrics:  # before the workers import prometheus_client (metrics/collector.py)
+            from sglang.srt.metrics.collector import MULTIPROC_DIR_ENV
+
+            os.environ[MULTIPROC_DIR_ENV] = os.path.join(children.ipc_dir(), "metrics")
+            os.mkdir(os.environ[MULTIPROC_DIR_ENV])
         children.start_http_workers(ready)
         logger.info("Serving on http://%s:%d with %d HTTP workers", args.host, args.port, args.tokenizer_worker_num)
         children.wait_first_exit()

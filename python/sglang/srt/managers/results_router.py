@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import zlib
 from collections import defaultdict
-from typing import Optional
+from typing import Any, Optional
 
 import zmq
 
@@ -48,16 +48,22 @@ class ResultsRouter:
     """Rank 0's sender of results: each output to its request's tokenizer worker (through the
     request's detokenizer in process mode)."""
 
-    def __init__(self, server_args: ServerArgs, port_args: PortArgs, context: zmq.Context) -> None:
-        self._workers = worker_endpoints(server_args, port_args)
-        self._worker_index = {endpoint: i for i, endpoint in enumerate(self._workers)}
+    def __init__(self, workers: list[str], sinks: list[Any], inline: bool) -> None:
+        """workers: the workers' results endpoints; sinks: what sends to each worker (inline) or to
+        each detokenizer (anything with send(bytes))."""
+        self._workers = workers
+        self._worker_index = {endpoint: i for i, endpoint in enumerate(workers)}
         self._owner: dict[str, int] = {}  # rid -> its worker (only with several workers)
+        self._sinks = sinks
+        self._inline = inline
+
+    @classmethod
+    def create(cls, server_args: ServerArgs, port_args: PortArgs, context: zmq.Context) -> "ResultsRouter":
+        workers = worker_endpoints(server_args, port_args)
         detokenizers = detokenizer_endpoints(server_args, port_args)
-        self._inline = not detokenizers
-        if self._inline:
-            self._sinks = [FramedSender(path) for path in self._workers]
-        else:
-            self._sinks = [_push(context, address) for address in detokenizers]
+        if not detokenizers:
+            return cls(workers, [FramedSender(path) for path in workers], inline=True)
+        return cls(workers, [_push(context, address) for address in detokenizers], inline=False)
 
     def register(self, rid: str, http_worker_ipc: Optional[str]) -> None:
         """Remember the worker that sent request `rid` (an unknown endpoint: the first worker)."""

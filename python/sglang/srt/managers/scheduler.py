@@ -137,7 +137,7 @@ class Scheduler:
             self.context = zmq.Context(2)
             self.recv_socket = self.context.socket(zmq.PULL)
             self.recv_socket.bind(port_args.scheduler_input_ipc)
-            sender = ResultsRouter(server_args, port_args, self.context)
+            sender = ResultsRouter.create(server_args, port_args, self.context)
             self.load_reporter = ReplicaLoadReporter(self.context, port_args.load_ipc, server_args.load_watch_interval)
         self.results = ResultProcessor(
             sender, self.tp_size, self.vocab_size, server_args.stream_interval, self.tree_cache, pool,
