@@ -239,8 +239,19 @@ def test_sigterm_stops_every_process_with_exit_code_0(servers, name) -> None:
     processes = _descendants(server.proc.pid)
     assert len(processes) >= 4  # schedulers, workers (and detokenizers, controller)
     assert server.stop() == 0
-    time.sleep(1)
-    assert not [pid for pid in processes if os.path.exists(f"/proc/{pid}")]
+    deadline = time.monotonic() + 15  # multiprocessing's resource tracker leaves once it reads EOF
+    while [pid for pid in processes if _running(pid)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in processes if _running(pid)]
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 # --- without processes ----------------------------------------------------------------------------
