@@ -110,6 +110,7 @@ class ServerArgs:
     log_requests: bool = False
     log_requests_level: int = 2  # SGLang's default
     detokenizer_worker_num: int = 1
+    tokenizer_worker_num: int = 1
     # What resolve() changed because this machine or build cannot honour a flag (logged at start-up).
     startup_warnings: list[str] = dataclasses.field(default_factory=list)
     # SGLang flags the command passed that have no effect here (set by prepare_server_args).
@@ -149,10 +150,10 @@ class ServerArgs:
         if self.attention_backend is None:
             self.attention_backend = default_attention_backend(self.device)
         self._fall_back_attention_backend()
-        if self.detokenizer_worker_num > 1:
+        if self.detokenizer_worker_num > 1 and not self.detokenizer_process():
             self.startup_warnings.append(
-                f"--detokenizer-worker-num {self.detokenizer_worker_num}: one detokenizer serves here "
-                "(--detokenizer-mode picks where it runs)."
+                f"--detokenizer-worker-num {self.detokenizer_worker_num} has no effect with --detokenizer-mode inline: "
+                "no detokenizer process runs, each tokenizer worker is the one detokenizer of its own requests."
             )
         self.validate()
         self._check_quantization()
@@ -192,7 +193,8 @@ class ServerArgs:
             raise ValueError(f"--sampling-defaults must be one of {SAMPLING_DEFAULTS_CHOICES}, got {self.sampling_defaults!r}.")
         for name in ("max_running_requests", "max_queued_requests", "max_request_body_bytes", "step_failure_limit",
                      "step_failure_window", "chunked_prefill_size", "tp_size", "dist_timeout", "cuda_graph_max_bs",
-                     "piecewise_cuda_graph_max_tokens", "decode_log_interval", "stream_interval"):
+                     "piecewise_cuda_graph_max_tokens", "decode_log_interval", "stream_interval",
+                     "tokenizer_worker_num", "detokenizer_worker_num"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}.")
@@ -472,7 +474,11 @@ class ServerArgs:
             help="SGLang's disjoint streaming: each streamed chunk's output_ids holds only the ids new since the "
             "previous chunk (text stays cumulative, as in SGLang 0.5); non-streamed responses are unchanged.")
         add("--detokenizer-worker-num", type=int, default=d.detokenizer_worker_num,
-            help="SGLang's detokenizer workers; one serves here (a larger number is accepted with a warning).")
+            help="Detokenizer processes (--detokenizer-mode process); each request's results pass through the one "
+            "its rid hashes to.")
+        add("--tokenizer-worker-num", type=int, default=d.tokenizer_worker_num,
+            help="HTTP + tokenizer worker processes sharing --host:--port (SO_REUSEPORT); each request's results "
+            "return to the worker that accepted it. 1: the HTTP server runs in the launching process.")
 
         group = parser.add_argument_group("Reliability and metrics")
         add = group.add_argument

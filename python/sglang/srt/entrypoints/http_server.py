@@ -174,7 +174,7 @@ def _abort(body: Any, tm: TokenizerManager) -> dict:
         if not isinstance(value, ABORT_FIELDS[key]):
             raise ValueError(f"{key} must be a {ABORT_FIELDS[key].__name__}.")
     if body.get("abort_all"):
-        tm.abort_all()
+        tm.abort_all(server_wide=True)
     elif body.get("rid"):
         tm.abort_request(body["rid"])
     else:
@@ -222,7 +222,7 @@ def create_app(
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
-        if tm.flush_cache():
+        if await tm.flush_cache_server_wide():
             return Response("Cache flushed.\n", media_type="text/plain")
         return Response(
             "Cache not flushed: requests are running or waiting (the operation is not performed while they are).\n",

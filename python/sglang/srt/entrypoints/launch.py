@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 SCHEDULER_ENTRY_ENV = "SGLANG_TEST_SCHEDULER_ENTRY"
 DEFAULT_SCHEDULER_ENTRY = "sglang.srt.managers.scheduler:run_scheduler_process"
 DETOKENIZER_ENTRY = "sglang.srt.managers.detokenizer_manager:run_detokenizer_process"
+HTTP_WORKER_ENTRY = "sglang.srt.entrypoints.http_workers:run_http_worker"
 DP_CONTROLLER_ENTRY = "sglang.srt.managers.data_parallel_controller:run_data_parallel_controller_process"
 READY_TIMEOUT_ENV = "SGLANG_SCHEDULER_READY_TIMEOUT"
 DEFAULT_READY_TIMEOUT_S = 900.0
@@ -84,7 +85,28 @@ class ChildProcesses:
             for rank in node_tp_ranks(args.tp_size, args.nnodes, args.node_rank):
                 self._spawn_scheduler(ctx, ports, dp_rank, rank)
         if args.node_rank == 0 and args.detokenizer_process():
-            self._spawn(ctx, "detokenizer", DETOKENIZER_ENTRY, (args, self.port_args))
+            count = args.detokenizer_worker_num
+            for index in range(count):
+                name = "detokenizer" if count == 1 else f"detokenizer {index}"
+                self._spawn(ctx, name, DETOKENIZER_ENTRY, (args, self.port_args, index))
+
+    def start_http_workers(self, ready: SchedulerReady) -> None:
+        """The --tokenizer-worker-num HTTP + tokenizer worker processes (entrypoints.http_workers)."""
+        ctx = multiprocessing.get_context("spawn")
+        for worker_id in range(self.server_args.tokenizer_worker_num):
+            self._spawn(ctx, f"http worker {worker_id}", HTTP_WORKER_ENTRY, (self.server_args, self.port_args, ready, worker_id))
+
+    def stop_http_workers(self, timeout: float) -> None:
+        """SIGTERM to the HTTP workers (each drains its requests), then wait up to `timeout` seconds
+        for them; shutdown() stops what is left."""
+        self._stopping.set()
+        workers = [proc for name, proc in self._procs if name.startswith("http worker")]
+        for proc in workers:
+            if proc.is_alive():
+                proc.terminate()
+        deadline = time.monotonic() + timeout
+        for proc in workers:
+            proc.join(max(0.0, deadline - time.monotonic()))
 
     def _dist_init_method(self, dp_rank: int) -> str:
         """Where replica dp_rank's TP group meets: --dist-init-addr's port + dp_rank, else a free local port."""
@@ -197,8 +219,11 @@ class ChildProcesses:
                 logger.warning("%s did not exit on SIGTERM within %.0f s; killing it.", name, SHUTDOWN_GRACE_S)
                 proc.kill()
                 proc.join()
-        # PortArgs.init_new puts every ipc endpoint in one fresh temporary folder.
-        shutil.rmtree(os.path.dirname(self.port_args.scheduler_input_ipc.removeprefix("ipc://")), ignore_errors=True)
+        shutil.rmtree(self.ipc_dir(), ignore_errors=True)
+
+    def ipc_dir(self) -> str:
+        """The server's temporary folder: PortArgs.init_new puts every ipc endpoint there."""
+        return os.path.dirname(self.port_args.scheduler_input_ipc.removeprefix("ipc://"))
 
 
 def _load_in_background(path: str, trust_remote_code: bool) -> concurrent.futures.Future:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from typing import Any, Optional
@@ -19,6 +20,8 @@ from fastapi import FastAPI
 
 from sglang.srt.entrypoints.http_server import create_app
 from sglang.srt.entrypoints.launch import (
+    DEFAULT_READY_TIMEOUT_S,
+    READY_TIMEOUT_ENV,
     SHUTDOWN_GRACE_S,
     ChildProcesses,
     LaunchError,
@@ -26,7 +29,7 @@ from sglang.srt.entrypoints.launch import (
     launch_subprocesses,
     run_scheduler_node,
 )
-from sglang.srt.managers.replica_load import ReplicaLoadTable
+from sglang.srt.managers.replica_load import ReplicaLoadTable, publisher_address
 from sglang.srt.managers.tokenizer_manager import ABORTED_BY_SHUTDOWN, TokenizerManager
 from sglang.srt.server_args import PortArgs, ServerArgs
 
@@ -57,6 +60,9 @@ def launch_server(server_args: ServerArgs) -> None:
     if server_args.node_rank > 0:
         run_scheduler_node(children)
         return
+    if server_args.tokenizer_worker_num > 1:
+        run_with_http_workers(children)
+        return
     loads = ReplicaLoadTable(port_args.load_ipc, server_args.dp_size)
     tm: Optional[TokenizerManager] = None
     try:
@@ -71,6 +77,33 @@ def launch_server(server_args: ServerArgs) -> None:
             tm.close()
     if children.failure is not None:
         raise LaunchError(children.failure)
+
+
+def run_with_http_workers(children: ChildProcesses) -> None:
+    """--tokenizer-worker-num N > 1: the scheduler ranks and detokenizers, then N HTTP workers
+    (entrypoints.http_workers) that serve the port; this process forwards the load reports and
+    watches them all. A signal drains the workers first (each for up to
+    --graceful-shutdown-timeout), then stops the rest; a child's death stops everything."""
+    args, port_args = children.server_args, children.port_args
+    loads = ReplicaLoadTable(port_args.load_ipc, args.dp_size, publish=publisher_address(port_args.load_ipc))
+    try:
+        children.start()
+        ready = children.wait_ready(float(os.environ.get(READY_TIMEOUT_ENV, DEFAULT_READY_TIMEOUT_S)))
+        if args.enable_metrics:  # before the workers import prometheus_client (metrics/collector.py)
+            from sglang.srt.metrics.collector import MULTIPROC_DIR_ENV
+
+            os.environ[MULTIPROC_DIR_ENV] = os.path.join(children.ipc_dir(), "metrics")
+            os.mkdir(os.environ[MULTIPROC_DIR_ENV])
+        children.start_http_workers(ready)
+        logger.info("Serving on http://%s:%d with %d HTTP workers", args.host, args.port, args.tokenizer_worker_num)
+        children.wait_first_exit()
+        children.failure = children.failure or "a child process exited"
+    finally:
+        ignore_signals()
+        children.stop_http_workers(args.graceful_shutdown_timeout + SHUTDOWN_GRACE_S)
+        children.shutdown()
+        loads.close()
+    raise LaunchError(children.failure)
 
 
 class DrainingServer(uvicorn.Server):
@@ -104,7 +137,7 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def _serve(app: FastAPI, tm: TokenizerManager, server_args: ServerArgs, children: ChildProcesses) -> None:
+def build_server(app: FastAPI, tm: TokenizerManager, server_args: ServerArgs, server_class: type = DrainingServer) -> DrainingServer:
     config = uvicorn.Config(
         app,
         host=server_args.host,
@@ -112,7 +145,11 @@ def _serve(app: FastAPI, tm: TokenizerManager, server_args: ServerArgs, children
         log_level=server_args.log_level,
         timeout_graceful_shutdown=int(SHUTDOWN_GRACE_S),
     )
-    server = DrainingServer(config, tm, server_args.graceful_shutdown_timeout)
+    return server_class(config, tm, server_args.graceful_shutdown_timeout)
+
+
+def _serve(app: FastAPI, tm: TokenizerManager, server_args: ServerArgs, children: ChildProcesses) -> None:
+    server = build_server(app, tm, server_args)
 
     def stop(reason: str) -> None:
         tm.fail_all(reason)  # their results would never come

@@ -21,6 +21,7 @@ import msgspec
 import zmq
 
 from sglang.srt.managers.io_struct import BatchStrOut, BatchTokenOut, StrOut, TokenOut, decoder, encode
+from sglang.srt.managers.results_router import detokenizer_endpoints, worker_endpoints
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer
 
@@ -184,16 +185,20 @@ def _exit_on_sigterm(signum: int, frame: Any) -> NoReturn:
     raise SystemExit(0)
 
 
-def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs) -> None:
-    """Process entry: PULL BatchTokenOut at detokenizer_ipc, PUSH BatchStrOut to the tokenizer manager."""
+def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs, index: int = 0) -> None:
+    """Process entry: PULL BatchTokenOut at detokenizer `index`'s address, PUSH each BatchStrOut
+    to the tokenizer worker its batch names (the one tokenizer manager with a single worker)."""
     logging.basicConfig(level=server_args.log_level.upper(), format="[detokenizer] %(levelname)s %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher owns Ctrl-C and sends SIGTERM
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     context = zmq.Context()
     recv_sock = context.socket(zmq.PULL)
-    recv_sock.bind(port_args.detokenizer_ipc)
-    send_sock = context.socket(zmq.PUSH)
-    send_sock.connect(port_args.tokenizer_manager_ipc)
+    recv_sock.bind(detokenizer_endpoints(server_args, port_args)[index])
+    send_socks = {}
+    for endpoint in worker_endpoints(server_args, port_args):
+        send_socks[endpoint] = context.socket(zmq.PUSH)
+        send_socks[endpoint].connect(endpoint)
+    default_sock = next(iter(send_socks.values()))
     try:
         tokenizer = None if server_args.skip_tokenizer_init else get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
         manager = DetokenizerManager(tokenizer)
@@ -205,6 +210,6 @@ def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs) -> Non
             except msgspec.DecodeError:  # msgpack of our structs only: anything else is dropped, never run
                 logger.error("Dropping an undecodable %d-byte message on the detokenizer socket", len(frame))
                 continue
-            send_sock.send(encode(manager.handle(batch)))
+            send_socks.get(batch.http_worker_ipc, default_sock).send(encode(manager.handle(batch)))
     finally:
         context.destroy(linger=0)

@@ -51,6 +51,8 @@ class TokenizedGenerateReqInput(msgspec.Struct, tag=True):
     custom_logit_processor: Optional[str] = None
     stream: bool = False
     extra_key: Optional[str] = None
+    # The results endpoint of the tokenizer worker that sent it (--tokenizer-worker-num > 1).
+    http_worker_ipc: Optional[str] = None
 
 
 # err_type of an abort finish_reason for --max-queued-requests refusals (HTTP 503) and for the
@@ -61,6 +63,7 @@ STEP_ERROR = "StepError"
 
 class AbortReq(msgspec.Struct, tag=True):
     rid: str
+    abort_all: bool = False  # every request the scheduler holds, whichever worker sent it
 
 
 class FlushCacheReq(msgspec.Struct, tag=True):
@@ -71,6 +74,7 @@ class GetLoadReq(msgspec.Struct, tag=True):
     """Ask scheduler rank 0 for a SchedulerLoad; it comes back with the results (BatchTokenOut.load)."""
 
     req_id: int
+    http_worker_ipc: Optional[str] = None  # where the answer goes (see TokenizedGenerateReqInput)
 
 
 SchedulerInput = Union[TokenizedGenerateReqInput, AbortReq, FlushCacheReq, GetLoadReq]
@@ -153,6 +157,8 @@ class TokenOut(msgspec.Struct):
 class BatchTokenOut(msgspec.Struct):
     outs: list[TokenOut]
     load: Optional[SchedulerLoad] = None  # the answer to a GetLoadReq
+    # The tokenizer worker every out (and the load) belongs to; the detokenizer forwards there.
+    http_worker_ipc: Optional[str] = None
 
 
 class StrOut(msgspec.Struct):

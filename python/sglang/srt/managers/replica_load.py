@@ -5,7 +5,8 @@ Scheduler rank 0 of every replica pushes a ReplicaLoad (msgpack over ZMQ) when i
 changed: at most every --load-watch-interval seconds while it works, and at once before it
 waits idle, so an idle server's last report is exact. With several replicas the reports go to
 the data-parallel controller, which forwards them to the HTTP process; with one they go there
-directly.
+directly. With several HTTP workers (--tokenizer-worker-num) the launching process reads them and
+publishes each to every worker's table.
 """
 
 from __future__ import annotations
@@ -53,14 +54,32 @@ class ReplicaLoadReporter:
         self._last, self._sent_at = load, at
 
 
-class ReplicaLoadTable:
-    """The HTTP process's side: the latest report of each replica, kept by a reader thread."""
+def publisher_address(load_ipc: str) -> str:
+    """Where the launching process republishes the reports to the HTTP workers."""
+    return f"{load_ipc}_pub"
 
-    def __init__(self, address: str, dp_size: int) -> None:
+
+class ReplicaLoadTable:
+    """The HTTP process's side: the latest report of each replica, kept by a reader thread.
+
+    publish: also send every report on to the HTTP workers (a ZMQ PUB bound at this address).
+    subscribe: read the reports an HTTP worker gets from that publisher at `address`.
+    """
+
+    def __init__(self, address: str, dp_size: int, publish: Optional[str] = None, subscribe: bool = False) -> None:
         self._loads: list[ReplicaLoad] = [ReplicaLoad(i, 0, 0, 0, 0) for i in range(dp_size)]
         self._context = zmq.Context()
-        self._socket = self._context.socket(zmq.PULL)
-        self._socket.bind(address)
+        if subscribe:
+            self._socket = self._context.socket(zmq.SUB)
+            self._socket.setsockopt(zmq.SUBSCRIBE, b"")
+            self._socket.connect(address)
+        else:
+            self._socket = self._context.socket(zmq.PULL)
+            self._socket.bind(address)
+        self._publisher: Optional[zmq.Socket] = None
+        if publish is not None:
+            self._publisher = self._context.socket(zmq.PUB)
+            self._publisher.bind(publish)
         self._decoder = decoder(ReplicaLoad)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._read, name="replica-loads", daemon=True)
@@ -70,11 +89,14 @@ class ReplicaLoadTable:
         while not self._stop.is_set():
             if not self._socket.poll(_POLL_MS):
                 continue
+            frame = self._socket.recv()
             try:
-                load = self._decoder.decode(self._socket.recv())
+                load = self._decoder.decode(frame)
             except msgspec.DecodeError:
                 logger.exception("Dropping an undecodable load report")
                 continue
+            if self._publisher is not None:
+                self._publisher.send(frame)
             if 0 <= load.dp_rank < len(self._loads):
                 self._loads[load.dp_rank] = load
 

@@ -21,8 +21,8 @@ from sglang.srt.constrained.bitmask import allows_nothing
 from sglang.srt.distributed.communication import TokenDivergenceError
 from sglang.srt.distributed.parallel_state import tp_cpu_group
 from sglang.srt.managers.beam_coordinator import BeamCoordinator, beam_token_fields, is_hidden
-from sglang.srt.managers.io_struct import STEP_ERROR, BatchTokenOut, TokenOut, encode
-from sglang.srt.managers.results_channel import ResultsSender
+from sglang.srt.managers.io_struct import STEP_ERROR, SchedulerLoad, TokenOut
+from sglang.srt.managers.results_router import ResultsRouter
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.step_failures import StepError, StepFailureLimit
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
@@ -41,7 +41,7 @@ class ResultProcessor:
 
     def __init__(
         self,
-        sender: Optional[ResultsSender],
+        sender: Optional[ResultsRouter],
         tp_size: int,
         vocab_size: int,
         stream_interval: int,
@@ -177,11 +177,11 @@ class ResultProcessor:
             outs.append(_token_out(req))
             req.finish_sent = req.finished()
         if outs:
-            self.sender.send(encode(BatchTokenOut(outs=outs)))
+            self.sender.send_outs(outs)
 
-    def send_message(self, message: BatchTokenOut) -> None:
+    def send_load(self, load: SchedulerLoad, http_worker_ipc: Optional[str]) -> None:
         if self.sender is not None:
-            self.sender.send(encode(message))
+            self.sender.send_load(load, http_worker_ipc)
 
 
 def _record_input_logprobs(req: Req, entries: list) -> None:

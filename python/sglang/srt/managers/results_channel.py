@@ -296,9 +296,10 @@ def results_sender(server_args: ServerArgs, port_args: PortArgs, context: zmq.Co
 
 
 def results_source(
-    server_args: ServerArgs, port_args: PortArgs, context: zmq.Context, on_message: Callable[[bytes], None]
+    server_args: ServerArgs, endpoint: str, context: zmq.Context, on_message: Callable[[bytes], None]
 ) -> ResultsSource:
-    """The tokenizer manager's end of results_sender."""
+    """A tokenizer manager's end of the results: its framed socket path (--detokenizer-mode
+    inline) or its ZMQ address (results_router.worker_endpoints)."""
     if not server_args.detokenizer_process():
-        return FramedResults(port_args.results_socket, on_message)
-    return ZmqResults(context, port_args.tokenizer_manager_ipc, on_message)
+        return FramedResults(endpoint, on_message)
+    return ZmqResults(context, endpoint, on_message)

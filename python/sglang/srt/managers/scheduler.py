@@ -42,7 +42,6 @@ from sglang.srt.distributed.parallel_state import init_tp_groups, tp_cpu_group
 from sglang.srt.managers.beam_coordinator import BeamCoordinator
 from sglang.srt.managers.io_struct import (
     AbortReq,
-    BatchTokenOut,
     FlushCacheReq,
     QUEUE_FULL,
     GetLoadReq,
@@ -55,7 +54,7 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.managers.replica_load import ReplicaLoadReporter
 from sglang.srt.managers.request_intake import InvalidRequest, check_fits, kv_budget, req_from_message
 from sglang.srt.managers.result_processor import ResultProcessor
-from sglang.srt.managers.results_channel import results_sender
+from sglang.srt.managers.results_router import ResultsRouter
 from sglang.srt.managers.running_batch import RunningBatch
 from sglang.srt.managers.schedule_batch import Req, eos_ids
 from sglang.srt.managers.schedule_policy import SchedulePolicy, in_flight_ends_running, release_kv
@@ -139,7 +138,7 @@ class Scheduler:
             self.context = zmq.Context(2)
             self.recv_socket = self.context.socket(zmq.PULL)
             self.recv_socket.bind(port_args.scheduler_input_ipc)
-            sender = results_sender(server_args, port_args, self.context)
+            sender = ResultsRouter.create(server_args, port_args, self.context)
             self.load_reporter = ReplicaLoadReporter(self.context, port_args.load_ipc, server_args.load_watch_interval)
         self.beams = BeamCoordinator(
             self.tree_cache, pool, self.model_runner.future_tokens, self.builder.sampled_batch, self.max_running,
@@ -250,11 +249,16 @@ class Scheduler:
     def _handle(self, message: Any) -> None:
         if isinstance(message, TokenizedGenerateReqInput):
             self.num_reqs_received += 1
+            if self.results.sender is not None:
+                self.results.sender.register(message.rid, message.http_worker_ipc)
             self._add_request(message)
         elif isinstance(message, FlushCacheReq):
             self.flush_requested = True
         elif isinstance(message, GetLoadReq):
-            self._send_load(message.req_id)
+            self._send_load(message.req_id, message.http_worker_ipc)
+        elif isinstance(message, AbortReq) and message.abort_all:
+            for rid in list(self.reqs_by_rid):
+                self._handle(AbortReq(rid=rid))
         elif isinstance(message, AbortReq):
             req = self.reqs_by_rid.get(message.rid)
             if req is not None and not req.finished():
@@ -318,9 +322,9 @@ class Scheduler:
     def _send(self, reqs: list[Req]) -> None:
         self.results.send(reqs)
 
-    def _send_load(self, req_id: int) -> None:
+    def _send_load(self, req_id: int, http_worker_ipc: Optional[str]) -> None:
         load = self.stats.load(req_id, self._running_count(), self._queued_count())
-        self.results.send_message(BatchTokenOut(outs=[], load=load))
+        self.results.send_load(load, http_worker_ipc)
 
     # ------------------------------------------------------------------ the next step
 

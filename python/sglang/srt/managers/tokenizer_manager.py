@@ -46,6 +46,7 @@ from sglang.srt.managers.request_logger import RequestLogger
 from sglang.srt.managers.request_state import ReqGroup, ReqState, append_logprobs, snapshot
 from sglang.srt.managers.request_validator import RequestValidator
 from sglang.srt.managers.results_channel import results_source
+from sglang.srt.managers.results_router import worker_endpoints
 from sglang.srt.server_args import PortArgs, ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -71,8 +72,9 @@ class ServiceUnavailableError(RuntimeError):
 
 class TokenizerManager(ManyRequests):
     def __init__(
-        self, server_args: ServerArgs, port_args: PortArgs, ready: SchedulerReady, tokenizer: Any
+        self, server_args: ServerArgs, port_args: PortArgs, ready: SchedulerReady, tokenizer: Any, worker_id: int = 0
     ) -> None:
+        """worker_id: which of the --tokenizer-worker-num HTTP workers this is (its results endpoint)."""
         self.server_args = server_args
         self.ready = ready
         self.tokenizer = tokenizer  # None with --skip-tokenizer-init
@@ -88,7 +90,10 @@ class TokenizerManager(ManyRequests):
         # Read from the loop's own reader callbacks, not zmq.asyncio, whose futures and flag
         # enums cost CPU on every streamed token's message (docs/serving.md).
         self._decode_results = _results_decoder(server_args.detokenizer_process(), tokenizer)
-        self._results = results_source(server_args, port_args, self._sync_ctx, self._on_results)
+        endpoint = worker_endpoints(server_args, port_args)[worker_id]
+        # Stamped on what this worker sends, so the answers come back here (None: the only worker).
+        self.http_worker_ipc = endpoint if server_args.tokenizer_worker_num > 1 else None
+        self._results = results_source(server_args, endpoint, self._sync_ctx, self._on_results)
         self._states: dict[str, ReqState] = {}
         self._children_of: dict[str, list[str]] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None  # the loop whose reader receives
@@ -145,6 +150,7 @@ class TokenizerManager(ManyRequests):
             custom_logit_processor=obj.custom_logit_processor,
             stream=obj.stream,
             extra_key=obj.extra_key,
+            http_worker_ipc=self.http_worker_ipc,
         )
         # A beam search is one request whatever its n (the number of beams it returns).
         children = fan_out(base, 1 if (params.beam_width or 1) > 1 else params.n)
@@ -182,14 +188,20 @@ class TokenizerManager(ManyRequests):
             self._children_of.pop(prepared.rid, None)
 
     def abort_request(self, rid: str) -> None:
-        """Abort a request (all its children when n > 1); its generator finishes with abort."""
+        """Abort a request (all its children when n > 1); its generator finishes with abort. A rid
+        another tokenizer worker holds is aborted by the scheduler, which tells that worker."""
+        if self.http_worker_ipc is not None and rid not in self._children_of and rid not in self._states:
+            self._send_sock.send(encode(AbortReq(rid=rid)))
         for child_rid in self._children_of.get(rid, [rid]):
             state = self._states.get(child_rid)
             if state is not None:
                 self._abort_child(state, notify=True)
 
-    def abort_all(self, reason: dict[str, Any] = ABORTED_BY_CLIENT) -> None:
-        """SGLang's abort_all: every running or waiting request finishes with abort."""
+    def abort_all(self, reason: dict[str, Any] = ABORTED_BY_CLIENT, server_wide: bool = False) -> None:
+        """SGLang's abort_all: every running or waiting request of this worker finishes with abort;
+        server_wide: the other tokenizer workers' requests too (the scheduler aborts them)."""
+        if server_wide and self.http_worker_ipc is not None:
+            self._send_sock.send(encode(AbortReq(rid="", abort_all=True)))
         for state in list(self._states.values()):
             self._abort_child(state, notify=True, reason=reason)
 
@@ -205,7 +217,7 @@ class TokenizerManager(ManyRequests):
         waiter = self._load_waiters[req_id] = asyncio.get_running_loop().create_future()
         self._load_replies[req_id] = []
         try:
-            self._send_sock.send(encode(GetLoadReq(req_id=req_id)))
+            self._send_sock.send(encode(GetLoadReq(req_id=req_id, http_worker_ipc=self.http_worker_ipc)))
             return await asyncio.wait_for(waiter, timeout)
         finally:
             self._load_waiters.pop(req_id, None)
@@ -242,6 +254,18 @@ class TokenizerManager(ManyRequests):
             return False
         self._send_sock.send(encode(FlushCacheReq()))
         return True
+
+    async def flush_cache_server_wide(self) -> bool:
+        """flush_cache, refused also while another tokenizer worker's requests run or wait (the
+        scheduler's load counts them)."""
+        if self.http_worker_ipc is not None:
+            try:
+                load = await self.get_load()
+            except asyncio.TimeoutError:
+                return False
+            if load.num_running_reqs or load.num_queue_reqs:
+                return False
+        return self.flush_cache()
 
     def fail_all(self, message: str) -> None:
         """Finish every running request with an abort, e.g. when the scheduler died. Thread-safe."""

@@ -4,14 +4,21 @@ Request metrics are recorded in the tokenizer manager as results arrive, as in S
 scheduler's gauges and step-time histogram come from a SchedulerLoad fetched for each scrape.
 Ours where SGLang has no name: sglang:num_aborted_requests_total carries a `reason` label (the
 abort's err_type), and sglang:step_time_seconds / sglang:num_failed_steps_total describe steps.
+With several HTTP workers (--tokenizer-worker-num) the launcher sets PROMETHEUS_MULTIPROC_DIR, as
+SGLang does: every worker's request metrics live in files there, and a scrape of any worker sums
+them (prometheus_client's multiprocess mode).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Iterator, Optional, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 class SchedulerLoad(Protocol):
@@ -95,7 +102,11 @@ class TokenizerMetricsCollector:
             buckets=E2E_BUCKETS, registry=self.registry,
         )
         self.scheduler = SchedulerLoadCollector(labels)
-        self.registry.register(self.scheduler)
+        self._rendered = self.registry
+        if os.environ.get(MULTIPROC_DIR_ENV):
+            self._rendered = CollectorRegistry()  # every worker's files, summed
+            MultiProcessCollector(self._rendered, path=os.environ[MULTIPROC_DIR_ENV])
+        self._rendered.register(self.scheduler)
 
     def first_token(self, seconds: float) -> None:
         self.ttft.labels(**self.label_values).observe(seconds)
@@ -115,4 +126,4 @@ class TokenizerMetricsCollector:
 
     def render(self, load: SchedulerLoad) -> bytes:
         self.scheduler.load = load
-        return generate_latest(self.registry)
+        return generate_latest(self._rendered)
