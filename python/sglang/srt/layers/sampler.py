@@ -1,7 +1,7 @@
 """Sampler: the one owner of a step's logits processing, and the sampling-backend registry.
 
 The order of one step (Sampler.sample_step), the same for every row and every path:
-  penalties (additive, then repetition) -> logit_bias -> grammar mask -> batch-level logits
+  guidance mix (guided rows only, sampling/guidance.py) -> penalties (additive, then repetition) -> logit_bias -> grammar mask -> batch-level logits
   processors -> custom logit processors -> NaN/inf guard -> greedy (argmax, lowest id on ties) ->
   temperature -> top-k / top-p / min-p -> draw (seeded rows by hash-Gumbel) -> logprobs ->
   TP token sync -> penalty update -> the ids stored for the next decode step.
@@ -52,6 +52,7 @@ from sglang.srt.layers.sampler_io import (
 from sglang.srt.layers.sampler_stages import (
     apply_custom_logit_processors,
     apply_penalties_bias_and_mask,
+    mix_guided_rows,
     run_batch_processors,
 )
 from sglang.srt.layers.sampler_torch import TorchStep
@@ -172,9 +173,10 @@ class Sampler(nn.Module):
 
     def graph_step_applies(self, info: SamplingBatchInfo, wants_logprobs: bool) -> bool:
         """Whether a captured sampling graph can run this batch's step: it has no host stage
-        (grammar mask, processors), no logprobs and no TP token sync."""
+        (grammar mask, processors), no guided rows, no logprobs and no TP token sync."""
         return not (
             info.has_custom_logit_processor
+            or info.guidance is not None
             or info.logits_processors is not None
             or info.grammars is not None
             or wants_logprobs
@@ -193,6 +195,7 @@ class Sampler(nn.Module):
         info, logits = inp.info, inp.logits
         if inp.host_ready is not None:
             inp.host_ready.wait()
+        alpha = mix_guided_rows(logits, info, inp.guide_logits)
         apply_penalties_bias_and_mask(logits, info, inp.rows)
         row_errors = run_batch_processors(logits, info, inp.rows if self.check_logits_processors else None)
         return_logprob = any(a is not None for a in asks)
@@ -210,7 +213,7 @@ class Sampler(nn.Module):
         if inp.token_store is not None:
             ids_out, slots = inp.token_store
             ids_out.index_copy_(0, slots, next_ids)
-        return SamplerOutput(next_ids, dict(out.row_errors), out if return_logprob else None, asks, self.step_name)
+        return SamplerOutput(next_ids, dict(out.row_errors), out if return_logprob else None, asks, self.step_name, alpha)
 
     # ------------------------------------------------------------------ library entry points
 

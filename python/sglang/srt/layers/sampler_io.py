@@ -65,6 +65,8 @@ class SamplerInput:
     # Where the ids go on the device: ids_out.index_copy_(0, slots, next_ids) ([R] int64 buffer,
     # [S] int64 slots); the next decode step reads its input ids there.
     token_store: Optional[tuple[torch.Tensor, torch.Tensor]] = None
+    # [G, V] the guide contexts' logits of the guided rows (info.guidance), in their order.
+    guide_logits: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -75,6 +77,7 @@ class SamplerOutput:
     logprobs: Optional[LogitsProcessorOutput]
     asks: list[Optional[LogprobAsk]]
     strategy: str  # the strategy that sampled the step (one of the *_STEP names)
+    guidance_alpha: Optional[torch.Tensor] = None  # [G] float32, each guided row's mixing alpha
 
 
 class LogprobGathers(NamedTuple):

@@ -1,4 +1,5 @@
-"""The logits stages before the draw, in the Sampler's order: penalties -> logit_bias -> grammar
+"""The logits stages before the draw, in the Sampler's order: the guided rows' mix with their guide
+context (sampling/guidance.py) -> penalties -> logit_bias -> grammar
 mask (SamplingBatchInfo.apply_logits_bias, one fused kernel for the first two on CUDA) -> batch-level
 logits processors -> custom logit processors. Each works in place on the step's [B, V] logits; a
 processor that fails fails only its own rows, which come back as {row: message}."""
@@ -11,7 +12,18 @@ import torch
 
 from sglang.srt.constrained.bitmask import grammar_bitmask
 from sglang.srt.layers.sampler_io import SampledRow
+from sglang.srt.sampling.guidance import apply_guidance
 from sglang.srt.sampling.sampling_batch_info import ProcessorEntry, SamplingBatchInfo
+
+
+def mix_guided_rows(logits: torch.Tensor, info: SamplingBatchInfo, guide_logits: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """The guided rows of `logits` ([B, V], in place) mixed with `guide_logits` ([G, V]); returns
+    their alphas ([G] float32), or None when no row is guided."""
+    if info.guidance is None:
+        return None
+    if guide_logits is None or guide_logits.shape[0] != len(info.guidance):
+        raise ValueError(f"{len(info.guidance)} guided rows need as many rows of guide logits.")
+    return apply_guidance(logits, guide_logits, info.guidance)
 
 
 def apply_penalties_bias_and_mask(logits: torch.Tensor, info: SamplingBatchInfo, rows: Sequence[SampledRow]) -> None:

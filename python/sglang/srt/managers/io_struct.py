@@ -144,6 +144,8 @@ class TokenOut(msgspec.Struct):
     # A streamed request's stop strings, on its first message (unless no_stop_trim): the
     # detokenizer holds back a text tail that may be the start of one.
     stop_strs: Optional[list[str]] = None
+    # Mixture guidance (sampling_params.guidance): the alpha of each new token.
+    guidance_alpha: Optional[list[float]] = None
 
 
 class BatchTokenOut(msgspec.Struct):

@@ -20,6 +20,7 @@ from sglang.srt.constrained.base_grammar_backend import grammar_key
 from sglang.srt.constrained.bitmask import allows_nothing
 from sglang.srt.distributed.communication import TokenDivergenceError
 from sglang.srt.distributed.parallel_state import tp_cpu_group
+from sglang.srt.managers.guidance_pairs import guidance_alphas
 from sglang.srt.managers.io_struct import STEP_ERROR, BatchTokenOut, TokenOut, encode
 from sglang.srt.managers.results_channel import ResultsSender
 from sglang.srt.managers.schedule_batch import Req
@@ -95,10 +96,14 @@ class ResultProcessor:
         for row, entries in result.input_logprobs.items():
             _record_input_logprobs(step.reqs[row], entries)
         sampled = [step.reqs[r] for r in step.sample_rows]
+        alphas = guidance_alphas(result.guidance_alpha)
         for i, req in enumerate(sampled):
             if req.finished():
                 continue  # finished at the previous step (overlap) or aborted: drop this token
+            appended = len(req.output_ids)
             self._record_token(req, next_ids[i], result.row_errors.get(i), result.output_logprobs[i])
+            if i in alphas and len(req.output_ids) > appended:
+                req.guidance_alpha.append(alphas[i])
         self.send([r for r in step.reqs if r.finished() or (r.stream and self._stream_due(r))])
 
     def _stream_due(self, req: Req) -> bool:
@@ -200,6 +205,7 @@ def _token_out(req: Req) -> TokenOut:
     """The request's output since the last send, and its pending logprobs (taken, not copied)."""
     params = req.sampling_params
     first = req.sent_output_len == 0
+    new_alphas = req.guidance_alpha[req.sent_output_len :] if req.guidance_alpha else None
     new_ids = req.output_ids[req.sent_output_len :]
     req.sent_output_len = len(req.output_ids)
     pending, req.pending_logprobs = req.pending_logprobs, type(req.pending_logprobs)()
@@ -222,4 +228,5 @@ def _token_out(req: Req) -> TokenOut:
         input_token_ids_logprobs=pending.input_token_ids if want and want.token_ids_logprob else None,
         matched_text=req.matched_text,
         stop_strs=params.stop_strs if first and req.stream and not params.no_stop_trim else None,
+        guidance_alpha=new_alphas,
     )

@@ -27,6 +27,8 @@ def eos_ids(model_eos_ids: set[int], tokenizer: Any) -> set[int]:
 class Req:
     """One request as the scheduler sees it."""
 
+    is_guide = False  # a guide context (managers/guidance_pairs.py) rather than a client's request
+
     def __init__(
         self,
         rid: str,
@@ -68,6 +70,8 @@ class Req:
         self.finish_sent = False
         self.kv_failed = False  # a failed step wrote (part of) its K/V: released without caching
         self.pending_logprobs = _PendingLogprobs()
+        self.guide: Any = None  # its GuideReq when sampling_params.guidance is set
+        self.guidance_alpha: list[float] = []  # mixture guidance: the alpha of each output token
 
     @property
     def return_logprob(self) -> bool:

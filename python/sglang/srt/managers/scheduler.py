@@ -39,6 +39,7 @@ from sglang.srt.constrained.grammar_backends import create_grammar_backend
 from sglang.srt.constrained.grammar_queue import GrammarQueue
 from sglang.srt.distributed.communication import broadcast_frames
 from sglang.srt.distributed.parallel_state import init_tp_groups, tp_cpu_group
+from sglang.srt.managers.guidance_pairs import attach_guide, release_guide, with_guides
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchTokenOut,
@@ -262,6 +263,7 @@ class Scheduler:
         try:
             req = req_from_message(message, self.context_len, self.eos_token_ids, self.tokenizer)
             check_fits(req, self.context_len, self.max_total_tokens)
+            attach_guide(req, self.context_len, self.max_total_tokens)
         except InvalidRequest as err:
             self._reject(err.req, str(err))
             return
@@ -338,7 +340,7 @@ class Scheduler:
             self._release(self.chunked_req)
             self._send([self.chunked_req])
             self.chunked_req = None
-        step, self.chunked_req = self.builder.prefill_step(self.chunked_req, self.waiting, self._active_reqs())
+        step, self.chunked_req = self.builder.prefill_step(self.chunked_req, self.waiting, with_guides(self._active_reqs()))
         return step
 
     # ------------------------------------------------------------------ admitted requests
@@ -350,6 +352,7 @@ class Scheduler:
 
     def _release(self, req: Req) -> None:
         release_kv(self.tree_cache, req)
+        release_guide(self.tree_cache, req)
         self.reqs_by_rid.pop(req.rid, None)
 
     def _active_reqs(self) -> list[Req]:
@@ -374,7 +377,7 @@ class Scheduler:
         error = self.results.process(step, future)
         if error is not None:
             in_flight = self.in_flight[1] if self.in_flight is not None else None
-            self.results.fail(step, error, in_flight, self._active_reqs())
+            self.results.fail(step, error, in_flight, with_guides(self._active_reqs()))
         if step.mode == ForwardMode.EXTEND and step.sampled_batch is not None:
             self.running.to_merge.append(step.sampled_batch)
 

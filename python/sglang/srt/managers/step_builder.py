@@ -9,6 +9,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from sglang.srt.managers.guidance_pairs import admit_pair, guide_rows, remaining, with_guides
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import SchedulePolicy
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
@@ -65,14 +66,20 @@ class StepBuilder:
         self.policy.order(waiting)
         while waiting and budget > 0 and admitted < self.policy.max_running:
             req = waiting[0]
-            need = self.policy.try_admit(req, budget, reserved)
+            if req.guide is not None:
+                need = admit_pair(self.policy, req, budget, reserved, admitted, first=not chunks)
+            else:
+                need = self.policy.try_admit(req, budget, reserved)
             if need is None:
                 break
             waiting.popleft()
-            n = self.add_chunk(chunks, req, self.policy.chunk_len(req, budget))
+            if req.guide is not None:  # both prompts whole, the guide's row first
+                n = self.add_chunk(chunks, req.guide, remaining(req.guide)) + self.add_chunk(chunks, req, remaining(req))
+            else:
+                n = self.add_chunk(chunks, req, self.policy.chunk_len(req, budget))
             reserved += need - n
             budget -= n
-            admitted += 1
+            admitted += 1 if req.guide is None else 2
         if not chunks:
             return None, None
         return self.extend_step(chunks)
@@ -95,10 +102,10 @@ class StepBuilder:
         for row, (req, start, n, _) in enumerate(chunks):
             reqs.append(req)
             input_ids.extend(req.origin_input_ids[start : start + n])
-            if start + n == len(req.origin_input_ids):
-                sample_rows.append(row)
-            else:
+            if start + n < len(req.origin_input_ids):
                 unfinished = req
+            elif not req.is_guide:
+                sample_rows.append(row)
             if req.logprob is not None and req.logprob.logprob_start_len < len(req.origin_input_ids):
                 spans.append((row, req.logprob.logprob_start_len, start, start + n))
         prefix_lens = [chunk.start for chunk in chunks]
@@ -111,19 +118,22 @@ class StepBuilder:
         # [S] the position of each sampled row's last prompt token
         sample_positions = host_to_device([len(r.origin_input_ids) - 1 for r in sampled], self.device)
         step = Step(ForwardMode.EXTEND, reqs, forward_batch, sample_rows, sampled_batch, sample_positions, spans, kv_slots=out_cache_loc)
+        step.guide_rows = guide_rows(reqs, sampled)
         return step, unfinished
 
     def decode_step(self, running: ScheduleBatch) -> Step:
-        """One token for every running request; its input ids are read from future_tokens on the worker."""
-        reqs = list(running.reqs)
+        """One token for every running request; its input ids are read from future_tokens on the
+        worker. The guide contexts of guided requests follow them as rows that do not sample."""
+        reqs = with_guides(list(running.reqs))
         prefix_lens = [req.kv_len for req in reqs]
         out_cache_loc = self._allocate_slots(reqs, [1] * len(reqs))  # [B] int64, host
         forward_batch = self._forward_batch(ForwardMode.DECODE, reqs, None, prefix_lens, [1] * len(reqs), out_cache_loc)
         # A decode row samples at the position of its one input token.
-        return Step(
-            ForwardMode.DECODE, reqs, forward_batch, list(range(len(reqs))), running, forward_batch.positions,
-            kv_slots=out_cache_loc,
-        )
+        sampled = len(running.reqs)
+        positions = forward_batch.positions if sampled == len(reqs) else forward_batch.positions[:sampled]
+        step = Step(ForwardMode.DECODE, reqs, forward_batch, list(range(sampled)), running, positions, kv_slots=out_cache_loc)
+        step.guide_rows = guide_rows(reqs, running.reqs)
+        return step
 
     def sampled_batch(self, reqs: list[Req]) -> ScheduleBatch:
         """The ScheduleBatch of newly prefilled requests, with its SamplingBatchInfo; it joins the

@@ -26,6 +26,7 @@ from sglang.srt.mem_cache.memory_pool import KVCache, ReqToTokenPool, TokenToKVP
 from sglang.srt.mem_cache.recurrent_state_pool import RecurrentStateLayout, RecurrentStatePool
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.model_executor.guided_rows import alpha_to_host, guide_logits, store_guide_tokens
 from sglang.srt.model_executor.piecewise_cuda_graph_runner import PiecewiseCudaGraphRunner, capture_token_counts
 from sglang.srt.model_executor.sampling_graph import sampling_graph_supported
 from sglang.srt.model_executor.step import Step, StepResult
@@ -266,6 +267,8 @@ class ModelRunner:
             return StepResult(torch.empty(0, dtype=torch.int64), None, {}, [], prompt_logprobs)
         self.noise_generator.manual_seed(step_noise_seed(self.random_seed, step.index))
         sampled = self.sampler.sample_step(self._sampler_input(step, output, replayed))
+        store_guide_tokens(step, sampled.next_ids, self.future_tokens, self.device)
+        alpha = alpha_to_host(step, sampled.guidance_alpha)  # copied before the ids: their event covers it
         if self.check_token_agreement:
             rids = [step.reqs[r].rid for r in step.sample_rows]
             check_token_agreement(sampled.next_ids, step.index, rids, tp_device_group())
@@ -273,7 +276,7 @@ class ModelRunner:
         logprobs = [None] * len(sampled.asks)
         if sampled.logprobs is not None:
             logprobs = output_logprobs(sampled.logprobs, sampled.asks)
-        return StepResult(ids_host, ready, sampled.row_errors, logprobs, prompt_logprobs)
+        return StepResult(ids_host, ready, sampled.row_errors, logprobs, prompt_logprobs, alpha)
 
     def _sampler_input(self, step: Step, output: LogitsProcessorOutput, replayed: bool) -> SamplerInput:
         """The sampled rows' logits and metadata; their ids go to `future_tokens` at their request slots."""
@@ -292,6 +295,7 @@ class ModelRunner:
             host_ready=step.grammar_wait,
             graph_rows=batch.batch_size if replayed else None,
             token_store=(self.future_tokens, slots),
+            guide_logits=guide_logits(step, output, self.device),
         )
 
 

@@ -63,6 +63,8 @@ class Step:
     grammar_wait: Optional[threading.Event] = None
     processed: threading.Event = field(default_factory=threading.Event)  # set once the host read the result
     kv_slots: Optional[torch.Tensor] = None  # [N] int64 host: the KV slots this step writes
+    # Guided sampled rows (sampling_params.guidance), in order: the forward row of each one's guide context.
+    guide_rows: list[int] = field(default_factory=list)
     submitted_at: float = 0.0  # time.perf_counter() when it went to the worker
 
     @property
@@ -86,3 +88,5 @@ class StepResult:
     row_errors: dict[int, str]
     output_logprobs: list[Optional[tuple]]  # per sampled row: (logprob, top pairs, token-id pairs)
     input_logprobs: dict[int, tuple]  # forward row -> (token pairs, top lists, token-id lists)
+    # Mixture-guided rows: (their sampled rows, their alphas [M] float32 on the host, valid after `ready`).
+    guidance_alpha: Optional[tuple[list[int], torch.Tensor]] = None
