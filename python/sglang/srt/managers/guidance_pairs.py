@@ -12,25 +12,35 @@ row's sampled id is the guide row's next input (ModelRunner, via `Step.guide_row
 
 from __future__ import annotations
 
-from typing import Optional, Protocol
+from typing import NamedTuple, Optional, Protocol
 
 import torch
 
 from sglang.srt.managers.request_intake import InvalidRequest, kv_budget
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.schedule_policy import release_kv
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.sampling.guidance_params import guide_prompt
 
 
+class KVSide(NamedTuple):
+    """Where a sequence's KV lives: a model's prefix cache and request table."""
+
+    tree_cache: RadixCache
+    pool: ReqToTokenPool
+
+
 class GuideReq(Req):
-    """The guide context of `main`: never sent to the client, finished when `main` is."""
+    """The guide context of `main`: never sent to the client, finished when `main` is. `side` is
+    the guide model's KV (guidance "model": "guide"), None for the served model's."""
 
     is_guide = True
 
-    def __init__(self, main: Req) -> None:
+    def __init__(self, main: Req, side: Optional[KVSide] = None) -> None:
         super().__init__(main.rid + ":guide", guide_prompt(main.sampling_params.guidance), main.sampling_params)
         self.main = main
+        self.side = side
         self.output_ids = main.output_ids  # the same list: the guide continues with the main's tokens
         self.extra_key = main.extra_key
         self.finish_sent = True  # nothing of it goes to the detokenizer
@@ -44,7 +54,7 @@ class GuideReq(Req):
 
 
 class AdmissionPolicy(Protocol):
-    """What pair admission reads of the SchedulePolicy."""
+    """What pair admission reads of a SchedulePolicy."""
 
     max_running: int
     tree_cache: RadixCache
@@ -52,21 +62,44 @@ class AdmissionPolicy(Protocol):
     def try_admit(self, req: Req, token_budget: int, reserved: int) -> Optional[int]: ...
 
 
-def attach_guide(req: Req, context_len: int, max_total_tokens: int) -> None:
+class GuideSide(Protocol):
+    """What the scheduler reads of the guide model (managers/guide_model.py)."""
+
+    side: KVSide
+    policy: AdmissionPolicy
+    max_total_tokens: int
+
+
+def attach_guide(req: Req, context_len: int, max_total_tokens: int, guide_model: Optional[GuideSide]) -> None:
     """Give a guided request its GuideReq; InvalidRequest when the pair cannot run here."""
-    if req.sampling_params.guidance is None:
+    guidance = req.sampling_params.guidance
+    if guidance is None:
         return
-    guide = GuideReq(req)
+    on_guide_model = guidance.get("model", "self") == "guide"
+    if on_guide_model and guide_model is None:
+        raise InvalidRequest(req, "guidance.model 'guide' needs a guide model, and this server loads none (--guide-model-path).")
+    guide = GuideReq(req, guide_model.side if on_guide_model else None)
     need = kv_budget(guide, context_len)
     if need > context_len:
         raise InvalidRequest(
             req, f"guidance.input_ids: the guide prompt ({len(guide.origin_input_ids)} tokens) plus max_new_tokens "
             f"exceeds the context length {context_len}."
         )
-    if need + kv_budget(req, context_len) > max_total_tokens:
-        raise InvalidRequest(req, f"guidance: the request and its guide context need {need + kv_budget(req, context_len)} "
-                             f"KV-cache tokens together; the server holds {max_total_tokens}.")
+    together = need + (0 if on_guide_model else kv_budget(req, context_len))
+    capacity = guide_model.max_total_tokens if on_guide_model else max_total_tokens
+    if together > capacity:
+        raise InvalidRequest(req, f"guidance: the guide context needs {together} KV-cache tokens (with its request on "
+                             f"the same model); its model's cache holds {capacity}.")
     req.guide = guide
+
+
+def on_served_model(reqs: list[Req]) -> list[Req]:
+    """The requests and guide contexts whose KV is the served model's."""
+    return [r for r in reqs if not (r.is_guide and r.side is not None)]
+
+
+def on_guide_model(reqs: list[Req]) -> list[Req]:
+    return [r for r in reqs if r.is_guide and r.side is not None]
 
 
 def with_guides(reqs: list[Req]) -> list[Req]:
@@ -78,22 +111,29 @@ def remaining(req: Req) -> int:
     return len(req.origin_input_ids) - req.kv_len
 
 
-def admit_pair(policy: AdmissionPolicy, req: Req, token_budget: int, reserved: int, admitted: int, first: bool) -> Optional[int]:
+def admit_pair(
+    policy: AdmissionPolicy, guide_policy: AdmissionPolicy, req: Req, token_budget: int, reserved: tuple[int, int],
+    admitted: int, first: bool,
+) -> Optional[tuple[int, int]]:
     """Admit a guided request and its guide context together, or neither: both rows, both KV
     budgets, and both whole remaining prompts within `token_budget` (unless the pair is the
-    step's `first` entry, which takes them whole whatever the budget). Returns the KV tokens the
-    pair may still claim; None leaves both waiting, holding nothing."""
+    step's `first` entry, which takes them whole whatever the budget). `guide_policy` admits on
+    the guide context's model (`policy` itself for the served model); `reserved` is what the
+    admitted sequences may still claim on (the served model, the guide model). Returns the KV
+    tokens the request and its guide may still claim; None leaves both waiting, holding nothing."""
     guide = req.guide
     if admitted + 2 > policy.max_running:
         return None
-    need = policy.try_admit(req, token_budget, reserved)
+    need = policy.try_admit(req, token_budget, reserved[0])
     if need is None:
         return None
-    need_guide = policy.try_admit(guide, token_budget, reserved + need)
+    same_pool = guide_policy is policy
+    need_guide = guide_policy.try_admit(guide, token_budget, reserved[0] + need if same_pool else reserved[1])
     if need_guide is not None and (first or remaining(req) + remaining(guide) <= token_budget):
-        return need + need_guide
-    for r in (req, guide) if need_guide is not None else (req,):
-        _unadmit(policy, r)
+        return need, need_guide
+    _unadmit(policy, req)
+    if need_guide is not None:
+        _unadmit(guide_policy, guide)
     return None
 
 
@@ -103,14 +143,20 @@ def _unadmit(policy: AdmissionPolicy, req: Req) -> None:
 
 
 def release_guide(tree_cache: RadixCache, req: Req) -> None:
-    """Release a finished request's guide context with it."""
-    if req.guide is not None:
-        release_kv(tree_cache, req.guide)
+    """Release a finished request's guide context with it (uncached if a failed step wrote the
+    request's KV: the guide's may be from the same step)."""
+    guide = req.guide
+    if guide is None:
+        return
+    guide.kv_failed = guide.kv_failed or req.kv_failed
+    release_kv(guide.side.tree_cache if guide.side is not None else tree_cache, guide)
 
 
-def guide_rows(forward_reqs: list[Req], sampled: list[Req]) -> list[int]:
-    """Per guided sampled request, in order, the forward row of its guide context."""
+def guide_rows(forward_reqs: list[Req], guide_forward_reqs: list[Req], sampled: list[Req]) -> list[int]:
+    """Per guided sampled request, in order, the row of its guide context's logits among the
+    step's forward rows followed by its guide-model forward rows."""
     row_of = {id(r): i for i, r in enumerate(forward_reqs)}
+    row_of.update({id(r): len(forward_reqs) + i for i, r in enumerate(guide_forward_reqs)})
     return [row_of[id(r.guide)] for r in sampled if r.guide is not None]
 
 

@@ -81,7 +81,7 @@ class RequestValidator:
         if params.thinking_token_budget is not None and self.tokenizer is None:
             raise ValueError("thinking_token_budget needs the tokenizer to find the think markers, which --skip-tokenizer-init leaves unloaded.")
         self.logits_processors.validate(params)
-        check_guide_model(params.guidance, guide_model_loaded=False)
+        check_guide_model(params.guidance, guide_model_loaded=self.server_args.guide_model_path is not None)
         return params
 
     def check_context(self, input_len: int, max_new_tokens: Optional[int]) -> None:

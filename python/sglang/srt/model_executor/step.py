@@ -64,7 +64,10 @@ class Step:
     processed: threading.Event = field(default_factory=threading.Event)  # set once the host read the result
     kv_slots: Optional[torch.Tensor] = None  # [N] int64 host: the KV slots this step writes
     # Guided sampled rows (sampling_params.guidance), in order: the forward row of each one's guide context.
+    # Their rows index the step's forward rows followed by `guide_forward_batch`'s rows: the guide
+    # contexts on the guide model (--guide-model-path), forwarded in the same step.
     guide_rows: list[int] = field(default_factory=list)
+    guide_forward_batch: Optional[ForwardBatch] = None
     submitted_at: float = 0.0  # time.perf_counter() when it went to the worker
 
     @property
