@@ -89,9 +89,9 @@ class SamplingParams:
     logit_bias: Optional[dict[str, float]] = None
     sampling_seed: Optional[int] = None
     custom_params: Optional[dict[str, Any]] = None
-    watermark: Optional[Any] = None
     # Two-context guidance (sampling/guidance_params.py): cfg, mixture or contrastive with a guide prompt.
     guidance: Optional[dict[str, Any]] = None
+    watermark: Optional[Any] = None
     # Built-in batch-level logits processors (sglang.srt.sampling.logits_processor).
     allowed_token_ids: Optional[list[int]] = None
     bad_words: Optional[Union[str, list[str]]] = None
