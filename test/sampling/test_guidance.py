@@ -150,3 +150,40 @@ def test_kl_symmetry_alpha_equalises_the_two_kls():
         assert 0 < a < 1
         want = _reference_row(original[i], guide[i], {"method": "mixture", "alpha": a.item()})
         assert torch.allclose(logits[i].double(), want, atol=1e-4)
+
+
+# --- the Sampler: the mix is its first stage -----------------------------------------------------
+
+
+def _sampler_step(mode: str, guidance: list, logits: torch.Tensor, guide: torch.Tensor, **params):
+    from types import SimpleNamespace
+
+    from sglang.srt.layers.sampler import Sampler, SamplerInput
+    from sglang.srt.sampling.sampling_batch_info import RowSpec, SamplingBatchInfo
+
+    rows = [RowSpec(params=SamplingParams(guidance=g, **params)) for g in guidance]
+    info = SamplingBatchInfo(rows=rows, vocab_size=VOCAB, device=torch.device("cpu"))
+    asks = [SimpleNamespace(rid=str(i), origin_input_ids=[1], output_ids=[], grammar=None,
+                            logprob=SimpleNamespace(top_logprobs_num=3, token_ids_logprob=[0, 5]))
+            for i in range(len(guidance))]
+    sampler = Sampler("pytorch", logprobs_mode=mode, device="cpu")
+    inp = SamplerInput(logits=logits.clone(), info=info, positions=torch.zeros(len(guidance), dtype=torch.int64),
+                       rows=asks, guide_logits=guide)
+    return sampler.sample_step(inp)
+
+
+def test_sampler_mixes_first_and_raw_logprobs_are_the_main_contexts():
+    guidance = [{"method": "cfg", "input_ids": [1], "weight": 4.0}, None]
+    gen = torch.Generator().manual_seed(3)
+    logits, guide = torch.randn(2, VOCAB, generator=gen) * 3, torch.randn(1, VOCAB, generator=gen) * 3
+    want = _reference_row(logits[0], guide[0], guidance[0])
+    for mode in ("raw", "scaled"):
+        out = _sampler_step(mode, guidance, logits, guide, temperature=0.0)
+        assert out.next_ids.tolist() == [int(want.argmax()), int(logits[1].argmax())]
+        lp = out.logprobs
+        source = torch.log_softmax(logits[0] if mode == "raw" else want.float(), -1)
+        assert lp.next_token_logprobs[0].item() == pytest.approx(source[out.next_ids[0]].item(), abs=1e-4)
+        assert lp.next_token_token_ids_logprobs_val[0].tolist() == pytest.approx(source[[0, 5]].tolist(), abs=1e-4)
+        assert lp.next_token_top_logprobs_idx[0].tolist() == source.topk(3).indices.tolist()
+        unguided = torch.log_softmax(logits[1], -1)
+        assert lp.next_token_top_logprobs_val[1].tolist() == pytest.approx(unguided.topk(3).values.tolist(), abs=1e-5)

@@ -52,6 +52,7 @@ from sglang.srt.layers.sampler_io import (
 from sglang.srt.layers.sampler_stages import (
     apply_custom_logit_processors,
     apply_penalties_bias_and_mask,
+    main_context_logprobs,
     mix_guided_rows,
     run_batch_processors,
 )
@@ -195,20 +196,28 @@ class Sampler(nn.Module):
         info, logits = inp.info, inp.logits
         if inp.host_ready is not None:
             inp.host_ready.wait()
+        return_logprob = any(a is not None for a in asks)
+        # The raw mode reports a guided row's main context: its logits before the mix.
+        raw_main = None
+        if return_logprob and self.logprobs_mode == "raw" and info.guidance is not None:
+            raw_main = logits.index_select(0, info.guidance.rows)  # [G, V]
         alpha = mix_guided_rows(logits, info, inp.guide_logits)
         apply_penalties_bias_and_mask(logits, info, inp.rows)
         row_errors = run_batch_processors(logits, info, inp.rows if self.check_logits_processors else None)
-        return_logprob = any(a is not None for a in asks)
         out = LogitsProcessorOutput(next_token_logits=logits)
+        top_logprobs_nums = [a.top_logprobs_num if a else 0 for a in asks]
+        token_ids_logprobs = [a.token_ids_logprob if a else None for a in asks]
         next_ids = self.forward(
             out,
             info,
             return_logprob=return_logprob,
-            top_logprobs_nums=[a.top_logprobs_num if a else 0 for a in asks],
-            token_ids_logprobs=[a.token_ids_logprob if a else None for a in asks],
+            top_logprobs_nums=top_logprobs_nums,
+            token_ids_logprobs=token_ids_logprobs,
             positions=inp.positions,
             row_errors=row_errors,
         )
+        if raw_main is not None:
+            main_context_logprobs(out, raw_main, info, next_ids, top_logprobs_nums, token_ids_logprobs)
         info.update_penalties(next_ids)
         if inp.token_store is not None:
             ids_out, slots = inp.token_store
