@@ -5,7 +5,7 @@ One server (the embedded model unless --model-path; the device the server picks:
 present). N requests are sent at once, each a PROMPT_LEN-token prompt generating --max-new-tokens
 tokens (ignore_eos, greedy): all unguided, then all guided with `cfg` (weight 3) on a guide
 prompt of the same length, then all guided with `mixture` / `kl_symmetry` (the bisection's
-extra work). Each batch runs --rounds times after one warm-up batch; the median wall time of a
+extra work), then `cfg` with weight 1, whose tokens must be the unguided ones (checked). Each batch runs --rounds times after one warm-up batch; the median wall time of a
 batch (send -> last answer) is recorded, and guided / unguided is the per-row cost ratio (the
 issue's target: at most 2.1x).
 
@@ -13,7 +13,8 @@ Records go to benchmark/results/guidance/<tag>.json.
 
 Usage:
   python benchmark/bench_guidance.py                       # CPU: N=16
-  python benchmark/bench_guidance.py --n 64 --tag h100     # GPU: N=64
+  python benchmark/bench_guidance.py --n 64 --tag h100 -- --model-path /tmp/qwen3-0.6b   # GPU: N=64
+  (benchmark/gpu_guidance_check.sh writes that checkpoint and runs it)
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ MODES = {
     "unguided": None,
     "cfg": {"method": "cfg", "weight": 3.0},
     "mixture_kl": {"method": "mixture", "alpha": "kl_symmetry"},
+    "cfg_w1": {"method": "cfg", "weight": 1.0},  # must give the unguided tokens exactly
 }
 
 
@@ -47,20 +49,21 @@ def prompts(n: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(100, 20000) for _ in range(PROMPT_LEN)] for _ in range(n)]
 
 
-def batch_seconds(url: str, mains: list[list[int]], guides: list[list[int]], mode: str, new_tokens: int) -> float:
-    def one(i: int) -> int:
+def run_batch(url: str, mains: list[list[int]], guides: list[list[int]], mode: str, new_tokens: int) -> tuple[float, list]:
+    """(wall seconds, each request's output ids) of one batch sent at once."""
+    def one(i: int) -> list[int]:
         params = {"temperature": 0.0, "max_new_tokens": new_tokens, "ignore_eos": True}
         if MODES[mode] is not None:
             params["guidance"] = {**MODES[mode], "input_ids": guides[i]}
         response = requests.post(url + "/generate", json={"input_ids": mains[i], "sampling_params": params}, timeout=3600)
         response.raise_for_status()
-        return len(response.json()["output_ids"])
+        return response.json()["output_ids"]
 
     start = time.perf_counter()
     with ThreadPoolExecutor(len(mains)) as pool:
         produced = list(pool.map(one, range(len(mains))))
-    assert all(n == new_tokens for n in produced), produced
-    return time.perf_counter() - start
+    assert all(len(ids) == new_tokens for ids in produced), [len(ids) for ids in produced]
+    return time.perf_counter() - start, produced
 
 
 def main() -> None:
@@ -79,10 +82,11 @@ def main() -> None:
     try:
         server.wait_healthy()
         mains, guides = prompts(args.n, 0), prompts(args.n, 1)
+        outputs = {}
         for mode in MODES:
-            batch_seconds(server.url, mains, guides, mode, args.max_new_tokens)  # warm-up (and prefix cache)
+            _, outputs[mode] = run_batch(server.url, mains, guides, mode, args.max_new_tokens)  # warm-up (and prefix cache)
             with OutsideLoad() as load:
-                times = [batch_seconds(server.url, mains, guides, mode, args.max_new_tokens) for _ in range(args.rounds)]
+                times = [run_batch(server.url, mains, guides, mode, args.max_new_tokens)[0] for _ in range(args.rounds)]
             records.append({"mode": mode, "n": args.n, "max_new_tokens": args.max_new_tokens, "batch_s": times,
                             "median_s": statistics.median(times), "outside_cpu_s": round(load.cpu_s, 1)})
             print(f"{mode:>12}: median {statistics.median(times):.3f} s per batch of {args.n} ({times})", flush=True)
@@ -91,7 +95,10 @@ def main() -> None:
     base = records[0]["median_s"]
     for record in records:
         record["ratio_to_unguided"] = round(record["median_s"] / base, 3)
-    result = {**run_header(started), "benchmark": "guidance", "target_ratio": TARGET_RATIO, "records": records}
+    cfg_w1_exact = outputs["cfg_w1"] == outputs["unguided"]
+    print(f"cfg weight 1 gives the unguided tokens: {cfg_w1_exact}")
+    result = {**run_header(started), "benchmark": "guidance", "server_flags": args.server_flags,
+              "target_ratio": TARGET_RATIO, "cfg_w1_equals_unguided": cfg_w1_exact, "records": records}
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     out = RESULTS_DIR / f"{args.tag}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
