@@ -76,18 +76,31 @@ def test_cfg_with_the_guide_model_equals_the_reference(server, guide_alone):
     assert list((lg + 2.0 * (lc - lg)).argmax(axis=-1)) == output
 
 
+SAMPLED = dict(temperature=0.8, top_k=40, max_new_tokens=N_TOKENS, ignore_eos=True)
+BATCH = [
+    {**SAMPLED, "sampling_seed": 1, "guidance": {"method": "cfg", "input_ids": GUIDE, "weight": 1.5, "model": "guide"}},
+    {**SAMPLED, "sampling_seed": 2, "guidance": {"method": "cfg", "input_ids": GUIDE, "weight": 1.5}},
+    {**SAMPLED, "sampling_seed": 3},
+    {**SAMPLED, "sampling_seed": 4, "guidance": {"method": "mixture", "input_ids": MAIN[:6], "alpha": "kl_symmetry", "model": "guide"}},
+    {"temperature": 0.0, "max_new_tokens": N_TOKENS, "ignore_eos": True,
+     "guidance": {"method": "contrastive", "input_ids": GUIDE, "weight": 0.5, "model": "guide"}},
+]
+
+
+def _batched(server) -> list[list[int]]:
+    with concurrent.futures.ThreadPoolExecutor(len(BATCH)) as pool:
+        return list(pool.map(lambda p: generate_ok(server, MAIN, sampling_params=p)["output_ids"], BATCH))
+
+
 def test_guide_model_and_served_model_guides_in_one_batch_equal_their_solo_runs(server):
-    sampled = dict(temperature=0.8, top_k=40, max_new_tokens=N_TOKENS, ignore_eos=True)
-    items = [
-        {**sampled, "sampling_seed": 1, "guidance": {"method": "cfg", "input_ids": GUIDE, "weight": 1.5, "model": "guide"}},
-        {**sampled, "sampling_seed": 2, "guidance": {"method": "cfg", "input_ids": GUIDE, "weight": 1.5}},
-        {**sampled, "sampling_seed": 3},
-        {**sampled, "sampling_seed": 4, "guidance": {"method": "mixture", "input_ids": MAIN[:6], "alpha": "kl_symmetry", "model": "guide"}},
-    ]
-    solo = [generate_ok(server, MAIN, sampling_params=p)["output_ids"] for p in items]
-    with concurrent.futures.ThreadPoolExecutor(len(items)) as pool:
-        batched = list(pool.map(lambda p: generate_ok(server, MAIN, sampling_params=p)["output_ids"], items))
-    assert batched == solo
+    solo = [generate_ok(server, MAIN, sampling_params=p)["output_ids"] for p in BATCH]
+    assert _batched(server) == solo
+
+
+def test_guide_model_tp2_equals_tp1(server, paths, gguf_path):
+    flags = tiny_flags(paths[0], gguf_path, "--guide-model-path", paths[1], "--guide-max-total-tokens", "2048", "--tp-size", "2")
+    with running_server(*flags) as tp2:
+        assert _batched(tp2) == _batched(server)
 
 
 def test_a_guide_model_of_another_vocabulary_size_is_refused_at_start_up(paths, gguf_path, tmp_path):
