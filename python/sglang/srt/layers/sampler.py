@@ -1,10 +1,11 @@
 """Sampler: the one owner of a step's logits processing, and the sampling-backend registry.
 
 The order of one step (Sampler.sample_step), the same for every row and every path:
-  guidance mix (guided rows only, sampling/guidance.py) -> penalties (additive, then repetition) -> logit_bias -> grammar mask -> batch-level logits
-  processors -> custom logit processors -> NaN/inf guard -> greedy (argmax, lowest id on ties) ->
-  temperature -> top-k / top-p / min-p -> draw (seeded rows by hash-Gumbel) -> logprobs ->
-  TP token sync -> penalty update -> the ids stored for the next decode step.
+  guidance mix (guided rows only, sampling/guidance.py) -> penalties (additive, then repetition) ->
+  logit_bias -> grammar mask -> batch-level logits processors -> custom logit processors ->
+  NaN/inf guard -> greedy (argmax, lowest id on ties) -> temperature -> top-k / top-p / min-p ->
+  draw (seeded rows by hash-Gumbel) -> logprobs -> TP token sync -> penalty update -> the ids
+  stored for the next decode step.
 The stages before the guard are sampler_stages.py; from the guard on, a step strategy runs them:
   FusedStep (sampler_fused.py)     a fused backend's kernels (triton)
   CpuGroupedStep (sampler_cpu.py)  the pytorch backend on the CPU, rows grouped once per batch
