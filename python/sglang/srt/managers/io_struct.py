@@ -152,6 +152,8 @@ class TokenOut(msgspec.Struct):
     stop_strs: Optional[list[str]] = None
     # A finished beam-search request: its n best beams, best first (new_output_ids is the first).
     beam_results: Optional[list[BeamSequence]] = None
+    # Mixture guidance (sampling_params.guidance): the alpha of each new token.
+    guidance_alpha: Optional[list[float]] = None
 
 
 class BatchTokenOut(msgspec.Struct):

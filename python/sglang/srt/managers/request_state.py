@@ -44,6 +44,7 @@ class ReqState:
     cached_tokens: int = 0
     sampling_seed: Optional[int] = None
     logprobs: dict[str, list[Any]] = field(default_factory=dict)
+    guidance_alpha: Optional[list[float]] = None  # mixture guidance: one alpha per output token
     dirty: bool = False
     streamed_ids: int = 0  # output ids already sent in chunks (--stream-output)
     created_at: float = field(default_factory=time.perf_counter)
@@ -93,6 +94,8 @@ def snapshot(state: ReqState, indexed: bool, with_text: bool, delta_ids: bool) -
     meta.update({key: list(rows) for key, rows in state.logprobs.items()})
     if state.sampling_seed is not None:
         meta["sampling_seed"] = state.sampling_seed
+    if state.guidance_alpha is not None:
+        meta["guidance_alpha"] = list(state.guidance_alpha)
     out: dict[str, Any] = {}
     if with_text:
         out["text"] = state.text

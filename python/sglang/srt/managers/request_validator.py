@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 from sglang.srt.beam_search.params import verify_beam_request
 from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady
+from sglang.srt.sampling.guidance_params import check_guide_model
 from sglang.srt.sampling.logits_processor.loader import LoadedLogitsProcessors
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
@@ -83,6 +84,7 @@ class RequestValidator:
         if params.thinking_token_budget is not None and self.tokenizer is None:
             raise ValueError("thinking_token_budget needs the tokenizer to find the think markers, which --skip-tokenizer-init leaves unloaded.")
         self.logits_processors.validate(params)
+        check_guide_model(params.guidance, guide_model_loaded=self.server_args.guide_model_path is not None)
         return params
 
     def check_context(self, input_len: int, max_new_tokens: Optional[int]) -> None:

@@ -21,6 +21,7 @@ from sglang.srt.constrained.bitmask import allows_nothing
 from sglang.srt.distributed.communication import TokenDivergenceError
 from sglang.srt.distributed.parallel_state import tp_cpu_group
 from sglang.srt.managers.beam_coordinator import BeamCoordinator, beam_token_fields, is_hidden
+from sglang.srt.managers.guidance_pairs import guidance_alphas
 from sglang.srt.managers.io_struct import STEP_ERROR, SchedulerLoad, TokenOut
 from sglang.srt.managers.results_router import ResultsRouter
 from sglang.srt.managers.schedule_batch import Req
@@ -100,10 +101,14 @@ class ResultProcessor:
         sampled = [step.reqs[r] for r in step.sample_rows]
         if self.beams is not None:
             self.beams.read(step, result)
+        alphas = guidance_alphas(result.guidance_alpha)
         for i, req in enumerate(sampled):
             if req.finished() or req.beam is not None:
                 continue  # finished at the previous step (overlap) or aborted: drop this token; beams: read above
+            appended = len(req.output_ids)
             self._record_token(req, next_ids[i], result.row_errors.get(i), result.output_logprobs[i])
+            if i in alphas and len(req.output_ids) > appended:
+                req.guidance_alpha.append(alphas[i])
         self.send([r for r in step.reqs if r.finished() or (r.stream and self._stream_due(r))])
 
     def _stream_due(self, req: Req) -> bool:
@@ -205,6 +210,7 @@ def _token_out(req: Req) -> TokenOut:
     """The request's output since the last send, and its pending logprobs (taken, not copied)."""
     params = req.sampling_params
     first = req.sent_output_len == 0
+    new_alphas = req.guidance_alpha[req.sent_output_len :] if req.guidance_alpha else None
     new_ids = req.output_ids[req.sent_output_len :]
     req.sent_output_len = len(req.output_ids)
     completion_tokens, beam_results = len(req.output_ids), None
@@ -234,4 +240,5 @@ def _token_out(req: Req) -> TokenOut:
         matched_text=req.matched_text,
         stop_strs=params.stop_strs if first and req.stream and not params.no_stop_trim else None,
         beam_results=beam_results,
+        guidance_alpha=new_alphas,
     )

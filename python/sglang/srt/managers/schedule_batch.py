@@ -27,6 +27,8 @@ def eos_ids(model_eos_ids: set[int], tokenizer: Any) -> set[int]:
 class Req:
     """One request as the scheduler sees it."""
 
+    is_guide = False  # a guide context (managers/guidance_pairs.py) rather than a client's request
+
     def __init__(
         self,
         rid: str,
@@ -70,6 +72,8 @@ class Req:
         self.pending_logprobs = _PendingLogprobs()
         self.beam: Any = None  # its BeamGroup when beam_width > 1 (leader and members share it)
         self.beam_results: Any = None  # the returned beams, once the search finished
+        self.guide: Any = None  # its GuideReq when sampling_params.guidance is set
+        self.guidance_alpha: list[float] = []  # mixture guidance: the alpha of each output token
 
     @property
     def return_logprob(self) -> bool:

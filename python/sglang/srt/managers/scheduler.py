@@ -40,6 +40,8 @@ from sglang.srt.constrained.grammar_queue import GrammarQueue
 from sglang.srt.distributed.communication import broadcast_frames
 from sglang.srt.distributed.parallel_state import init_tp_groups, tp_cpu_group
 from sglang.srt.managers.beam_coordinator import BeamCoordinator
+from sglang.srt.managers.guide_model import GuideModel
+from sglang.srt.managers.guidance_pairs import attach_guide, release_guide, with_guides
 from sglang.srt.managers.io_struct import (
     AbortReq,
     FlushCacheReq,
@@ -83,6 +85,9 @@ class Scheduler:
         if self.tp_size > 1:
             init_tp_groups(tp_rank, self.tp_size, device, port_args.dist_init_method, server_args.dist_timeout)
         self.worker, self.model_runner = start_forward_worker(server_args, device, tp_rank, dp_rank)
+        self.guide_model = (
+            GuideModel(server_args, self.worker, device, tp_rank, self.model_runner) if server_args.guide_model_path else None
+        )
         config = self.model_runner.model_config
         self.device = torch.device(self.model_runner.device)
         self.vocab_size = self.model_runner.vocab_size
@@ -125,6 +130,7 @@ class Scheduler:
             self.max_running, self._budget,
         )
         self.builder = StepBuilder(server_args, self.policy, self.tree_cache, pool, self.device, self.vocab_size, logits_processors)
+        self.builder.guide_model = self.guide_model
         self.flush_requested = False
         self.fault_hook = StepFaultHook.from_env(tp_rank)
         failures = StepFailureLimit(server_args.step_failure_limit, server_args.step_failure_window)
@@ -273,6 +279,7 @@ class Scheduler:
         try:
             req = req_from_message(message, self.context_len, self.eos_token_ids, self.tokenizer)
             check_fits(req, self.context_len, self.max_total_tokens)
+            attach_guide(req, self.context_len, self.max_total_tokens, self.guide_model)
         except InvalidRequest as err:
             self._reject(err.req, str(err))
             return
@@ -335,6 +342,8 @@ class Scheduler:
         if self.flush_requested:
             # After the release of requests that finished before the flush was asked for.
             self.tree_cache.flush()
+            if self.guide_model is not None:
+                self.guide_model.tree_cache.flush()
             self.flush_requested = False
         step = self._prefill_step()
         if step is None and self.running.batch is not None and not self._running_ends_in_flight():
@@ -353,7 +362,7 @@ class Scheduler:
             self._release(self.chunked_req)
             self._send([self.chunked_req])
             self.chunked_req = None
-        step, self.chunked_req = self.builder.prefill_step(self.chunked_req, self.waiting, self._active_reqs())
+        step, self.chunked_req = self.builder.prefill_step(self.chunked_req, self.waiting, with_guides(self._active_reqs()))
         return step
 
     # ------------------------------------------------------------------ admitted requests
@@ -366,6 +375,7 @@ class Scheduler:
     def _release(self, req: Req) -> None:
         release_kv(self.tree_cache, req)
         self.beams.released(req)
+        release_guide(self.tree_cache, req)
         self.reqs_by_rid.pop(req.rid, None)
 
     def _active_reqs(self) -> list[Req]:
@@ -390,7 +400,7 @@ class Scheduler:
         error = self.results.process(step, future)
         if error is not None:
             in_flight = self.in_flight[1] if self.in_flight is not None else None
-            self.results.fail(step, error, in_flight, self._active_reqs())
+            self.results.fail(step, error, in_flight, with_guides(self._active_reqs()))
         if step.mode == ForwardMode.EXTEND and step.sampled_batch is not None:
             self.running.to_merge.append(step.sampled_batch)
         self.running.to_merge.extend(self.beams.take_new_batches())

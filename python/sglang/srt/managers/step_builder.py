@@ -5,11 +5,21 @@ Which waiting requests a prefill step takes is the SchedulePolicy's decision."""
 from __future__ import annotations
 
 from collections import deque
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 
 from sglang.srt.managers.beam_coordinator import beam_ask
+from sglang.srt.managers.guidance_pairs import (
+    GuideSide,
+    KVSide,
+    admit_pair,
+    guide_rows,
+    on_guide_model,
+    on_served_model,
+    remaining,
+    with_guides,
+)
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import SchedulePolicy
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
@@ -41,13 +51,13 @@ class StepBuilder:
         logits_processors: LoadedLogitsProcessors,
     ) -> None:
         self.policy = policy
-        self.tree_cache = tree_cache
-        self.req_to_token_pool = req_to_token_pool
         self.device = device
         self.vocab_size = vocab_size
         self.enable_custom_logit_processor = server_args.enable_custom_logit_processor
         self.custom_logit_processor_allowlist = server_args.allowlist()
         self.logits_processors = logits_processors
+        self.served = KVSide(tree_cache, req_to_token_pool)
+        self.guide_model: Optional[GuideSide] = None  # --guide-model-path: set by the scheduler
 
     def prefill_step(
         self, chunked_req: Optional[Req], waiting: deque[Req], active: list[Req]
@@ -59,47 +69,66 @@ class StepBuilder:
         admitted requests not yet released (`chunked_req` among them)."""
         budget = self.policy.chunked_prefill_size
         chunks: list[PromptChunk] = []
+        guide_chunks: list[PromptChunk] = []  # the guide model's
         if chunked_req is not None:
             budget -= self.add_chunk(chunks, chunked_req, self.policy.chunk_len(chunked_req, budget))
-        reserved = self.policy.reserved_tokens(active)
-        admitted = len(active)
+        served = on_served_model(active)
+        reserved = self.policy.reserved_tokens(served)
+        guide_reserved = self.guide_model.policy.reserved_tokens(on_guide_model(active)) if self.guide_model else 0
+        admitted = len(served)
         self.policy.order(waiting)
         while waiting and budget > 0 and admitted < self.policy.max_running:
             req = waiting[0]
-            need = self.policy.try_admit(req, budget, reserved)
-            if need is None:
+            if req.guide is None:
+                need = self.policy.try_admit(req, budget, reserved)
+                if need is None:
+                    break
+                waiting.popleft()
+                n = self.add_chunk(chunks, req, self.policy.chunk_len(req, budget))
+                reserved, budget, admitted = reserved + need - n, budget - n, admitted + 1
+                continue
+            same_model = req.guide.side is None
+            guide_policy = self.policy if same_model else self.guide_model.policy
+            needs = admit_pair(self.policy, guide_policy, req, budget, (reserved, guide_reserved), admitted, first=not chunks)
+            if needs is None:
                 break
             waiting.popleft()
-            n = self.add_chunk(chunks, req, self.policy.chunk_len(req, budget))
-            reserved += need - n
-            budget -= n
-            admitted += 1
+            # Both prompts whole, the guide's row first.
+            g = self.add_chunk(chunks if same_model else guide_chunks, req.guide, remaining(req.guide))
+            n = self.add_chunk(chunks, req, remaining(req))
+            if same_model:
+                reserved, admitted = reserved + sum(needs) - n - g, admitted + 2
+            else:
+                reserved, guide_reserved, admitted = reserved + needs[0] - n, guide_reserved + needs[1] - g, admitted + 1
+            budget -= n + g
         if not chunks:
             return None, None
-        return self.extend_step(chunks)
+        return self.extend_step(chunks, guide_chunks)
 
     def add_chunk(self, chunks: list[PromptChunk], req: Req, length: int) -> int:
         """Schedule the next `length` prompt tokens of `req` and give them KV slots; returns
         `length`. The chunk enters the prefix cache at once, so a request admitted later in this
         same step (an n > 1 sibling) already reuses it."""
         start = req.kv_len
-        slots = self._allocate_slots([req], [length])
-        self.tree_cache.cache_prefill(req)
+        side = self._side(req)
+        slots = self._allocate_slots([req], [length], side)
+        side.tree_cache.cache_prefill(req)
         chunks.append(PromptChunk(req, start, length, slots))
         return length
 
-    def extend_step(self, chunks: list[PromptChunk]) -> tuple[Step, Optional[Req]]:
+    def extend_step(self, chunks: list[PromptChunk], guide_chunks: Sequence[PromptChunk] = ()) -> tuple[Step, Optional[Req]]:
         """The prefill step of `chunks`, and the request whose prompt it leaves unfinished (it
-        continues in the next prefill step), if any. Rows whose prompt completes sample."""
+        continues in the next prefill step), if any. Rows whose prompt completes sample.
+        `guide_chunks`: guide contexts' prompts on the guide model, its forward in the same step."""
         reqs, input_ids, sample_rows, spans = [], [], [], []
         unfinished = None
         for row, (req, start, n, _) in enumerate(chunks):
             reqs.append(req)
             input_ids.extend(req.origin_input_ids[start : start + n])
-            if start + n == len(req.origin_input_ids):
-                sample_rows.append(row)
-            else:
+            if start + n < len(req.origin_input_ids):
                 unfinished = req
+            elif not req.is_guide:
+                sample_rows.append(row)
             if req.logprob is not None and req.logprob.logprob_start_len < len(req.origin_input_ids):
                 spans.append((row, req.logprob.logprob_start_len, start, start + n))
         prefix_lens = [chunk.start for chunk in chunks]
@@ -113,21 +142,39 @@ class StepBuilder:
         sample_positions = host_to_device([len(r.origin_input_ids) - 1 for r in sampled], self.device)
         step = Step(ForwardMode.EXTEND, reqs, forward_batch, sample_rows, sampled_batch, sample_positions, spans, kv_slots=out_cache_loc)
         step.beam_rows, step.beam_candidates = beam_ask(sampled)
+        guide_reqs = [chunk.req for chunk in guide_chunks]
+        if guide_chunks:
+            step.guide_forward_batch = self._forward_batch(
+                ForwardMode.EXTEND, guide_reqs, [t for c in guide_chunks for t in c.req.origin_input_ids[c.start : c.start + c.length]],
+                [c.start for c in guide_chunks], [c.length for c in guide_chunks], torch.cat([c.slots for c in guide_chunks]),
+            )
+        step.guide_rows = guide_rows(reqs, guide_reqs, sampled)
         return step, unfinished
 
     def decode_step(self, running: ScheduleBatch) -> Step:
-        """One token for every running request; its input ids are read from future_tokens on the worker."""
-        reqs = list(running.reqs)
-        prefix_lens = [req.kv_len for req in reqs]
-        out_cache_loc = self._allocate_slots(reqs, [1] * len(reqs))  # [B] int64, host
-        forward_batch = self._forward_batch(ForwardMode.DECODE, reqs, None, prefix_lens, [1] * len(reqs), out_cache_loc)
+        """One token for every running request; its input ids are read from future_tokens on the
+        worker. The guide contexts of guided requests follow them as rows that do not sample."""
+        guided = with_guides(list(running.reqs))
+        reqs, guide_reqs = on_served_model(guided), on_guide_model(guided)
+        forward_batch, out_cache_loc = self._decode_batch(reqs, self.served)
+        guide_batch = self._decode_batch(guide_reqs, guide_reqs[0].side)[0] if guide_reqs else None
         # A decode row samples at the position of its one input token.
-        step = Step(
-            ForwardMode.DECODE, reqs, forward_batch, list(range(len(reqs))), running, forward_batch.positions,
-            kv_slots=out_cache_loc,
-        )
-        step.beam_rows, step.beam_candidates = beam_ask(reqs)
+        sampled = len(running.reqs)
+        positions = forward_batch.positions if sampled == len(reqs) else forward_batch.positions[:sampled]
+        step = Step(ForwardMode.DECODE, reqs, forward_batch, list(range(sampled)), running, positions, kv_slots=out_cache_loc)
+        step.guide_forward_batch = guide_batch
+        step.guide_rows = guide_rows(reqs, guide_reqs, running.reqs)
+        step.beam_rows, step.beam_candidates = beam_ask(list(running.reqs))
         return step
+
+    def _decode_batch(self, reqs: list[Req], side: KVSide) -> tuple[ForwardBatch, torch.Tensor]:
+        """The decode ForwardBatch of `reqs` on one model's KV, and its [B] int64 host KV slots."""
+        prefix_lens = [req.kv_len for req in reqs]
+        out_cache_loc = self._allocate_slots(reqs, [1] * len(reqs), side)  # [B] int64, host
+        return self._forward_batch(ForwardMode.DECODE, reqs, None, prefix_lens, [1] * len(reqs), out_cache_loc), out_cache_loc
+
+    def _side(self, req: Req) -> KVSide:
+        return req.side if req.is_guide and req.side is not None else self.served
 
     def sampled_batch(self, reqs: list[Req]) -> ScheduleBatch:
         """The ScheduleBatch of newly prefilled requests, with its SamplingBatchInfo; it joins the
@@ -142,12 +189,12 @@ class StepBuilder:
         batch.sampling_info = SamplingBatchInfo.from_schedule_batch(batch, self.vocab_size)
         return batch
 
-    def _allocate_slots(self, reqs: list[Req], lens: list[int]) -> torch.Tensor:
-        """[sum lens] int64 KV slots on the host, recorded in req_to_token after each request's kv_len."""
-        slots = self.tree_cache.alloc(sum(lens))
+    def _allocate_slots(self, reqs: list[Req], lens: list[int], side: KVSide) -> torch.Tensor:
+        """[sum lens] int64 KV slots of `side` on the host, recorded in its req_to_token after each request's kv_len."""
+        slots = side.tree_cache.alloc(sum(lens))
         if slots is None:
             raise RuntimeError("KV cache exhausted despite admission control")
-        self.req_to_token_pool.assign([r.req_pool_idx for r in reqs], [r.kv_len for r in reqs], lens, slots)
+        side.pool.assign([r.req_pool_idx for r in reqs], [r.kv_len for r in reqs], lens, slots)
         for req, n in zip(reqs, lens):
             req.kv_len += n
         return slots

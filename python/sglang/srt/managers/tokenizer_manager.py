@@ -368,6 +368,8 @@ class TokenizerManager(ManyRequests):
         state.cached_tokens = token.cached_tokens
         if state.return_logprob:
             append_logprobs(state, out, self._token_text)
+        if token.guidance_alpha is not None:
+            state.guidance_alpha = (state.guidance_alpha or []) + token.guidance_alpha  # one list per message
         if token.finished_reason is not None:
             state.finished_reason = token.finished_reason
             state.beam_results = token.beam_results

@@ -26,6 +26,7 @@ from sglang.srt.mem_cache.memory_pool import KVCache, ReqToTokenPool, TokenToKVP
 from sglang.srt.mem_cache.recurrent_state_pool import RecurrentStateLayout, RecurrentStatePool
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.model_executor.guided_rows import alpha_to_host, guide_logits, run_guide_model, store_guide_tokens
 from sglang.srt.model_executor.piecewise_cuda_graph_runner import PiecewiseCudaGraphRunner, capture_token_counts
 from sglang.srt.model_executor.sampling_graph import sampling_graph_supported
 from sglang.srt.model_executor.step import Step, StepResult
@@ -113,6 +114,7 @@ class ModelRunner:
             first_attention(self.model).num_heads, layout.num_kv_heads, layout.head_dim, self.dtype,
         )
         self._init_sampling(sampling_backend, random_seed)
+        self.guide_runner: Optional[ModelRunner] = None  # --guide-model-path: the guide contexts' model
         self.cuda_graph_runner: Optional[CudaGraphRunner] = None
         self.piecewise_runner: Optional[PiecewiseCudaGraphRunner] = None
         if self.device.type == "cuda" and not disable_cuda_graph:
@@ -261,11 +263,14 @@ class ModelRunner:
             batch.input_ids = self.future_tokens.index_select(0, batch.req_pool_indices).clamp(min=0)
         replayed = self.cuda_graph_runner is not None and self.cuda_graph_runner.can_run(batch)
         output = self.forward(batch)
+        guide_output = run_guide_model(step, self.guide_runner)
         prompt_logprobs = input_logprobs(step, batch, output)
         if step.sampled_batch is None:
             return StepResult(torch.empty(0, dtype=torch.int64), None, {}, [], prompt_logprobs)
         self.noise_generator.manual_seed(step_noise_seed(self.random_seed, step.index))
-        sampled = self.sampler.sample_step(self._sampler_input(step, output, replayed))
+        sampled = self.sampler.sample_step(self._sampler_input(step, output, guide_output, replayed))
+        store_guide_tokens(step, sampled.next_ids, self.future_tokens, self.guide_runner, self.device)
+        alpha = alpha_to_host(step, sampled.guidance_alpha)  # copied before the ids: their event covers it
         if self.check_token_agreement:
             rids = [step.reqs[r].rid for r in step.sample_rows]
             check_token_agreement(sampled.next_ids, step.index, rids, tp_device_group())
@@ -275,9 +280,12 @@ class ModelRunner:
             logprobs = output_logprobs(sampled.logprobs, sampled.asks)
         # Beam rows: the scheduler selects from these before it submits their next step.
         beam_topk = None if sampled.beam_topk is None else tuple(t.cpu() for t in sampled.beam_topk)
-        return StepResult(ids_host, ready, sampled.row_errors, logprobs, prompt_logprobs, beam_topk)
+        return StepResult(ids_host, ready, sampled.row_errors, logprobs, prompt_logprobs, beam_topk=beam_topk,
+                          guidance_alpha=alpha)
 
-    def _sampler_input(self, step: Step, output: LogitsProcessorOutput, replayed: bool) -> SamplerInput:
+    def _sampler_input(
+        self, step: Step, output: LogitsProcessorOutput, guide_output: Optional[LogitsProcessorOutput], replayed: bool
+    ) -> SamplerInput:
         """The sampled rows' logits and metadata; their ids go to `future_tokens` at their request slots."""
         batch = step.forward_batch
         if len(step.sample_rows) == batch.batch_size:
@@ -295,6 +303,7 @@ class ModelRunner:
             graph_rows=batch.batch_size if replayed else None,
             token_store=(self.future_tokens, slots),
             beam=(host_to_device(step.beam_rows, self.device), step.beam_candidates) if step.beam_rows else None,
+            guide_logits=guide_logits(step, output, guide_output, self.device),
         )
 
 

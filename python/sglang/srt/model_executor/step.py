@@ -63,6 +63,11 @@ class Step:
     grammar_wait: Optional[threading.Event] = None
     processed: threading.Event = field(default_factory=threading.Event)  # set once the host read the result
     kv_slots: Optional[torch.Tensor] = None  # [N] int64 host: the KV slots this step writes
+    # Guided sampled rows (sampling_params.guidance), in order: the forward row of each one's guide context.
+    # Their rows index the step's forward rows followed by `guide_forward_batch`'s rows: the guide
+    # contexts on the guide model (--guide-model-path), forwarded in the same step.
+    guide_rows: list[int] = field(default_factory=list)
+    guide_forward_batch: Optional[ForwardBatch] = None
     submitted_at: float = 0.0  # time.perf_counter() when it went to the worker
     # Beam search: the positions of beam rows among the sampled rows, and the candidates
     # (top log-probabilities) each returns.
@@ -94,3 +99,5 @@ class StepResult:
     output_logprobs: list[Optional[tuple]]  # per sampled row: (logprob, top pairs, token-id pairs)
     input_logprobs: dict[int, tuple]  # forward row -> (token pairs, top lists, token-id lists)
     beam_topk: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # host [R, C] values, ids of the beam rows
+    # Mixture-guided rows: (their sampled rows, their alphas [M] float32 on the host, valid after `ready`).
+    guidance_alpha: Optional[tuple[list[int], torch.Tensor]] = None

@@ -16,6 +16,7 @@ import torch
 
 from sglang.srt.constrained.bitmask import apply_token_bitmask
 from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor, load_custom_logit_processor
+from sglang.srt.sampling.guidance import GuidanceBatch
 from sglang.srt.sampling.fused_logits_bias import apply_logits_bias_fused, update_penalties_fused
 from sglang.srt.sampling.penaltylib import BatchedPenalizerOrchestrator
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -80,6 +81,8 @@ class SamplingBatchInfo:
     # The processors acting on some row of this batch (logits_processor.LogitsProcessorPipeline),
     # None when none does: that batch's step runs no processor code at all.
     logits_processors: Optional[Any] = field(init=False, default=None)
+    # The guided rows and their mixing coefficients (sampling/guidance.py), None when no row is guided.
+    guidance: Optional[GuidanceBatch] = field(init=False, default=None)
 
     @classmethod
     def from_schedule_batch(cls, batch: Any, vocab_size: int) -> "SamplingBatchInfo":
@@ -127,6 +130,7 @@ class SamplingBatchInfo:
         self._build_seeds(params)
         self._build_logit_bias(params)
         self._build_processors()
+        self.guidance = GuidanceBatch.build([p.guidance for p in params], self.device)
         grammars = [row.grammar for row in self.rows]
         self.grammars = grammars if any(g is not None for g in grammars) else None
         loaded = self.loaded_logits_processors

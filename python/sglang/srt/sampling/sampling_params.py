@@ -23,6 +23,8 @@ except ImportError:  # Python 3.10 keeps the parser under its old public names
     import sre_constants as _regex_constants
     import sre_parse as _regex_parser
 
+from sglang.srt.sampling.guidance_params import normalize_guidance, verify_guidance
+
 logger = logging.getLogger(__name__)
 
 _SAMPLING_EPS = 1e-6
@@ -89,6 +91,8 @@ class SamplingParams:
     logit_bias: Optional[dict[str, float]] = None
     sampling_seed: Optional[int] = None
     custom_params: Optional[dict[str, Any]] = None
+    # Two-context guidance (sampling/guidance_params.py): cfg, mixture or contrastive with a guide prompt.
+    guidance: Optional[dict[str, Any]] = None
     watermark: Optional[Any] = None
     # Built-in batch-level logits processors (sglang.srt.sampling.logits_processor).
     allowed_token_ids: Optional[list[int]] = None
@@ -172,6 +176,7 @@ class SamplingParams:
         self.stop = None
         self.stop_regex = None
         self.bad_words_token_ids = _tokenize_bad_words(self.bad_words, tokenizer)
+        self.guidance = normalize_guidance(self.guidance, tokenizer)
         self.is_normalized = True
 
     def _check_tokenizer_free(self, stop_strs: list[str], stop_regex_strs: list[str]) -> None:
@@ -286,6 +291,8 @@ class SamplingParams:
             raise ValueError(f"length_penalty applies to beam search only (beam_width > 1), got {lp}.")
         if self.watermark is not None:
             raise ValueError("watermark must be null (watermarking is not supported by this server yet).")
+        if self.guidance is not None:
+            verify_guidance(self.guidance, vocab_size)
         self._verify_batch_processor_params(vocab_size)
 
     def _verify_batch_processor_params(self, vocab_size: int) -> None:
@@ -624,6 +631,7 @@ _FIELD_CHECKS = {
     "custom_params": _check_object,
     "beam_width": _check_int,
     "watermark": _check_object,
+    "guidance": _check_object,
     "allowed_token_ids": _check_int_list,
     "bad_words": _check_str_or_str_list,
     "no_repeat_ngram_size": _check_int,

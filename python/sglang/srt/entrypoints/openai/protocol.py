@@ -276,6 +276,8 @@ class _GenerationRequest(_Strict):
     no_repeat_ngram_size: Optional[int] = None
     thinking_token_budget: Optional[int] = None
     vllm_xargs: Optional[dict[str, Any]] = None
+    # Two-context guidance (sampling_params.guidance), as an extra body field.
+    guidance: Optional[dict[str, Any]] = None
     # Structured outputs: OpenAI's response_format, or SGLang's grammar fields (sent as they are).
     response_format: Optional[ResponseFormat] = None
     regex: Optional[str] = None
