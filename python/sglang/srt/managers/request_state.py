@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from sglang.srt.managers.io_struct import StrOut
+from sglang.srt.managers.sampling_report_out import meta_fields
 
 TokenText = Callable[[int], Optional[str]]  # a token id -> its text (None without a tokenizer)
 
@@ -43,6 +44,8 @@ class ReqState:
     cached_tokens: int = 0
     sampling_seed: Optional[int] = None
     logprobs: dict[str, list[Any]] = field(default_factory=dict)
+    reports: dict[str, list[Any]] = field(default_factory=dict)  # sampling masks / entropy (sampling_report_out)
+    prompt_token_ids: Optional[list[int]] = None  # return_prompt_token_ids
     dirty: bool = False
     streamed_ids: int = 0  # output ids already sent in chunks (--stream-output)
     created_at: float = field(default_factory=time.perf_counter)
@@ -89,6 +92,7 @@ def snapshot(state: ReqState, indexed: bool, with_text: bool, delta_ids: bool) -
         "cached_tokens": state.cached_tokens,
     }
     meta.update({key: list(rows) for key, rows in state.logprobs.items()})
+    meta.update(meta_fields(state.reports))
     if state.sampling_seed is not None:
         meta["sampling_seed"] = state.sampling_seed
     out: dict[str, Any] = {}
@@ -99,6 +103,8 @@ def snapshot(state: ReqState, indexed: bool, with_text: bool, delta_ids: bool) -
         state.streamed_ids = len(state.output_ids)
     else:
         out["output_ids"] = list(state.output_ids)
+    if state.prompt_token_ids is not None:
+        out["prompt_token_ids"] = list(state.prompt_token_ids)
     out["meta_info"] = meta
     if indexed:
         out["index"] = state.index

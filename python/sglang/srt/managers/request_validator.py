@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady
+from sglang.srt.managers.request_extras import check_extras
 from sglang.srt.sampling.logits_processor.loader import LoadedLogitsProcessors
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
@@ -36,6 +37,7 @@ class RequestValidator:
             self.check_grammar(params)
         self.check_flags(obj)
         self.check_logprob_args(obj, len(input_ids))
+        check_extras(obj, params, self.server_args, self.tokenizer is not None)
         return input_ids, params
 
     def tokenize(self, obj: GenerateReqInput) -> list[int]:

@@ -9,6 +9,8 @@ from typing import Any, Optional
 
 import torch
 
+from sglang.srt.layers.sampling_report import ReportAsk
+from sglang.srt.managers.sampling_report_out import PendingReport
 from sglang.srt.model_executor.step import LogprobRequest
 from sglang.srt.sampling.sampling_params import MAX_LEN, SamplingParams
 
@@ -68,6 +70,9 @@ class Req:
         self.finish_sent = False
         self.kv_failed = False  # a failed step wrote (part of) its K/V: released without caching
         self.pending_logprobs = _PendingLogprobs()
+        self.sampling_report: Optional[ReportAsk] = None  # support / behaviour logprobs / entropy asked for
+        self.pending_report = PendingReport()
+        self.priority = 0  # --enable-priority-scheduling orders the waiting queue by it
 
     @property
     def return_logprob(self) -> bool:

@@ -42,10 +42,12 @@ from sglang.srt.managers.io_struct import (
     sum_loads,
 )
 from sglang.srt.managers.fan_out import ManyRequests, PreparedRequest, fan_out
+from sglang.srt.managers.request_extras import PRIORITY_DISABLED_MESSAGE, priority_refused, resolved_priority
 from sglang.srt.managers.request_logger import RequestLogger
 from sglang.srt.managers.request_state import ReqGroup, ReqState, append_logprobs, snapshot
 from sglang.srt.managers.request_validator import RequestValidator
 from sglang.srt.managers.results_channel import results_source
+from sglang.srt.managers.sampling_report_out import accumulate
 from sglang.srt.server_args import PortArgs, ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -131,6 +133,8 @@ class TokenizerManager(ManyRequests):
             # Every sampled row takes the seeded path in this mode; a fresh seed per request (not
             # one shared by all) keeps unseeded requests independent, and meta_info reports it.
             params.sampling_seed = secrets.randbits(63)
+        if priority_refused(obj.priority, self.server_args):
+            raise ServiceUnavailableError(PRIORITY_DISABLED_MESSAGE)
         rid = obj.rid if obj.rid is not None else uuid.uuid4().hex
         if not isinstance(rid, str) or not rid:
             raise ValueError(f"rid must be a non-empty string, got {rid!r}.")
@@ -145,6 +149,11 @@ class TokenizerManager(ManyRequests):
             custom_logit_processor=obj.custom_logit_processor,
             stream=obj.stream,
             extra_key=obj.extra_key,
+            return_sampling_mask=obj.return_sampling_mask,
+            sampling_logprobs_mode=obj.sampling_logprobs_mode or "selected",
+            return_entropy=obj.return_entropy,
+            return_prompt_token_ids=obj.return_prompt_token_ids,
+            priority=resolved_priority(obj.priority, self.server_args),
         )
         return PreparedRequest(rid, obj.stream, fan_out(base, params.n), obj.return_text_in_logprobs, obj)
 
@@ -278,6 +287,7 @@ class TokenizerManager(ManyRequests):
                 want_token_ids=child.token_ids_logprob is not None,
                 text_in_logprobs=prepared.return_text_in_logprobs,
                 sampling_seed=child.sampling_params.get("sampling_seed"),
+                prompt_token_ids=child.input_ids if child.return_prompt_token_ids else None,
             )
             group.children.append(state)
             self._states[state.rid] = state
@@ -342,6 +352,7 @@ class TokenizerManager(ManyRequests):
         state.cached_tokens = token.cached_tokens
         if state.return_logprob:
             append_logprobs(state, out, self._token_text)
+        accumulate(state.reports, token)
         if token.finished_reason is not None:
             state.finished_reason = token.finished_reason
             del self._states[token.rid]

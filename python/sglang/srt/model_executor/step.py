@@ -10,6 +10,7 @@ from typing import Any, Optional, Protocol
 
 import torch
 
+from sglang.srt.layers.sampling_report import ReportAsk, RowReport
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
@@ -36,6 +37,7 @@ class StepRequest(Protocol):
     output_ids: list[int]
     logprob: Optional[LogprobRequest]
     grammar: Any  # its BaseGrammarObject, or None
+    sampling_report: Optional[ReportAsk]  # support / behaviour logprobs / entropy it asked for
 
 
 class SampledBatch(Protocol):
@@ -86,3 +88,4 @@ class StepResult:
     row_errors: dict[int, str]
     output_logprobs: list[Optional[tuple]]  # per sampled row: (logprob, top pairs, token-id pairs)
     input_logprobs: dict[int, tuple]  # forward row -> (token pairs, top lists, token-id lists)
+    reports: list[Optional[RowReport]] = field(default_factory=list)  # per sampled row, when it asked

@@ -19,6 +19,7 @@ from pydantic import (
     Discriminator,
     Field,
     PrivateAttr,
+    StrictInt,
     Tag,
     field_validator,
     model_serializer,
@@ -285,6 +286,8 @@ class _GenerationRequest(_Strict):
     # SGLang/vLLM: prefix-cache namespaces; requests share cached prefixes only within one.
     cache_salt: Optional[str] = None
     extra_key: Optional[str] = None
+    # SGLang: the admission priority (--enable-priority-scheduling); a signed 64-bit integer.
+    priority: Optional[StrictInt] = None
 
     @property
     def cache_namespace(self) -> Optional[str]:
@@ -410,12 +413,24 @@ class ChatCompletionRequest(_GenerationRequest):
     # None: "auto" with tools, else "none" (OpenAI's default).
     tool_choice: Optional[ToolChoice] = None
     parallel_tool_calls: bool = True
+    # SGLang: each choice carries the prompt's token ids (non-streaming responses only).
+    return_prompt_token_ids: bool = False
 
     @property
     def effective_tool_choice(self) -> ToolChoice:
         if self.tool_choice is not None:
             return self.tool_choice
         return "auto" if self.tools else "none"
+
+    @model_validator(mode="after")
+    def _prompt_ids_not_streamed(self) -> "ChatCompletionRequest":
+        if self.return_prompt_token_ids and self.stream:
+            raise RequestError(
+                "return_prompt_token_ids is not supported with streaming. "
+                "Please set stream=false when using return_prompt_token_ids=true.",
+                param="return_prompt_token_ids",
+            )
+        return self
 
     @property
     def template_tools(self) -> Optional[list[dict[str, Any]]]:
@@ -485,11 +500,9 @@ _COMMON_UNSUPPORTED: Unsupported = {
     "return_routed_experts": (_is_falsy, "routed experts are not returned (no MoE models)"),
     "return_cached_tokens_details": (_is_falsy, "cache tier details are not reported"),
     "return_token_ids": (_is_falsy, "token ids are not returned on the OpenAI routes; use /generate"),
-    "return_prompt_token_ids": (_is_falsy, "token ids are not returned on the OpenAI routes; use /generate"),
     "return_meta_info": (_is_falsy, "meta_info is not returned on the OpenAI routes; use /generate"),
     "session_id": (_is_absent, "sessions are not implemented"),
     "session_params": (_is_absent, "sessions are not implemented"),
-    "priority": (_is_default_priority, "priority scheduling is not implemented; only 0 is accepted"),
     "bootstrap_host": (_is_absent, "prefill/decode disaggregation is not implemented"),
     "bootstrap_port": (_is_absent, "prefill/decode disaggregation is not implemented"),
     "bootstrap_room": (_is_absent, "prefill/decode disaggregation is not implemented"),
@@ -623,6 +636,14 @@ class ChatCompletionChoice(_ChoiceEnd):
     index: int
     message: AssistantMessage
     logprobs: Optional[ChatLogprobs] = None
+    prompt_token_ids: Optional[list[int]] = None  # SGLang's return_prompt_token_ids
+
+    @model_serializer(mode="wrap")
+    def _without_absent_prompt_ids(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        if self.prompt_token_ids is None:
+            out.pop("prompt_token_ids", None)
+        return out
 
 
 class ChatCompletionResponse(BaseModel):
