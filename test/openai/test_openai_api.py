@@ -650,7 +650,7 @@ def test_failure_inside_a_stream_is_an_error_event(client: openai.OpenAI, raw: T
         ("/v1/completions", {"best_of": 3}, "best_of"),
         # SGLang request fields without machinery here.
         ("/v1/chat/completions", {"session_params": {"id": "s"}}, "session_params"),
-        ("/v1/chat/completions", {"priority": 1}, "priority"),
+        ("/v1/chat/completions", {"session_id": "s"}, "session_id"),
         ("/v1/chat/completions", {"return_token_ids": True}, "return_token_ids"),
         ("/v1/chat/completions", {"reasoning": {"effort": "low"}}, "reasoning"),
         ("/v1/chat/completions", {"bootstrap_room": 1}, "bootstrap_room"),
