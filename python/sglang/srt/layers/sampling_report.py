@@ -21,6 +21,7 @@ import torch
 
 from sglang.srt.layers.sampling_ops import compute_support
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.utils import host_to_device
 
 NEG_INF = float("-inf")
 
@@ -71,7 +72,7 @@ class ReportPlan:
 
     def capture(self, logits: torch.Tensor) -> None:
         """Copy the asking rows of the processed logits ([B, V]) before the step scales them."""
-        self.index = torch.tensor(self.rows, dtype=torch.int64).to(logits.device, non_blocking=True)  # [R]
+        self.index = host_to_device(self.rows, logits.device)  # [R] int64
         self.logits = logits.index_select(0, self.index)  # [R, V]
 
     def finish(self, info: SamplingBatchInfo, next_ids: torch.Tensor) -> SamplingReport:
