@@ -1,5 +1,6 @@
 """The sampler on CUDA (skipped elsewhere; run by benchmark/gpu_check.sh): distributions for every
-CUDA backend, seeded rows equal to the CPU's, and no host-device synchronisation in a step."""
+CUDA backend, seeded rows equal to the CPU's, no host-device synchronisation in a step, and the
+sampling reports (supports, behaviour logprobs, entropy) equal to the CPU's."""
 
 from __future__ import annotations
 

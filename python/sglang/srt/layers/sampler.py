@@ -257,7 +257,7 @@ class Sampler(nn.Module):
         logits_output.row_errors = row_errors
         self._sync_token_ids_across_tp(next_ids, info)
         if report is not None:
-            report.result = report.finish(info, next_ids)
+            report.result = report.finish(info, next_ids, self.seeded_full_sort)
         return next_ids
 
     def compute_logprobs_only(

@@ -75,12 +75,13 @@ class ReportPlan:
         self.index = host_to_device(self.rows, logits.device)  # [R] int64
         self.logits = logits.index_select(0, self.index)  # [R, V]
 
-    def finish(self, info: SamplingBatchInfo, next_ids: torch.Tensor) -> SamplingReport:
-        """The report of the captured rows given the step's sampled ids ([B] int64)."""
+    def finish(self, info: SamplingBatchInfo, next_ids: torch.Tensor, full_sort: bool = False) -> SamplingReport:
+        """The report of the captured rows given the step's sampled ids ([B] int64); `full_sort`:
+        thresholds over the full sort, as seeded rows draw in the deterministic mode on CUDA."""
         index, logits = self.index, self.logits
         scaled = logits / info.temperatures.index_select(0, index)  # [R, V]
         ids = next_ids.index_select(0, index)  # [R]
-        kept = _kept(scaled, info, index)  # [R, V] bool
+        kept = _kept(scaled, info, index, None if full_sort else info.max_top_k)  # [R, V] bool
         behaviour = torch.where(kept, scaled, torch.full_like(scaled, NEG_INF))
         behaviour = behaviour - torch.logsumexp(behaviour, dim=-1, keepdim=True)
         greedy = info.top_ks.index_select(0, index) <= 1  # [R] bool
@@ -90,7 +91,7 @@ class ReportPlan:
         return SamplingReport(self.rows, self.asks, behaviour, entropy, ids)
 
 
-def _kept(scaled: torch.Tensor, info: SamplingBatchInfo, index: torch.Tensor) -> torch.Tensor:
+def _kept(scaled: torch.Tensor, info: SamplingBatchInfo, index: torch.Tensor, window: Optional[int]) -> torch.Tensor:
     """[R, V] bool: the tokens a sampled row may draw (finite, and at or above its filters' threshold)."""
     finite = scaled > NEG_INF
     if not (info.need_top_k_sampling or info.need_top_p_sampling or info.need_min_p_sampling):
@@ -100,7 +101,7 @@ def _kept(scaled: torch.Tensor, info: SamplingBatchInfo, index: torch.Tensor) ->
         info.top_ks.index_select(0, index),
         info.top_ps.index_select(0, index),
         info.min_ps.index_select(0, index),
-        window=info.max_top_k,
+        window=window,
         need_top_p=info.need_top_p_sampling,
         need_min_p=info.need_min_p_sampling,
     )
