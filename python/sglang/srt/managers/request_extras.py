@@ -59,6 +59,17 @@ def _check_priority(priority: Any) -> None:
         raise ValueError(f"priority must be a signed 64-bit integer between {low} and {high}, got {priority!r}.")
 
 
+def message_fields(obj: GenerateReqInput, server_args: Any) -> dict[str, Any]:
+    """The scheduler message's fields for a checked request's sampling report, prompt ids and priority."""
+    return {
+        "return_sampling_mask": obj.return_sampling_mask,
+        "sampling_logprobs_mode": obj.sampling_logprobs_mode or "selected",
+        "return_entropy": obj.return_entropy,
+        "return_prompt_token_ids": obj.return_prompt_token_ids,
+        "priority": resolved_priority(obj.priority, server_args),
+    }
+
+
 def priority_refused(priority: Optional[int], server_args: Any) -> bool:
     """A priority sent to a server without priority scheduling that refuses them
     (--abort-on-priority-when-disabled; SGLang answers 503); otherwise such a priority is ignored."""

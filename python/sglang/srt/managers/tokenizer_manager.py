@@ -42,7 +42,7 @@ from sglang.srt.managers.io_struct import (
     sum_loads,
 )
 from sglang.srt.managers.fan_out import ManyRequests, PreparedRequest, fan_out
-from sglang.srt.managers.request_extras import PRIORITY_DISABLED_MESSAGE, priority_refused, resolved_priority
+from sglang.srt.managers.request_extras import PRIORITY_DISABLED_MESSAGE, message_fields, priority_refused
 from sglang.srt.managers.request_logger import RequestLogger
 from sglang.srt.managers.request_state import ReqGroup, ReqState, append_logprobs, snapshot
 from sglang.srt.managers.request_validator import RequestValidator
@@ -149,11 +149,7 @@ class TokenizerManager(ManyRequests):
             custom_logit_processor=obj.custom_logit_processor,
             stream=obj.stream,
             extra_key=obj.extra_key,
-            return_sampling_mask=obj.return_sampling_mask,
-            sampling_logprobs_mode=obj.sampling_logprobs_mode or "selected",
-            return_entropy=obj.return_entropy,
-            return_prompt_token_ids=obj.return_prompt_token_ids,
-            priority=resolved_priority(obj.priority, self.server_args),
+            **message_fields(obj, self.server_args),
         )
         return PreparedRequest(rid, obj.stream, fan_out(base, params.n), obj.return_text_in_logprobs, obj)
 
