@@ -741,6 +741,17 @@ def test_cache_salt_and_extra_key_name_the_prefix_cache_namespace(raw: TestClien
     assert [r.extra_key for r in fake.received] == ["salt-key", "only", None]
 
 
+def test_priority_and_prompt_ids_reach_the_engine_request(raw: TestClient, fake: FakeTokenizerManager) -> None:
+    chat = {"messages": [{"role": "user", "content": "x"}], "priority": 5, "return_prompt_token_ids": True}
+    assert raw.post("/v1/chat/completions", json=chat).status_code == 200
+    assert raw.post("/v1/completions", json={"prompt": "x", "priority": -2}).status_code == 200
+    assert raw.post("/v1/completions", json={"prompt": "x"}).status_code == 200
+    assert [r.priority for r in fake.received] == [5, -2, None]
+    assert [r.return_prompt_token_ids for r in fake.received] == [True, False, False]
+    bad = raw.post("/v1/chat/completions", json={**chat, "priority": True})
+    assert bad.status_code == 400 and bad.json()["param"] == "priority"
+
+
 def test_harmless_forms_of_unsupported_fields_pass(raw: TestClient) -> None:
     extra = {
         "tool_choice": "none",

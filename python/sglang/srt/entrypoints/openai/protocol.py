@@ -291,9 +291,7 @@ class _GenerationRequest(_Strict):
 
     @property
     def cache_namespace(self) -> Optional[str]:
-        """SGLang's combination: the salt, then the extra key."""
-        parts = [p for p in (self.cache_salt, self.extra_key) if p is not None]
-        return "".join(parts) if parts else None
+        return cache_namespace(self.cache_salt, self.extra_key)
 
     @field_validator("response_format", mode="before")
     @classmethod
@@ -477,6 +475,12 @@ class ChatCompletionRequest(_GenerationRequest):
         return self
 
 
+def cache_namespace(cache_salt: Optional[str], extra_key: Optional[str]) -> Optional[str]:
+    """SGLang's combination of a request's prefix-cache namespaces: the salt, then the extra key."""
+    parts = [p for p in (cache_salt, extra_key) if p is not None]
+    return "".join(parts) if parts else None
+
+
 def _is_absent(value: Any) -> bool:
     return value is None
 
@@ -487,10 +491,6 @@ def _is_falsy(value: Any) -> bool:
 
 # field -> (accepted(value), why anything else is refused)
 Unsupported = dict[str, tuple[Callable[[Any], bool], str]]
-
-def _is_default_priority(value: Any) -> bool:
-    return value in (None, 0)
-
 
 # SGLang request fields (0.5.x) this server has no machinery for. Unknown keys are otherwise
 # ignored (OpenAI clients send many), so these are named here to be refused, never dropped.
@@ -907,6 +907,13 @@ class ResponsesRequest(_Strict):
     top_k: int = -1
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    priority: Optional[StrictInt] = None  # --enable-priority-scheduling
+    cache_salt: Optional[str] = None  # prefix-cache namespaces, as on the other routes
+    extra_key: Optional[str] = None
+
+    @property
+    def cache_namespace(self) -> Optional[str]:
+        return cache_namespace(self.cache_salt, self.extra_key)
 
     @model_validator(mode="after")
     def _consistent(self) -> "ResponsesRequest":
@@ -982,9 +989,6 @@ RESPONSES_UNSUPPORTED: Unsupported = {
     "prompt": (_is_absent, "stored prompt templates are not implemented"),
     "conversation": (_is_absent, "the Conversations API is not implemented; use previous_response_id"),
     "service_tier": (lambda v: v in (None, "auto", "default"), "service tiers are not implemented"),
-    "priority": (_is_default_priority, "priority scheduling is not implemented; only 0 is accepted"),
-    "extra_key": (_is_absent, "per-request cache keys are not implemented"),
-    "cache_salt": (_is_absent, "per-request cache salts are not implemented"),
 }
 
 
