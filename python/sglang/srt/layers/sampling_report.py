@@ -113,18 +113,28 @@ def report_rows(report: Optional[SamplingReport], num_rows: int) -> list[Optiona
     results: list[Optional[RowReport]] = [None] * num_rows
     if report is None:
         return results
-    lengths = torch.isfinite(report.logprobs).sum(dim=-1)  # [R]
-    width = max(1, int(lengths.max()))
-    values, ids = torch.topk(report.logprobs, width, dim=-1)  # [R, W], descending
-    selected = report.logprobs.gather(1, report.next_ids.clamp(min=0).unsqueeze(1)).squeeze(1)  # [R]
-    lengths_h, values_h, ids_h = lengths.tolist(), values.tolist(), ids.tolist()
-    selected_h, entropy_h = selected.tolist(), report.entropy.tolist()
+    supports = _supports(report)
+    entropy = report.entropy.tolist()
     for r, (row, ask) in enumerate(zip(report.rows, report.asks)):
-        n = lengths_h[r]
-        support = logprobs = None
-        if ask.support:
-            support = ids_h[r][:n]
-            logprobs = values_h[r][:n] if ask.support_logprobs else selected_h[r]
-        entropy = entropy_h[r] if ask.entropy else None
-        results[row] = RowReport(support, logprobs, entropy)
+        support, logprobs = supports.get(r, (None, None))
+        results[row] = RowReport(support, logprobs, entropy[r] if ask.entropy else None)
     return results
+
+
+def _supports(report: SamplingReport) -> dict[int, tuple[list[int], Union[float, list[float]]]]:
+    """Report row -> (support ids by decreasing logprob, the selected logprob or the support's),
+    for the rows that asked for their support (only those are sorted)."""
+    rows = [r for r, ask in enumerate(report.asks) if ask.support]
+    if not rows:
+        return {}
+    index = host_to_device(rows, report.logprobs.device)
+    logprobs = report.logprobs.index_select(0, index)  # [S, V]
+    lengths = torch.isfinite(logprobs).sum(dim=-1)  # [S]
+    values, ids = torch.topk(logprobs, max(1, int(lengths.max())), dim=-1)  # [S, W], descending
+    selected = logprobs.gather(1, report.next_ids.index_select(0, index).clamp(min=0).unsqueeze(1)).squeeze(1)  # [S]
+    lengths_h, values_h, ids_h, selected_h = lengths.tolist(), values.tolist(), ids.tolist(), selected.tolist()
+    out = {}
+    for s, r in enumerate(rows):
+        n = lengths_h[s]
+        out[r] = (ids_h[s][:n], values_h[s][:n] if report.asks[r].support_logprobs else selected_h[s])
+    return out
