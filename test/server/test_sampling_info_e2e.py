@@ -134,27 +134,36 @@ def test_a_bad_request_fails_alone_in_a_batch(server) -> None:
     assert generate_ok(server, "a", sampling_params={"max_new_tokens": 1})["meta_info"]["completion_tokens"] == 1
 
 
+def _queued(server) -> int:
+    return requests.get(server.url + "/get_server_info", timeout=TIMEOUT).json()["load"]["num_queue_reqs"]
+
+
+def _wait_queued(server, count: int) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while _queued(server) < count:
+        assert time.monotonic() < deadline, f"{count} requests never queued"
+        time.sleep(0.05)
+
+
 def test_higher_priority_is_admitted_first(server) -> None:
     """With one running request, the queued ones run by priority (higher first), not arrival."""
     finished: list[str] = []
     lock = threading.Lock()
 
-    def run(name: str, priority: int, tokens: int) -> None:
+    def run(name: str, priority: int) -> None:
         generate_ok(server, f"Story {name}:", priority=priority,
-                    sampling_params={"temperature": 0, "max_new_tokens": tokens, "ignore_eos": True})
+                    sampling_params={"temperature": 0, "max_new_tokens": 2, "ignore_eos": True})
         with lock:
             finished.append(name)
 
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        chunks = iter_stream(server, {"text": "Long story:", "sampling_params": {"temperature": 0, "max_new_tokens": 48, "ignore_eos": True}})
-        next(chunks)  # the long request runs
-        futures = [pool.submit(run, "low", 0, 2)]
-        time.sleep(0.3)
-        futures.append(pool.submit(run, "high", 10, 2))
-        time.sleep(0.3)
-        futures.append(pool.submit(run, "mid", 5, 2))
-        for _ in chunks:
-            pass
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        blocker = iter_stream(server, {"text": "Long story:", "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}})
+        next(blocker)  # it holds the one running slot
+        futures = []
+        for queued, (name, priority) in enumerate([("low", 0), ("high", 10), ("mid", 5)], start=1):
+            futures.append(pool.submit(run, name, priority))
+            _wait_queued(server, queued)  # arrival order: low, high, mid
+        blocker.close()  # the client goes away: the long request is aborted, the queue runs
         for f in futures:
             f.result()
     assert finished == ["high", "mid", "low"]
