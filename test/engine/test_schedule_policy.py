@@ -153,3 +153,29 @@ def test_a_prefill_step_admits_no_more_than_max_running_requests_in_all():
     waiting = deque([_req("a", [1, 2]), _req("b", [3, 4])])
     step, _ = builder.prefill_step(None, waiting, running)
     assert [r.rid for r in step.reqs] == ["a"] and [r.rid for r in waiting] == ["b"]
+
+
+def test_priority_orders_the_queue_then_arrival_in_either_direction():
+    from types import SimpleNamespace
+
+    from sglang.srt.managers.request_extras import priority_sign, resolved_priority
+
+    reqs = [_req(name, [1, 2]) for name in "abcde"]
+    for req, priority in zip(reqs, [1, 5, 1, None, 5]):
+        req.priority = priority
+    args = SimpleNamespace(enable_priority_scheduling=True, schedule_low_priority_values_first=False, default_priority_value=None)
+    for req in reqs:
+        req.priority = resolved_priority(req.priority, args)  # no priority: the lowest, last admitted
+    cache = _cache()
+    high_first = deque(reqs)
+    SchedulePolicy("fcfs", 8, False, cache, cache.req_to_token_pool, 4, _budget, priority_sign(args)).order(high_first)
+    assert [r.rid for r in high_first] == ["b", "e", "a", "c", "d"]
+    args.schedule_low_priority_values_first = True
+    reqs[3].priority = resolved_priority(None, args)
+    low_first = deque(reqs)
+    SchedulePolicy("fcfs", 8, False, cache, cache.req_to_token_pool, 4, _budget, priority_sign(args)).order(low_first)
+    assert [r.rid for r in low_first] == ["a", "c", "b", "e", "d"]
+    args.default_priority_value = 3
+    assert resolved_priority(None, args) == 3 and resolved_priority(7, args) == 7
+    args.enable_priority_scheduling = False
+    assert resolved_priority(7, args) is None and priority_sign(args) is None

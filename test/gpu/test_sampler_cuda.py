@@ -1,5 +1,6 @@
 """The sampler on CUDA (skipped elsewhere; run by benchmark/gpu_check.sh): distributions for every
-CUDA backend, seeded rows equal to the CPU's, and no host-device synchronisation in a step."""
+CUDA backend, seeded rows equal to the CPU's, no host-device synchronisation in a step, and the
+sampling reports (supports, behaviour logprobs, entropy) equal to the CPU's."""
 
 from __future__ import annotations
 
@@ -128,3 +129,53 @@ def test_triton_step_replays_in_cuda_graph_with_new_seeds_and_params():
         new.apply_logits_bias(cpu_logits)
         want, _ = sample(Sampler("pytorch"), cpu_logits, params(n), positions=torch.full((4,), 100 + n))
         assert torch.equal(ids.cpu(), want), n
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sampling_report_on_cuda_holds_the_drawn_token_and_never_synchronises(backend):
+    """Rows asking for their support / behaviour logprobs / entropy (return_sampling_mask,
+    return_entropy) beside one that does not: the step runs without a host sync, every drawn token
+    lies in its reported support, and the supports and logprobs equal the CPU's for the same logits."""
+    from sampling_utils import make_batch
+    from sglang.srt.layers.sampler import SamplerInput
+    from sglang.srt.layers.sampling_report import ReportAsk, report_rows
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+    vocab = 151936
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.7, top_k=50, top_p=0.9),
+        SamplingParams(temperature=0.8, top_k=64, min_p=0.05),
+        SamplingParams(temperature=1.0, sampling_seed=7, top_k=20),
+        SamplingParams(temperature=0.9, top_p=0.95),
+    ]
+    asks = [ReportAsk(True, True, True)] * 4 + [None]
+    logits = torch.randn(len(params), vocab, generator=torch.Generator().manual_seed(3)) * 3.0
+
+    def run(device: str, sync_check: bool):
+        batch = make_batch(params, prompts=[[1, 2, 3]] * len(params), device=device)
+        for req, ask in zip(batch.reqs, asks):
+            req.sampling_report = ask
+        info = SamplingBatchInfo.from_schedule_batch(batch, vocab)
+        batch.sampling_info = info
+        sampler = Sampler(backend if device == "cuda" else "pytorch", generator=torch.Generator(device).manual_seed(1))
+        inp = SamplerInput(logits.clone().to(device), info, torch.arange(len(params), device=device), batch.reqs)
+        if sync_check:
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = sampler.sample_step(inp)
+        finally:
+            if sync_check:
+                torch.cuda.set_sync_debug_mode(0)
+        return out.next_ids.cpu().tolist(), report_rows(out.report, len(params))
+
+    gpu_ids, gpu = run("cuda", True)
+    _, cpu = run("cpu", False)
+    assert gpu[4] is None
+    for row in range(4):
+        assert gpu_ids[row] in gpu[row].support
+        assert set(gpu[row].support) == set(cpu[row].support), row
+        want = dict(zip(cpu[row].support, cpu[row].logprobs))
+        assert np.allclose(gpu[row].logprobs, [want[t] for t in gpu[row].support], atol=1e-4)
+        assert abs(gpu[row].entropy - cpu[row].entropy) < 1e-3

@@ -650,7 +650,7 @@ def test_failure_inside_a_stream_is_an_error_event(client: openai.OpenAI, raw: T
         ("/v1/completions", {"best_of": 3}, "best_of"),
         # SGLang request fields without machinery here.
         ("/v1/chat/completions", {"session_params": {"id": "s"}}, "session_params"),
-        ("/v1/chat/completions", {"priority": 1}, "priority"),
+        ("/v1/chat/completions", {"session_id": "s"}, "session_id"),
         ("/v1/chat/completions", {"return_token_ids": True}, "return_token_ids"),
         ("/v1/chat/completions", {"reasoning": {"effort": "low"}}, "reasoning"),
         ("/v1/chat/completions", {"bootstrap_room": 1}, "bootstrap_room"),
@@ -739,6 +739,17 @@ def test_cache_salt_and_extra_key_name_the_prefix_cache_namespace(raw: TestClien
     assert raw.post("/v1/completions", json={"prompt": "x", "cache_salt": "only"}).status_code == 200
     assert raw.post("/v1/completions", json={"prompt": "x"}).status_code == 200
     assert [r.extra_key for r in fake.received] == ["salt-key", "only", None]
+
+
+def test_priority_and_prompt_ids_reach_the_engine_request(raw: TestClient, fake: FakeTokenizerManager) -> None:
+    chat = {"messages": [{"role": "user", "content": "x"}], "priority": 5, "return_prompt_token_ids": True}
+    assert raw.post("/v1/chat/completions", json=chat).status_code == 200
+    assert raw.post("/v1/completions", json={"prompt": "x", "priority": -2}).status_code == 200
+    assert raw.post("/v1/completions", json={"prompt": "x"}).status_code == 200
+    assert [r.priority for r in fake.received] == [5, -2, None]
+    assert [r.return_prompt_token_ids for r in fake.received] == [True, False, False]
+    bad = raw.post("/v1/chat/completions", json={**chat, "priority": True})
+    assert bad.status_code == 400 and bad.json()["param"] == "priority"
 
 
 def test_harmless_forms_of_unsupported_fields_pass(raw: TestClient) -> None:

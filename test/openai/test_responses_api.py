@@ -246,6 +246,14 @@ def test_background_response_completes_and_is_retrievable(fake_client: Any) -> N
     assert client.post(url + "/cancel").status_code == 400  # finished: nothing to cancel
 
 
+def test_priority_and_cache_namespaces_reach_the_engine_request(fake_client: Any) -> None:
+    fake, client = fake_client
+    body = {"input": "hi", "store": False, "priority": 3, "cache_salt": "s-", "extra_key": "k"}
+    assert client.post("/v1/responses", json=body).status_code == 200
+    (obj,) = fake.received
+    assert (obj.priority, obj.extra_key) == (3, "s-k")
+
+
 def test_cancel_stops_a_running_background_response(fake_client: Any) -> None:
     fake, client = fake_client
     queued = client.post("/v1/responses", json={"input": "HANG", "background": True}).json()

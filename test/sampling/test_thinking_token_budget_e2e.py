@@ -80,3 +80,23 @@ def test_chat_route_takes_the_budget(qwen3_style):
     assert response.status_code == 200, response.text
     text = response.json()["choices"][0]["message"]["content"]
     assert "</think>" in text and text.split("</think>", 1)[1], text
+
+
+def test_max_thinking_tokens_is_the_same_budget(qwen3_style):
+    """SGLang's per-request max_thinking_tokens (a top-level /generate field) runs the same
+    processor: the same tokens as thinking_token_budget for the same seed, the section closed
+    within the budget."""
+    server, tokenizer = qwen3_style
+    end = tokenizer.convert_tokens_to_ids("</think>")
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "Why?"}], add_generation_prompt=True, tokenize=False)
+    prompt = tokenizer.encode(text, add_special_tokens=False)
+    params = {"temperature": 1.0, "sampling_seed": 9, "max_new_tokens": 16, "ignore_eos": True}
+
+    def run(**fields) -> list[int]:
+        response = requests.post(server.url + "/generate", json={"input_ids": prompt, **fields}, timeout=TIMEOUT)
+        assert response.status_code == 200, response.text
+        return response.json()["output_ids"]
+
+    by_field = run(sampling_params=params, max_thinking_tokens=5)
+    assert by_field == run(sampling_params={**params, "thinking_token_budget": 5})
+    assert end in by_field and by_field.index(end) <= 4

@@ -199,10 +199,25 @@ def test_detokenizer_worker_num_above_one_warns() -> None:
     assert prepare_server_args(["--device", "cpu"]).resolve().startup_warnings == []
 
 
-def test_priority_scheduling_is_accepted_without_effect() -> None:
-    args = prepare_server_args(["--enable-priority-scheduling", "--schedule-low-priority-values-first"])
-    assert args.ignored_flags == ["--enable-priority-scheduling", "--schedule-low-priority-values-first"]
-    assert args.enable_priority_scheduling is True
+def test_priority_scheduling_flags_are_ours() -> None:
+    args = prepare_server_args([
+        "--enable-priority-scheduling", "--schedule-low-priority-values-first", "--default-priority-value", "3",
+        "--abort-on-priority-when-disabled", "--sampling-mask-max-tokens", "64",
+    ])
+    assert args.ignored_flags == []
+    assert (args.enable_priority_scheduling, args.schedule_low_priority_values_first, args.default_priority_value) == (True, True, 3)
+    assert (args.abort_on_priority_when_disabled, args.sampling_mask_max_tokens) == (True, 64)
+    preempt = prepare_server_args(["--priority-scheduling-preemption-threshold", "5", "--disable-priority-preemption"])
+    assert preempt.ignored_flags == ["--disable-priority-preemption", "--priority-scheduling-preemption-threshold"]
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--enable-priority-scheduling", "--schedule-policy", "lpm"], "priority scheduling"),
+    (["--sampling-mask-max-tokens", "0"], "--sampling-mask-max-tokens"),
+])
+def test_scheduling_and_mask_flags_are_validated(argv: list[str], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        prepare_server_args(argv).validate()
 
 
 @pytest.mark.parametrize("backend", ["triton", "flashinfer", "fa3", "trtllm_mha"])

@@ -75,6 +75,10 @@ class ServerArgs:
     mem_fraction_static: Optional[float] = None
     chunked_prefill_size: Optional[int] = None
     schedule_policy: str = "fcfs"
+    enable_priority_scheduling: bool = False
+    schedule_low_priority_values_first: bool = False
+    default_priority_value: Optional[int] = None
+    abort_on_priority_when_disabled: bool = False
     disable_radix_cache: bool = False
     sampling_backend: Optional[str] = None
     grammar_backend: str = "xgrammar"
@@ -99,6 +103,7 @@ class ServerArgs:
     sampling_defaults: str = "model"
     preferred_sampling_params: Optional[str] = None
     max_top_logprobs_num: int = 20
+    sampling_mask_max_tokens: int = 4096  # SGLang's default
     decode_log_interval: int = 40
     stream_interval: int = 1
     stream_output: bool = False
@@ -229,6 +234,9 @@ class ServerArgs:
         if self.cpu_int8_activations and self.device not in (None, "cpu"):
             raise ValueError(f"--cpu-int8-activations applies to the CPU engine only, got --device {self.device}.")
         _check_quantization_flag(self.quantization)
+        self._validate_priority()
+        if self.sampling_mask_max_tokens < 1:
+            raise ValueError(f"--sampling-mask-max-tokens must be positive (got {self.sampling_mask_max_tokens}).")
         if self.max_top_logprobs_num < 0:
             raise ValueError(f"--max-top-logprobs-num must be >= 0, got {self.max_top_logprobs_num}.")
         if self.load_format not in LOAD_FORMATS:
@@ -238,6 +246,12 @@ class ServerArgs:
                 f"supported: {', '.join(LOAD_FORMATS)}."
             )
         self.preferred_sampling_params_dict()
+
+    def _validate_priority(self) -> None:
+        if self.enable_priority_scheduling and self.schedule_policy != "fcfs":
+            raise ValueError(
+                f"To use priority scheduling, --schedule-policy must be 'fcfs'; {self.schedule_policy!r} is not supported."
+            )
 
     def _validate_parallelism(self) -> None:
         from sglang.srt.distributed.placement import parse_dist_init_addr
@@ -398,6 +412,14 @@ class ServerArgs:
         add("--schedule-policy", default=d.schedule_policy, choices=list(SCHEDULE_POLICY_CHOICES),
             help="Order in which waiting requests are admitted: fcfs (arrival order) or lpm (longest cached prefix "
             "first). SGLang's other names parse but are refused at start-up.")
+        add("--enable-priority-scheduling", action="store_true",
+            help="Admit waiting requests by their priority (higher values first), then arrival (--schedule-policy fcfs).")
+        add("--schedule-low-priority-values-first", action="store_true",
+            help="With --enable-priority-scheduling, admit lower priority values first.")
+        add("--default-priority-value", type=int, default=d.default_priority_value,
+            help="With --enable-priority-scheduling, the priority of requests that send none (default: the last admitted).")
+        add("--abort-on-priority-when-disabled", action="store_true",
+            help="Without --enable-priority-scheduling, refuse (503) requests that send a priority instead of ignoring it.")
         add("--disable-radix-cache", action="store_true",
             help="Do not reuse the KV cache of shared prompt prefixes across requests.")
         add("--disable-overlap-schedule", action="store_true",
@@ -431,6 +453,9 @@ class ServerArgs:
             help="model: OpenAI chat fills unset temperature/top_p/top_k/min_p/repetition_penalty from generation_config.json; openai: OpenAI defaults.")
         add("--preferred-sampling-params", default=d.preferred_sampling_params,
             help="JSON object merged under every /generate request's sampling_params (request keys win).")
+        add("--sampling-mask-max-tokens", type=int, default=d.sampling_mask_max_tokens,
+            help="Most token ids of one returned sampling support (return_sampling_mask): requests need top_k 1 or at "
+            "most this, and a support past it (ties at the cutoff) aborts the request.")
         add("--max-top-logprobs-num", type=int, default=d.max_top_logprobs_num, help="Largest top_logprobs_num a request may ask for.")
         add("--random-seed", type=int, default=d.random_seed, help="Seed of the unseeded sampling noise.")
 

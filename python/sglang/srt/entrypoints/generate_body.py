@@ -20,15 +20,15 @@ _GENERATE_FIELDS = frozenset(f.name for f in dataclasses.fields(GenerateReqInput
 _OFF = (False,)
 SGLANG_FIELD_DEFAULTS: dict[str, tuple[Any, ...]] = {
     "return_hidden_states": _OFF, "return_routed_experts": _OFF, "routed_experts_start_len": (0,),
-    "return_indexer_topk": _OFF, "return_sampling_mask": _OFF, "return_flat_raw_top_logprobs": _OFF,
-    "return_flat_raw_output_top_logprobs": _OFF, "return_bytes": _OFF, "return_entropy": _OFF,
-    "return_prompt_token_ids": _OFF, "background": _OFF, "require_reasoning": _OFF, "use_audio_in_video": _OFF,
-    "need_wait_for_mm_inputs": _OFF, "log_metrics": (True,), "no_logs": _OFF, "priority": (0,), "modalities": ([],),
+    "return_indexer_topk": _OFF, "return_flat_raw_top_logprobs": _OFF,
+    "return_flat_raw_output_top_logprobs": _OFF, "return_bytes": _OFF,
+    "background": _OFF, "require_reasoning": _OFF, "use_audio_in_video": _OFF,
+    "need_wait_for_mm_inputs": _OFF, "log_metrics": (True,), "no_logs": _OFF, "modalities": ([],),
     **{name: () for name in (
         "session_id", "session_params", "input_embeds", "image_data", "video_data", "audio_data", "mm_hashes",
-        "mm_content_hashes", "video_config", "watermark", "sampling_logprobs_mode", "lora_path", "lora_id",
+        "mm_content_hashes", "video_config", "watermark", "lora_path", "lora_id",
         "positional_embed_overrides", "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key",
-        "decode_tp_size", "routed_dp_rank", "data_parallel_rank", "disagg_prefill_dp_rank", "max_thinking_tokens",
+        "decode_tp_size", "routed_dp_rank", "data_parallel_rank", "disagg_prefill_dp_rank",
         "num_items_assigned", "encoder_urls", "max_dynamic_patch", "min_dynamic_patch", "image_max_dynamic_patch",
         "video_max_dynamic_patch", "images_config", "mm_processor_kwargs", "multi_item_delimiter_indices",
         "token_indices_to_pool", "kv_hints",

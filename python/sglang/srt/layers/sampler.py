@@ -59,6 +59,7 @@ from sglang.srt.layers.sampler_stages import (
     run_batch_processors,
 )
 from sglang.srt.layers.sampler_torch import TorchStep
+from sglang.srt.layers.sampling_report import ReportPlan
 from sglang.srt.layers.sampling_backends import (
     BACKENDS,
     BUILT_IN_BACKENDS,
@@ -168,11 +169,12 @@ class Sampler(nn.Module):
         this module's docstring: the sampled ids stored, the penalty state updated, the rows that
         failed and the logprobs asked for returned."""
         asks = [row.logprob for row in inp.rows]
-        if self._samples_in_graph(inp, asks):
+        report = ReportPlan.of([row.sampling_report for row in inp.rows])
+        if report is None and self._samples_in_graph(inp, asks):
             next_ids = self._graph.replay_sampling(inp.info, inp.graph_rows, self.generator)
             if next_ids is not None:
                 return SamplerOutput(next_ids, {}, None, asks, GRAPH_STEP)
-        return self._sample_eagerly(inp, asks)
+        return self._sample_eagerly(inp, asks, report)
 
     def graph_step_applies(self, info: SamplingBatchInfo, wants_logprobs: bool) -> bool:
         """Whether a captured sampling graph can run this batch's step: it has no host stage
@@ -194,7 +196,9 @@ class Sampler(nn.Module):
             choice = inp.info.graph_choice = (self, self.graph_step_applies(inp.info, any(a is not None for a in asks)))
         return choice[1]
 
-    def _sample_eagerly(self, inp: SamplerInput, asks: list[Optional[LogprobAsk]]) -> SamplerOutput:
+    def _sample_eagerly(
+        self, inp: SamplerInput, asks: list[Optional[LogprobAsk]], report: Optional[ReportPlan]
+    ) -> SamplerOutput:
         info, logits = inp.info, inp.logits
         if inp.host_ready is not None:
             inp.host_ready.wait()
@@ -217,6 +221,7 @@ class Sampler(nn.Module):
             token_ids_logprobs=token_ids_logprobs,
             positions=inp.positions,
             row_errors=row_errors,
+            report=report,
         )
         if raw_main is not None:
             main_context_logprobs(out, raw_main, info, next_ids, top_logprobs_nums, token_ids_logprobs)
@@ -225,7 +230,8 @@ class Sampler(nn.Module):
             ids_out, slots = inp.token_store
             ids_out.index_copy_(0, slots, next_ids)
         return SamplerOutput(
-            next_ids, dict(out.row_errors), out if return_logprob else None, asks, self.step_name, out.beam_topk, alpha
+            next_ids, dict(out.row_errors), out if return_logprob else None, asks, self.step_name, out.beam_topk, alpha,
+            report.result if report is not None else None,
         )
 
     # ------------------------------------------------------------------ library entry points
@@ -239,6 +245,7 @@ class Sampler(nn.Module):
         token_ids_logprobs: Optional[list[Optional[list[int]]]] = None,
         positions: Optional[torch.Tensor] = None,
         row_errors: Optional[dict[int, str]] = None,
+        report: Optional[ReportPlan] = None,
     ) -> torch.Tensor:
         """Custom processors onwards, over logits whose earlier stages already ran: next token ids
         [B] int64; -1 on rows flagged in `logits_output.invalid_rows`.
@@ -246,6 +253,8 @@ class Sampler(nn.Module):
         `positions` ([B] int64, the position of each row's last input token) keys the noise of
         seeded rows and is required when any row has a sampling_seed. `row_errors` are rows that
         already failed before the sampler (a batch-level logits processor): they get -1 too.
+        `report` (the rows that asked for their support, behaviour logprobs or entropy) captures
+        its rows' logits after the custom processors and holds their report in `report.result`.
         """
         info = sampling_info
         if info.seeded_rows is not None and positions is None:
@@ -257,12 +266,16 @@ class Sampler(nn.Module):
             rows, num_candidates = logits_output.beam_ask
             logits_output.beam_topk = row_candidates(logits_output.next_token_logits.index_select(0, rows), num_candidates)
         logprobs = LogprobGathers(top_logprobs_nums, token_ids_logprobs) if return_logprob else None
+        if report is not None:
+            report.capture(logits_output.next_token_logits)
         if self.step is None:
             self._bind(logits_output.next_token_logits.device)
         next_ids, invalid = self.step(StepCall(logits_output, info, row_errors, positions, logprobs))
         logits_output.invalid_rows = invalid
         logits_output.row_errors = row_errors
         self._sync_token_ids_across_tp(next_ids, info)
+        if report is not None:
+            report.result = report.finish(info, next_ids, self.seeded_full_sort)
         return next_ids
 
     def compute_logprobs_only(

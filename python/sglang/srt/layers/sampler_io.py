@@ -12,6 +12,7 @@ import torch
 
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampling_backends import SamplingBackend
+from sglang.srt.layers.sampling_report import ReportAsk, SamplingReport
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
 # Names of the step strategies, as Sampler.step_name and SamplerOutput.strategy report them.
@@ -28,13 +29,15 @@ class LogprobAsk(Protocol):
 class SampledRow(Protocol):
     """What the Sampler reads of a sampled request on the host: its grammar fills the vocab mask
     (constrained/bitmask.py, which also reads its params and stop ids), the processors' row check
-    compares ids, and `logprob` says which logprobs the row returns."""
+    compares ids, `logprob` says which logprobs the row returns and `sampling_report` what else
+    it asked to learn of its draw."""
 
     rid: str
     origin_input_ids: list[int]
     output_ids: list[int]
     logprob: Optional[LogprobAsk]
     grammar: Any  # its BaseGrammarObject, or None
+    sampling_report: Optional[ReportAsk]  # the support / behaviour logprobs / entropy it asked for
 
 
 class GraphSampling(Protocol):
@@ -82,6 +85,7 @@ class SamplerOutput:
     strategy: str  # the strategy that sampled the step (one of the *_STEP names)
     beam_topk: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # LogitsProcessorOutput.beam_topk
     guidance_alpha: Optional[torch.Tensor] = None  # [G] float32, each guided row's mixing alpha
+    report: Optional[SamplingReport] = None  # the rows that asked for a sampling report (sampling_report.py)
 
 
 class LogprobGathers(NamedTuple):

@@ -36,6 +36,14 @@ class GenerateReqInput:
     custom_logit_processor: Optional[str] = None
     # SGLang's prefix-cache namespace: requests share cached prefixes only with the same key.
     extra_key: Optional[str] = None
+    # SGLang's returned sampling information (managers/sampling_report_out.py).
+    return_sampling_mask: bool = False
+    sampling_logprobs_mode: Optional[str] = None  # "selected" (default) or "support"
+    return_entropy: bool = False
+    return_prompt_token_ids: bool = False
+    # SGLang's scheduling and reasoning fields (managers/request_extras.py).
+    priority: Optional[int] = None
+    max_thinking_tokens: Optional[int] = None
 
 
 class TokenizedGenerateReqInput(msgspec.Struct, tag=True):
@@ -53,6 +61,11 @@ class TokenizedGenerateReqInput(msgspec.Struct, tag=True):
     extra_key: Optional[str] = None
     # The results endpoint of the tokenizer worker that sent it (--tokenizer-worker-num > 1).
     http_worker_ipc: Optional[str] = None
+    return_sampling_mask: bool = False
+    sampling_logprobs_mode: str = "selected"
+    return_entropy: bool = False
+    return_prompt_token_ids: bool = False  # read by the tokenizer manager only
+    priority: Optional[int] = None  # None: the server's default (--default-priority-value)
 
 
 # err_type of an abort finish_reason for --max-queued-requests refusals (HTTP 503) and for the
@@ -145,6 +158,11 @@ class TokenOut(msgspec.Struct):
     input_token_logprobs: Optional[list[list[Any]]] = None
     input_top_logprobs: Optional[list[Optional[list[list[Any]]]]] = None
     input_token_ids_logprobs: Optional[list[Optional[list[list[Any]]]]] = None
+    # Sampling reports of the new tokens, only for requests that asked (return_sampling_mask: ids
+    # per token, and per token a logprob or one per id; return_entropy: a float per token).
+    output_token_sampling_mask: Optional[list[list[int]]] = None
+    output_token_sampling_logprobs: Optional[list[Any]] = None
+    output_token_entropy_val: Optional[list[float]] = None
     # The text that triggered a stop-string / stop-regex finish, for trimming the output.
     matched_text: Optional[str] = None
     # A streamed request's stop strings, on its first message (unless no_stop_trim): the

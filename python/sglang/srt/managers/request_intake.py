@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+from sglang.srt.managers.sampling_report_out import report_ask
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.model_executor.step import LogprobRequest
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -45,6 +46,8 @@ def req_from_message(
         stream=message.stream,
     )
     req.extra_key = message.extra_key
+    req.sampling_report = report_ask(message.return_sampling_mask, message.sampling_logprobs_mode, message.return_entropy)
+    req.priority = message.priority or 0
     return req
 
 

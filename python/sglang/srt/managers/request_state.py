@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from sglang.srt.beam_search.types import BeamSequence
 from sglang.srt.managers.io_struct import StrOut
+from sglang.srt.managers.sampling_report_out import meta_fields
 
 TokenText = Callable[[int], Optional[str]]  # a token id -> its text (None without a tokenizer)
 
@@ -45,6 +46,8 @@ class ReqState:
     sampling_seed: Optional[int] = None
     logprobs: dict[str, list[Any]] = field(default_factory=dict)
     guidance_alpha: Optional[list[float]] = None  # mixture guidance: one alpha per output token
+    reports: dict[str, list[Any]] = field(default_factory=dict)  # sampling masks / entropy (sampling_report_out)
+    prompt_token_ids: Optional[list[int]] = None  # return_prompt_token_ids
     dirty: bool = False
     streamed_ids: int = 0  # output ids already sent in chunks (--stream-output)
     created_at: float = field(default_factory=time.perf_counter)
@@ -92,6 +95,7 @@ def snapshot(state: ReqState, indexed: bool, with_text: bool, delta_ids: bool) -
         "cached_tokens": state.cached_tokens,
     }
     meta.update({key: list(rows) for key, rows in state.logprobs.items()})
+    meta.update(meta_fields(state.reports))
     if state.sampling_seed is not None:
         meta["sampling_seed"] = state.sampling_seed
     if state.guidance_alpha is not None:
@@ -106,6 +110,8 @@ def snapshot(state: ReqState, indexed: bool, with_text: bool, delta_ids: bool) -
         out["output_ids"] = list(state.output_ids)
     if state.beam_results:
         meta = beam_meta_info(meta, state.beam_results, with_text)
+    if state.prompt_token_ids is not None:
+        out["prompt_token_ids"] = list(state.prompt_token_ids)
     out["meta_info"] = meta
     if indexed:
         out["index"] = state.index

@@ -10,6 +10,7 @@ from typing import Any, Optional
 from sglang.srt.beam_search.params import verify_beam_request
 from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady
 from sglang.srt.sampling.guidance_params import check_guide_model
+from sglang.srt.managers.request_extras import check_extras
 from sglang.srt.sampling.logits_processor.loader import LoadedLogitsProcessors
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
@@ -40,6 +41,7 @@ class RequestValidator:
         self.check_logprob_args(obj, len(input_ids))
         ready = self.ready
         verify_beam_request(params, obj.return_logprob, len(input_ids), ready.max_running_requests, ready.max_total_num_tokens)
+        check_extras(obj, params, self.server_args, self.tokenizer is not None)
         return input_ids, params
 
     def tokenize(self, obj: GenerateReqInput) -> list[int]:

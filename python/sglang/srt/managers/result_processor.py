@@ -24,11 +24,18 @@ from sglang.srt.managers.beam_coordinator import BeamCoordinator, beam_token_fie
 from sglang.srt.managers.guidance_pairs import guidance_alphas
 from sglang.srt.managers.io_struct import STEP_ERROR, SchedulerLoad, TokenOut
 from sglang.srt.managers.results_router import ResultsRouter
+from sglang.srt.managers.sampling_report_out import (
+    DEFAULT_SAMPLING_MASK_MAX_TOKENS,
+    PendingReport,
+    overflow_message,
+    support_overflows,
+)
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.step_failures import StepError, StepFailureLimit
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.metrics.histogram import Histogram
+from sglang.srt.layers.sampling_report import RowReport
 from sglang.srt.model_executor.step import INVALID_TOKEN_ID, Step, StepResult
 
 logger = logging.getLogger(__name__)
@@ -51,6 +58,7 @@ class ResultProcessor:
         failures: StepFailureLimit,
         step_time: Histogram,
         beams: Optional[BeamCoordinator] = None,
+        sampling_mask_max_tokens: int = DEFAULT_SAMPLING_MASK_MAX_TOKENS,
     ) -> None:
         self.sender = sender
         self.tp_size = tp_size
@@ -61,6 +69,7 @@ class ResultProcessor:
         self.failures = failures
         self.step_time = step_time
         self.beams = beams
+        self.sampling_mask_max_tokens = sampling_mask_max_tokens
 
     # ------------------------------------------------------------------ reading a step
 
@@ -109,6 +118,8 @@ class ResultProcessor:
             self._record_token(req, next_ids[i], result.row_errors.get(i), result.output_logprobs[i])
             if i in alphas and len(req.output_ids) > appended:
                 req.guidance_alpha.append(alphas[i])
+            if result.reports and result.reports[i] is not None and len(req.output_ids) > appended:
+                self._record_report(req, result.reports[i])
         self.send([r for r in step.reqs if r.finished() or (r.stream and self._stream_due(r))])
 
     def _stream_due(self, req: Req) -> bool:
@@ -142,6 +153,13 @@ class ResultProcessor:
             if ids is not None:
                 req.pending_logprobs.output_token_ids.append(ids)
         req.check_finished()
+
+    def _record_report(self, req: Req, report: RowReport) -> None:
+        """Queue the sampled token's report; a support past --sampling-mask-max-tokens aborts (SGLang's 400)."""
+        if support_overflows(report, self.sampling_mask_max_tokens):
+            req.abort(overflow_message(self.sampling_mask_max_tokens))
+        else:
+            req.pending_report.add(report)
 
     # ------------------------------------------------------------------ failed steps
 
@@ -220,6 +238,7 @@ def _token_out(req: Req) -> TokenOut:
     elif req.beam is not None:
         new_ids = []  # a beam request that failed: its rows' ids are no answer
     pending, req.pending_logprobs = req.pending_logprobs, type(req.pending_logprobs)()
+    pending_report, req.pending_report = req.pending_report, PendingReport()
     want = req.logprob
     return TokenOut(
         rid=req.rid,
@@ -237,6 +256,7 @@ def _token_out(req: Req) -> TokenOut:
         input_token_logprobs=pending.input_token,
         input_top_logprobs=pending.input_top if want and want.top_logprobs_num else None,
         input_token_ids_logprobs=pending.input_token_ids if want and want.token_ids_logprob else None,
+        **pending_report.message_fields(req.sampling_report),
         matched_text=req.matched_text,
         stop_strs=params.stop_strs if first and req.stream and not params.no_stop_trim else None,
         beam_results=beam_results,

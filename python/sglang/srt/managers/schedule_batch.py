@@ -9,6 +9,8 @@ from typing import Any, Optional
 
 import torch
 
+from sglang.srt.layers.sampling_report import ReportAsk
+from sglang.srt.managers.sampling_report_out import PendingReport
 from sglang.srt.model_executor.step import LogprobRequest
 from sglang.srt.sampling.sampling_params import MAX_LEN, SamplingParams
 
@@ -74,6 +76,9 @@ class Req:
         self.beam_results: Any = None  # the returned beams, once the search finished
         self.guide: Any = None  # its GuideReq when sampling_params.guidance is set
         self.guidance_alpha: list[float] = []  # mixture guidance: the alpha of each output token
+        self.sampling_report: Optional[ReportAsk] = None  # support / behaviour logprobs / entropy asked for
+        self.pending_report = PendingReport()
+        self.priority = 0  # --enable-priority-scheduling orders the waiting queue by it
 
     @property
     def return_logprob(self) -> bool:

@@ -3,7 +3,8 @@ their prompt tokens.
 
 - Order: `--schedule-policy lpm` puts the longest cached prefix first, so requests sharing a
   prefix run while it is still cached; `fcfs` (or a queue longer than LPM_MAX_QUEUE) keeps
-  arrival order.
+  arrival order. With `--enable-priority-scheduling` (fcfs only) the order is by priority, then
+  arrival.
 - KV budget: a request enters only if the free KV slots (evictable prefixes counted as free),
   less what the admitted requests may still use, hold its prompt plus every token it may
   generate. A request admitted is never short of a slot later.
@@ -45,6 +46,14 @@ def order_waiting(waiting: deque[Req], policy: str, tree_cache: RadixCache) -> N
         return
     matched = {id(r): tree_cache.match_len(r, cacheable_len(r)) for r in waiting}
     ordered = sorted(waiting, key=lambda r: -matched[id(r)])
+    waiting.clear()
+    waiting.extend(ordered)
+
+
+def order_by_priority(waiting: deque[Req], sign: int) -> None:
+    """--enable-priority-scheduling: higher priorities first (lower ones with
+    --schedule-low-priority-values-first, sign 1), stable, so arrival order among equals."""
+    ordered = sorted(waiting, key=lambda r: r.priority * sign)
     waiting.clear()
     waiting.extend(ordered)
 
@@ -103,6 +112,7 @@ class SchedulePolicy:
         req_to_token_pool: ReqToTokenPool,
         max_running: int,
         budget: Callable[[Req], int],
+        priority_sign: Optional[int] = None,
     ) -> None:
         self.policy = policy
         self.chunked_prefill_size = chunked_prefill_size
@@ -113,8 +123,12 @@ class SchedulePolicy:
         self.budget = budget
         # Takes the request slots an admitted request needs besides its own (beam members).
         self.reserve_rows: Callable[[Req], None] = lambda req: None
+        self.priority_sign = priority_sign  # None: no priority scheduling
 
     def order(self, waiting: deque[Req]) -> None:
+        if self.priority_sign is not None:
+            order_by_priority(waiting, self.priority_sign)
+            return
         order_waiting(waiting, self.policy, self.tree_cache)
 
     def chunk_len(self, req: Req, budget: int) -> int:

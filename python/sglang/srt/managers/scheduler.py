@@ -59,6 +59,7 @@ from sglang.srt.managers.result_processor import ResultProcessor
 from sglang.srt.managers.results_router import ResultsRouter
 from sglang.srt.managers.running_batch import RunningBatch
 from sglang.srt.managers.schedule_batch import Req, eos_ids
+from sglang.srt.managers.request_extras import priority_sign
 from sglang.srt.managers.schedule_policy import SchedulePolicy, in_flight_ends_running, release_kv
 from sglang.srt.managers.scheduler_process import rank_device, serve, start_forward_worker
 from sglang.srt.managers.scheduler_stats import SchedulerStats
@@ -127,7 +128,7 @@ class Scheduler:
         )
         self.policy = SchedulePolicy(
             server_args.schedule_policy, server_args.chunked_prefill_size, self.deterministic, self.tree_cache, pool,
-            self.max_running, self._budget,
+            self.max_running, self._budget, priority_sign(server_args),
         )
         self.builder = StepBuilder(server_args, self.policy, self.tree_cache, pool, self.device, self.vocab_size, logits_processors)
         self.builder.guide_model = self.guide_model
@@ -153,7 +154,7 @@ class Scheduler:
         self.policy.reserve_rows = self.beams.reserve_rows
         self.results = ResultProcessor(
             sender, self.tp_size, self.vocab_size, server_args.stream_interval, self.tree_cache, pool,
-            failures, self.stats.step_time, self.beams,
+            failures, self.stats.step_time, self.beams, server_args.sampling_mask_max_tokens,
         )
         self.num_reqs_received = 0
         if self.tp_size > 1:

@@ -42,11 +42,13 @@ from sglang.srt.managers.io_struct import (
     sum_loads,
 )
 from sglang.srt.managers.fan_out import ManyRequests, PreparedRequest, fan_out
+from sglang.srt.managers.request_extras import PRIORITY_DISABLED_MESSAGE, message_fields, priority_refused
 from sglang.srt.managers.request_logger import RequestLogger
 from sglang.srt.managers.request_state import ReqGroup, ReqState, append_logprobs, snapshot
 from sglang.srt.managers.request_validator import RequestValidator
 from sglang.srt.managers.results_channel import results_source
 from sglang.srt.managers.results_router import worker_endpoints
+from sglang.srt.managers.sampling_report_out import accumulate
 from sglang.srt.server_args import PortArgs, ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -136,6 +138,8 @@ class TokenizerManager(ManyRequests):
             # Every sampled row takes the seeded path in this mode; a fresh seed per request (not
             # one shared by all) keeps unseeded requests independent, and meta_info reports it.
             params.sampling_seed = secrets.randbits(63)
+        if priority_refused(obj.priority, self.server_args):
+            raise ServiceUnavailableError(PRIORITY_DISABLED_MESSAGE)
         rid = obj.rid if obj.rid is not None else uuid.uuid4().hex
         if not isinstance(rid, str) or not rid:
             raise ValueError(f"rid must be a non-empty string, got {rid!r}.")
@@ -151,6 +155,7 @@ class TokenizerManager(ManyRequests):
             stream=obj.stream,
             extra_key=obj.extra_key,
             http_worker_ipc=self.http_worker_ipc,
+            **message_fields(obj, self.server_args),
         )
         # A beam search is one request whatever its n (the number of beams it returns).
         children = fan_out(base, 1 if (params.beam_width or 1) > 1 else params.n)
@@ -304,6 +309,7 @@ class TokenizerManager(ManyRequests):
                 want_token_ids=child.token_ids_logprob is not None,
                 text_in_logprobs=prepared.return_text_in_logprobs,
                 sampling_seed=child.sampling_params.get("sampling_seed"),
+                prompt_token_ids=child.input_ids if child.return_prompt_token_ids else None,
             )
             group.children.append(state)
             self._states[state.rid] = state
@@ -370,6 +376,7 @@ class TokenizerManager(ManyRequests):
             append_logprobs(state, out, self._token_text)
         if token.guidance_alpha is not None:
             state.guidance_alpha = (state.guidance_alpha or []) + token.guidance_alpha  # one list per message
+        accumulate(state.reports, token)
         if token.finished_reason is not None:
             state.finished_reason = token.finished_reason
             state.beam_results = token.beam_results

@@ -22,6 +22,7 @@ from sglang.srt.layers.batch_invariant import batch_invariant
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.quantization import check_quantization_device, resolve_quant_config
 from sglang.srt.layers.sampler import SamplerInput, create_sampler
+from sglang.srt.layers.sampling_report import report_rows
 from sglang.srt.mem_cache.memory_pool import KVCache, ReqToTokenPool, TokenToKVPoolAllocator
 from sglang.srt.mem_cache.recurrent_state_pool import RecurrentStateLayout, RecurrentStatePool
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
@@ -280,8 +281,9 @@ class ModelRunner:
             logprobs = output_logprobs(sampled.logprobs, sampled.asks)
         # Beam rows: the scheduler selects from these before it submits their next step.
         beam_topk = None if sampled.beam_topk is None else tuple(t.cpu() for t in sampled.beam_topk)
+        reports = report_rows(sampled.report, len(sampled.asks))
         return StepResult(ids_host, ready, sampled.row_errors, logprobs, prompt_logprobs, beam_topk=beam_topk,
-                          guidance_alpha=alpha)
+                          guidance_alpha=alpha, reports=reports)
 
     def _sampler_input(
         self, step: Step, output: LogitsProcessorOutput, guide_output: Optional[LogitsProcessorOutput], replayed: bool

@@ -10,6 +10,7 @@ from typing import Any, Optional, Protocol
 
 import torch
 
+from sglang.srt.layers.sampling_report import ReportAsk, RowReport
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
@@ -36,6 +37,7 @@ class StepRequest(Protocol):
     output_ids: list[int]
     logprob: Optional[LogprobRequest]
     grammar: Any  # its BaseGrammarObject, or None
+    sampling_report: Optional[ReportAsk]  # support / behaviour logprobs / entropy it asked for
 
 
 class SampledBatch(Protocol):
@@ -101,3 +103,4 @@ class StepResult:
     beam_topk: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # host [R, C] values, ids of the beam rows
     # Mixture-guided rows: (their sampled rows, their alphas [M] float32 on the host, valid after `ready`).
     guidance_alpha: Optional[tuple[list[int], torch.Tensor]] = None
+    reports: list[Optional[RowReport]] = field(default_factory=list)  # per sampled row, when it asked

@@ -19,6 +19,7 @@ from pydantic import (
     Discriminator,
     Field,
     PrivateAttr,
+    StrictInt,
     Tag,
     field_validator,
     model_serializer,
@@ -287,12 +288,12 @@ class _GenerationRequest(_Strict):
     # SGLang/vLLM: prefix-cache namespaces; requests share cached prefixes only within one.
     cache_salt: Optional[str] = None
     extra_key: Optional[str] = None
+    # SGLang: the admission priority (--enable-priority-scheduling); a signed 64-bit integer.
+    priority: Optional[StrictInt] = None
 
     @property
     def cache_namespace(self) -> Optional[str]:
-        """SGLang's combination: the salt, then the extra key."""
-        parts = [p for p in (self.cache_salt, self.extra_key) if p is not None]
-        return "".join(parts) if parts else None
+        return cache_namespace(self.cache_salt, self.extra_key)
 
     @field_validator("response_format", mode="before")
     @classmethod
@@ -412,12 +413,24 @@ class ChatCompletionRequest(_GenerationRequest):
     # None: "auto" with tools, else "none" (OpenAI's default).
     tool_choice: Optional[ToolChoice] = None
     parallel_tool_calls: bool = True
+    # SGLang: each choice carries the prompt's token ids (non-streaming responses only).
+    return_prompt_token_ids: bool = False
 
     @property
     def effective_tool_choice(self) -> ToolChoice:
         if self.tool_choice is not None:
             return self.tool_choice
         return "auto" if self.tools else "none"
+
+    @model_validator(mode="after")
+    def _prompt_ids_not_streamed(self) -> "ChatCompletionRequest":
+        if self.return_prompt_token_ids and self.stream:
+            raise RequestError(
+                "return_prompt_token_ids is not supported with streaming. "
+                "Please set stream=false when using return_prompt_token_ids=true.",
+                param="return_prompt_token_ids",
+            )
+        return self
 
     @property
     def template_tools(self) -> Optional[list[dict[str, Any]]]:
@@ -464,6 +477,12 @@ class ChatCompletionRequest(_GenerationRequest):
         return self
 
 
+def cache_namespace(cache_salt: Optional[str], extra_key: Optional[str]) -> Optional[str]:
+    """SGLang's combination of a request's prefix-cache namespaces: the salt, then the extra key."""
+    parts = [p for p in (cache_salt, extra_key) if p is not None]
+    return "".join(parts) if parts else None
+
+
 def _is_absent(value: Any) -> bool:
     return value is None
 
@@ -475,10 +494,6 @@ def _is_falsy(value: Any) -> bool:
 # field -> (accepted(value), why anything else is refused)
 Unsupported = dict[str, tuple[Callable[[Any], bool], str]]
 
-def _is_default_priority(value: Any) -> bool:
-    return value in (None, 0)
-
-
 # SGLang request fields (0.5.x) this server has no machinery for. Unknown keys are otherwise
 # ignored (OpenAI clients send many), so these are named here to be refused, never dropped.
 _COMMON_UNSUPPORTED: Unsupported = {
@@ -487,11 +502,9 @@ _COMMON_UNSUPPORTED: Unsupported = {
     "return_routed_experts": (_is_falsy, "routed experts are not returned (no MoE models)"),
     "return_cached_tokens_details": (_is_falsy, "cache tier details are not reported"),
     "return_token_ids": (_is_falsy, "token ids are not returned on the OpenAI routes; use /generate"),
-    "return_prompt_token_ids": (_is_falsy, "token ids are not returned on the OpenAI routes; use /generate"),
     "return_meta_info": (_is_falsy, "meta_info is not returned on the OpenAI routes; use /generate"),
     "session_id": (_is_absent, "sessions are not implemented"),
     "session_params": (_is_absent, "sessions are not implemented"),
-    "priority": (_is_default_priority, "priority scheduling is not implemented; only 0 is accepted"),
     "bootstrap_host": (_is_absent, "prefill/decode disaggregation is not implemented"),
     "bootstrap_port": (_is_absent, "prefill/decode disaggregation is not implemented"),
     "bootstrap_room": (_is_absent, "prefill/decode disaggregation is not implemented"),
@@ -625,6 +638,14 @@ class ChatCompletionChoice(_ChoiceEnd):
     index: int
     message: AssistantMessage
     logprobs: Optional[ChatLogprobs] = None
+    prompt_token_ids: Optional[list[int]] = None  # SGLang's return_prompt_token_ids
+
+    @model_serializer(mode="wrap")
+    def _without_absent_prompt_ids(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        if self.prompt_token_ids is None:
+            out.pop("prompt_token_ids", None)
+        return out
 
 
 class ChatCompletionResponse(BaseModel):
@@ -888,6 +909,13 @@ class ResponsesRequest(_Strict):
     top_k: int = -1
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    priority: Optional[StrictInt] = None  # --enable-priority-scheduling
+    cache_salt: Optional[str] = None  # prefix-cache namespaces, as on the other routes
+    extra_key: Optional[str] = None
+
+    @property
+    def cache_namespace(self) -> Optional[str]:
+        return cache_namespace(self.cache_salt, self.extra_key)
 
     @model_validator(mode="after")
     def _consistent(self) -> "ResponsesRequest":
@@ -963,9 +991,6 @@ RESPONSES_UNSUPPORTED: Unsupported = {
     "prompt": (_is_absent, "stored prompt templates are not implemented"),
     "conversation": (_is_absent, "the Conversations API is not implemented; use previous_response_id"),
     "service_tier": (lambda v: v in (None, "auto", "default"), "service tiers are not implemented"),
-    "priority": (_is_default_priority, "priority scheduling is not implemented; only 0 is accepted"),
-    "extra_key": (_is_absent, "per-request cache keys are not implemented"),
-    "cache_salt": (_is_absent, "per-request cache salts are not implemented"),
 }
 
 

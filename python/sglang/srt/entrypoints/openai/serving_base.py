@@ -205,6 +205,7 @@ class Piece:
     # Chat only: what the reasoning and tool-call parsers took out of the text.
     reasoning: str = ""
     tool_calls: list[Any] = field(default_factory=list)
+    prompt_token_ids: Optional[list[int]] = None  # chat's return_prompt_token_ids
 
     def is_empty(self) -> bool:
         return not (self.text or self.reasoning or self.tool_calls or self.has_tokens) and self.finish_reason is None
@@ -235,7 +236,10 @@ class ChoiceTracker:
         logprobs = self.logprob_format(entries, tops, self.offset) if self.logprob_format else None
         self.offset += len(text)
         finish = meta.get("finish_reason") or {}
-        return Piece(self.index, text, logprobs, bool(entries), finish.get("type"), finish.get("matched"))
+        return Piece(
+            self.index, text, logprobs, bool(entries), finish.get("type"), finish.get("matched"),
+            prompt_token_ids=item.get("prompt_token_ids"),
+        )
 
     def _new_logprobs(self, meta: Mapping[str, Any]) -> tuple[list[LogprobEntry], list[TopEntries]]:
         entries = meta.get("output_token_logprobs") or []

@@ -114,6 +114,8 @@ class OpenAIServingChat(OpenAIServingBase[ChatCompletionRequest]):
                 custom_logit_processor=req.custom_logit_processor,
                 stream=req.stream,
                 extra_key=req.cache_namespace,
+                priority=req.priority,
+                return_prompt_token_ids=req.return_prompt_token_ids,
             )
         ]
 
@@ -284,6 +286,7 @@ class OpenAIServingChat(OpenAIServingBase[ChatCompletionRequest]):
                 logprobs=p.logprobs,
                 finish_reason=p.finish_reason,
                 matched_stop=p.matched_stop,
+                prompt_token_ids=p.prompt_token_ids,
             )
             for p in pieces
         ]

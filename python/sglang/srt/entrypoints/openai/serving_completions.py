@@ -45,6 +45,7 @@ class OpenAIServingCompletion(OpenAIServingBase[CompletionRequest]):
             "custom_logit_processor": req.custom_logit_processor,
             "stream": req.stream,
             "extra_key": req.cache_namespace,
+            "priority": req.priority,
         }
         params["n"] = req.n
         if req.seed is not None:

@@ -352,7 +352,10 @@ class OpenAIServingResponses:
         tokenizer = getattr(self.tokenizer_manager, "tokenizer", None)
         params = req.sampling_params() | grammar_params(req.format_grammar, self.server_args, tokenizer, "text") | tool_grammar
         turn.make_parser = lambda: self.chat.output_parser(chat_req, reasoning_split=False)
-        return GenerateReqInput(text=prompt, sampling_params=params, rid=turn.response_id, stream=req.stream)
+        return GenerateReqInput(
+            text=prompt, sampling_params=params, rid=turn.response_id, stream=req.stream, extra_key=req.cache_namespace,
+            priority=req.priority,
+        )
 
     @staticmethod
     def _grammar_checked(obj: GenerateReqInput) -> bool:
