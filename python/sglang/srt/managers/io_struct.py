@@ -34,6 +34,8 @@ class GenerateReqInput:
     custom_logit_processor: Optional[str] = None
     # SGLang's prefix-cache namespace: requests share cached prefixes only with the same key.
     extra_key: Optional[str] = None
+    # SGLang's top-level form of sampling_params.watermark (one of the two, not both).
+    watermark: Any = None
 
 
 class TokenizedGenerateReqInput(msgspec.Struct, tag=True):

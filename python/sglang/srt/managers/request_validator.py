@@ -10,6 +10,7 @@ from typing import Any, Optional
 from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady
 from sglang.srt.sampling.logits_processor.loader import LoadedLogitsProcessors
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.sampling.watermarking.config import check_request as check_watermark_request, resolve_request as resolve_watermark_request
 from sglang.srt.server_args import ServerArgs
 
 
@@ -25,11 +26,13 @@ class RequestValidator:
         self.preferred_sampling_params = server_args.preferred_sampling_params_dict()
         # The batch-level processor classes, for their validate_params (the scheduler runs them).
         self.logits_processors = LoadedLogitsProcessors.from_server_args(server_args, "cpu")
+        self.watermark_settings = server_args.watermark_settings()
 
     def validate(self, obj: GenerateReqInput, grammar_checked: bool) -> tuple[list[int], SamplingParams]:
         """The request's prompt ids and its normalised, verified sampling params."""
         input_ids = self.tokenize(obj)
         params = self.sampling_params(obj.sampling_params)
+        params.watermark = self.resolve_watermark(obj.watermark, params.watermark)
         self.check_context(len(input_ids), params.max_new_tokens)
         self.check_custom_logit_processor(obj.custom_logit_processor)
         if not grammar_checked:
@@ -81,6 +84,15 @@ class RequestValidator:
             raise ValueError("thinking_token_budget needs the tokenizer to find the think markers, which --skip-tokenizer-init leaves unloaded.")
         self.logits_processors.validate(params)
         return params
+
+    def resolve_watermark(self, top_level: Any, in_params: Optional[dict]) -> Optional[dict]:
+        """The request's watermark ({"key", "context_window"} or None) under the server's policy;
+        /generate takes the object at the top level or in sampling_params, not both."""
+        if top_level is not None:
+            if in_params is not None:
+                raise ValueError("watermark: set it at the top level or in sampling_params, not both.")
+            check_watermark_request(top_level)
+        return resolve_watermark_request(top_level if top_level is not None else in_params, self.watermark_settings)
 
     def check_context(self, input_len: int, max_new_tokens: Optional[int]) -> None:
         context = self.ready.context_len

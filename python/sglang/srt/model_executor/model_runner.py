@@ -32,6 +32,8 @@ from sglang.srt.model_executor.step import Step, StepResult
 from sglang.srt.model_executor.step_output import copy_to_host, input_logprobs, output_logprobs
 from sglang.srt.model_loader import load_model
 from sglang.srt.sampling.step_noise import step_noise_seed
+from sglang.srt.sampling.watermarking.config import WatermarkSettings
+from sglang.srt.sampling.watermarking.state import WatermarkState
 from sglang.srt.utils import host_to_device
 
 logger = logging.getLogger(__name__)
@@ -84,6 +86,7 @@ class ModelRunner:
         sampling_backend: str = "pytorch",
         random_seed: int = 0,
         quantization: Optional[str] = None,
+        watermark: Optional[WatermarkSettings] = None,
     ) -> None:
         self.device = torch.device(device)
         # --enable-deterministic-inference: batch-invariant forward passes.
@@ -113,6 +116,9 @@ class ModelRunner:
             first_attention(self.model).num_heads, layout.num_kv_heads, layout.head_dim, self.dtype,
         )
         self._init_sampling(sampling_backend, random_seed)
+        if watermark is not None:
+            slots = self.req_to_token_pool.size + 1
+            self.sampler.watermark_state = WatermarkState(watermark, slots, self.model_config.context_len, self.device)
         self.cuda_graph_runner: Optional[CudaGraphRunner] = None
         self.piecewise_runner: Optional[PiecewiseCudaGraphRunner] = None
         if self.device.type == "cuda" and not disable_cuda_graph:
@@ -265,7 +271,10 @@ class ModelRunner:
         if step.sampled_batch is None:
             return StepResult(torch.empty(0, dtype=torch.int64), None, {}, [], prompt_logprobs)
         self.noise_generator.manual_seed(step_noise_seed(self.random_seed, step.index))
-        sampled = self.sampler.sample_step(self._sampler_input(step, output, replayed))
+        sampler_input = self._sampler_input(step, output, replayed)
+        if step.mode.is_extend():
+            self._start_watermark(sampler_input)
+        sampled = self.sampler.sample_step(sampler_input)
         if self.check_token_agreement:
             rids = [step.reqs[r].rid for r in step.sample_rows]
             check_token_agreement(sampled.next_ids, step.index, rids, tp_device_group())
@@ -274,6 +283,15 @@ class ModelRunner:
         if sampled.logprobs is not None:
             logprobs = output_logprobs(sampled.logprobs, sampled.asks)
         return StepResult(ids_host, ready, sampled.row_errors, logprobs, prompt_logprobs)
+
+    def _start_watermark(self, inp: SamplerInput) -> None:
+        """Load the context tails of the watermarked rows whose prompt this extend step completes."""
+        state, wm = self.sampler.watermark_state, inp.info.watermark
+        if state is None or wm is None:
+            return
+        reqs = [inp.rows[i] for i in wm.rows_host]
+        slots = inp.token_store[1].index_select(0, wm.rows)
+        state.start(slots, [r.origin_input_ids for r in reqs], [r.output_ids for r in reqs], wm.windows_host)
 
     def _sampler_input(self, step: Step, output: LogitsProcessorOutput, replayed: bool) -> SamplerInput:
         """The sampled rows' logits and metadata; their ids go to `future_tokens` at their request slots."""

@@ -11,8 +11,10 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-from dataclasses import InitVar, dataclass, fields
+from dataclasses import InitVar, dataclass, field, fields
 from typing import Any, Optional, Union
+
+from sglang.srt.sampling.watermarking.config import check_request as check_watermark_request
 
 try:
     import re._parser as _regex_parser
@@ -87,7 +89,7 @@ class SamplingParams:
     logit_bias: Optional[dict[str, float]] = None
     sampling_seed: Optional[int] = None
     custom_params: Optional[dict[str, Any]] = None
-    watermark: Optional[Any] = None
+    watermark: Optional[Any] = field(default=None, repr=False)  # may hold a key: never shown
     # Built-in batch-level logits processors (sglang.srt.sampling.logits_processor).
     allowed_token_ids: Optional[list[int]] = None
     bad_words: Optional[Union[str, list[str]]] = None
@@ -279,7 +281,7 @@ class SamplingParams:
                 f"got {self.beam_width}."
             )
         if self.watermark is not None:
-            raise ValueError("watermark must be null (watermarking is not supported by this server yet).")
+            check_watermark_request(self.watermark)  # its policy is the server's (RequestValidator)
         self._verify_batch_processor_params(vocab_size)
 
     def _verify_batch_processor_params(self, vocab_size: int) -> None:

@@ -285,6 +285,8 @@ class _GenerationRequest(_Strict):
     # SGLang/vLLM: prefix-cache namespaces; requests share cached prefixes only within one.
     cache_salt: Optional[str] = None
     extra_key: Optional[str] = None
+    # SGLang: per-request watermark settings {enabled, key, context_window} (sampling/watermarking).
+    watermark: Optional[dict[str, Any]] = None
 
     @property
     def cache_namespace(self) -> Optional[str]:

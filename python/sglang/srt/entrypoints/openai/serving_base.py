@@ -139,6 +139,7 @@ def common_sampling_params(req: _GenerationRequest, defaults: Mapping[str, Any])
         "skip_special_tokens": req.skip_special_tokens,
         "spaces_between_special_tokens": req.spaces_between_special_tokens,
         "logit_bias": req.logit_bias,
+        "watermark": req.watermark,
         **processor_params(req),
         "regex": req.regex,
         "ebnf": req.ebnf,
