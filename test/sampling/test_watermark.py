@@ -13,6 +13,7 @@ import torch
 
 from sgl_kernel_ext.sampling.murmur_reference import murmur_hash32
 from sampling_utils import BASE, CASES, DRAWS, V, assert_matches_distribution, expected_distribution, make_info, sample
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import Sampler
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.sampling.watermarking import WatermarkDetector, detect
@@ -183,15 +184,11 @@ def test_distribution_over_keys_matches_unwatermarked(name):
     slots = torch.arange(DRAWS)
     sampler.watermark_state.start(slots, [[11, 12]] * DRAWS, [[]] * DRAWS, [4] * DRAWS)
     logits = torch.tensor([BASE] * DRAWS, dtype=torch.float32)
-    out = torch.full((DRAWS,), -1)
-    ids = sampler(LogitsOut(logits), info, positions=torch.zeros(DRAWS, dtype=torch.int64), slots=slots)
-    out = ids
-    assert_matches_distribution(out, expected_distribution(case))
+    ids = sampler(logits_out(logits), info, positions=torch.zeros(DRAWS, dtype=torch.int64), slots=slots)
+    assert_matches_distribution(ids, expected_distribution(case))
 
 
-def LogitsOut(logits):
-    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
-
+def logits_out(logits):
     return LogitsProcessorOutput(next_token_logits=logits.clone())
 
 
@@ -260,7 +257,7 @@ def test_dual_key_uses_the_coin_and_the_detector_partitions():
     tokens = []
     for _ in range(120):
         logits = torch.randn(1, 64, generator=gen)
-        ids = sampler(LogitsOut(logits), info, positions=torch.zeros(1, dtype=torch.int64), slots=slot)
+        ids = sampler(logits_out(logits), info, positions=torch.zeros(1, dtype=torch.int64), slots=slot)
         context = (prompt + tokens)[-2:]
         ctx = ref_context_hash(context)
         key = a if ref_coin(parse_key(a), parse_key(b), ctx) < int(0.3 * 2**32) else b

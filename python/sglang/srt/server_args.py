@@ -82,7 +82,7 @@ class ServerArgs:
     enable_custom_logit_processor: bool = False
     custom_logit_processor_allowlist: Optional[list[str]] = None
     enable_watermark: bool = False
-    watermark_config: Optional[str] = None  # JSON object or file path; holds keys: never shown
+    watermark_config: Optional[str] = dataclasses.field(default=None, repr=False)  # JSON or a file path; may hold keys
     logits_processors: Optional[list[str]] = None
     thinking_markers: tuple[str, str] = ("<think>", "</think>")
     enable_deterministic_inference: bool = False
