@@ -27,12 +27,16 @@ def server():
 
 
 def _ids(server, **fields):
-    return generate_ok(server, PROMPT_IDS, **fields)["output_ids"]
+    return generate_ok(server, PROMPT_IDS, timeout=900, **fields)["output_ids"]
 
 
 def test_watermarked_text_is_detected_and_plain_text_is_not(server):
-    marked = _ids(server, sampling_params={**LONG, "sampling_seed": 7, "watermark": {"key": KEY}})
-    plain = _ids(server, sampling_params={**LONG, "sampling_seed": 7})
+    # One batch: the marked and the plain row decode side by side.
+    body = {"input_ids": [PROMPT_IDS, PROMPT_IDS],
+            "sampling_params": [{**LONG, "sampling_seed": 7, "watermark": {"key": KEY}}, {**LONG, "sampling_seed": 7}]}
+    response = requests.post(server.url + "/generate", json=body, timeout=1800)
+    assert response.status_code == 200, response.text
+    marked, plain = (out["output_ids"] for out in response.json())
     assert len(marked) == len(plain) == 200
     hit = detect(marked, key=KEY, prompt_token_ids=PROMPT_IDS).combined
     miss = detect(plain, key=KEY, prompt_token_ids=PROMPT_IDS).combined
@@ -77,7 +81,7 @@ def test_openai_completions_take_the_watermark_extra_field(server):
     ({"sampling_params": {"watermark": {"shade": 1}}}, "watermark"),
 ])
 def test_bad_watermark_is_a_400_naming_it(server, fields, name):
-    response = generate(server, PROMPT_IDS, **fields)
+    response = generate(server, PROMPT_IDS, timeout=900, **fields)
     assert response.status_code == 400, response.text
     assert name in response.json()["error"]["message"] and "secret" not in response.text
 
