@@ -13,7 +13,7 @@ watermark rows. Everything is tensor work over the batch's watermark rows: no ho
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 
@@ -21,6 +21,9 @@ from sgl_kernel_ext.sampling.support import compute_support
 from sglang.srt.sampling.watermarking.config import MAX_CONTEXTS_PER_REQUEST, WatermarkSettings, parse_key
 from sglang.srt.sampling.watermarking.detector import context_hash
 from sglang.srt.sampling.watermarking.hashing import context_hashes, key_coins, log_uniform, token_hashes
+
+if TYPE_CHECKING:
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
 
 @dataclass
@@ -39,6 +42,9 @@ class WatermarkRows:
         rows = [i for i, (wm, g) in enumerate(zip(resolved, greedy)) if wm is not None and not g]
         if not rows:
             return None
+        if any(set(resolved[i]) != {"key", "context_window"} for i in rows):
+            raise ValueError("watermark must be resolved to {key, context_window} under a server policy "
+                             "(config.resolve_request) before a batch is built.")
         windows = [resolved[i]["context_window"] for i in rows]
         return cls(
             rows=torch.tensor(rows, dtype=torch.int64, device=device),
@@ -91,10 +97,10 @@ class WatermarkState:
                 self.history[slot, : len(history)] = torch.tensor([history], dtype=torch.int32, device=device)
                 self.counts[slot] = len(history)
 
-    def force(self, logits: torch.Tensor, info, slots: torch.Tensor) -> torch.Tensor:
+    def force(self, logits: torch.Tensor, info: SamplingBatchInfo, slots: torch.Tensor) -> torch.Tensor:
         """[B] int64: the watermark's token on each forced row of the processed, unscaled `logits`
-        ([B, V] float32), -1 elsewhere; the forced contexts are recorded. `info` is the batch's
-        SamplingBatchInfo, `slots` ([B] int64) the rows' request slots."""
+        ([B, V] float32), -1 elsewhere; the forced contexts are recorded. `slots` ([B] int64)
+        are the rows' request slots."""
         wm: WatermarkRows = info.watermark
         rows = wm.rows
         slot = slots.index_select(0, rows)  # [W]
@@ -122,7 +128,7 @@ class WatermarkState:
         self.history[slot, at] = torch.where(forced, ctx32, current)
         self.counts[slot] = counts + forced.to(torch.int64)
 
-    def append(self, info, slots: torch.Tensor, next_ids: torch.Tensor) -> None:
+    def append(self, info: SamplingBatchInfo, slots: torch.Tensor, next_ids: torch.Tensor) -> None:
         """Push each watermark row's sampled id ([B] int64) onto its slot's context tail."""
         rows = info.watermark.rows
         slot = slots.index_select(0, rows)
@@ -131,7 +137,7 @@ class WatermarkState:
         self.lengths[slot] = (self.lengths.index_select(0, slot) + 1).clamp(max=self.width)
 
 
-def _filtered_probs(logits: torch.Tensor, info, rows: torch.Tensor) -> torch.Tensor:
+def _filtered_probs(logits: torch.Tensor, info: SamplingBatchInfo, rows: torch.Tensor) -> torch.Tensor:
     """[W, V] float32 softmax of the rows' temperature-scaled logits over their sampling support."""
     scaled = logits / info.temperatures.index_select(0, rows)
     if info.need_top_k_sampling or info.need_top_p_sampling or info.need_min_p_sampling:
