@@ -126,6 +126,9 @@ def _comparable_requests(prompts: list) -> list[tuple]:
         (prompts[0], {"temperature": 0.0, "max_new_tokens": 10, "no_repeat_ngram_size": 1}),
         (prompts[1], {**SEEDED, "sampling_seed": 7, "max_new_tokens": 10, "allowed_token_ids": list(range(20, 200, 7))}),
     ]
+    # Watermarked: the forced tokens are a function of (key, context, logits) on every rank.
+    processed.append((prompts[0], {"temperature": 1.0, "max_new_tokens": 10, "sampling_seed": 21,
+                                   "watermark": {"key": "0123456789abcdef"}}))
     return greedy + seeded + processed
 
 
@@ -136,7 +139,8 @@ def _run_concurrently(server: ServerProcess, reqs: list[tuple]) -> list[list[int
 
 
 def _model_flags(model_path: str, tokenizer_path: str) -> list[str]:
-    return ["--model-path", model_path, "--tokenizer-path", tokenizer_path, "--max-running-requests", "8"]
+    return ["--model-path", model_path, "--tokenizer-path", tokenizer_path, "--max-running-requests", "8",
+            "--enable-watermark"]
 
 
 @pytest.fixture(scope="module")

@@ -163,6 +163,7 @@ _BAD = [
     ({"beam_width": 2, "n": 3}, "beam_width"),
     ({"beam_width": 2, "stop": "x"}, "beam_width"),
     ({"beam_width": 2, "guidance": {"method": "cfg", "input_ids": [1], "weight": 2.0}}, "beam_width"),
+    ({"beam_width": 2, "watermark": {"enabled": True}}, "beam_width"),
     ({"length_penalty": 2.0}, "length_penalty"),
     ({"watermark": {"key": 1}}, "watermark"),
 ]

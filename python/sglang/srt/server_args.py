@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from sglang.srt.function_call import TOOL_CALL_PARSERS
 from sglang.srt.parser.reasoning_parser import REASONING_PARSERS
+from sglang.srt.sampling.watermarking.config import WatermarkSettings
 from sglang.srt.server_args_compat import add_compat_args, compat_fields, ignored_flags, ignored_values, parse_args
 from sglang.srt.utils.embedded_model import embedded_model_path
 
@@ -87,6 +88,8 @@ class ServerArgs:
     reasoning_parser: Optional[str] = None
     enable_custom_logit_processor: bool = False
     custom_logit_processor_allowlist: Optional[list[str]] = None
+    enable_watermark: bool = False
+    watermark_config: Optional[str] = dataclasses.field(default=None, repr=False)  # JSON or a file path; may hold keys
     logits_processors: Optional[list[str]] = None
     thinking_markers: tuple[str, str] = ("<think>", "</think>")
     enable_deterministic_inference: bool = False
@@ -246,6 +249,7 @@ class ServerArgs:
                 f"supported: {', '.join(LOAD_FORMATS)}."
             )
         self.preferred_sampling_params_dict()
+        self.watermark_settings()
 
     def _validate_priority(self) -> None:
         if self.enable_priority_scheduling and self.schedule_policy != "fcfs":
@@ -333,6 +337,16 @@ class ServerArgs:
         if not isinstance(value, dict):
             raise ValueError("--preferred-sampling-params must be a JSON object.")
         return value
+
+    def watermark_settings(self) -> Optional[WatermarkSettings]:
+        """The watermark policy (--enable-watermark, --watermark-config), None when off."""
+        if not self.enable_watermark:
+            if self.watermark_config is not None:
+                raise ValueError("--watermark-config needs --enable-watermark.")
+            return None
+        if self.watermark_config is None:
+            return WatermarkSettings()
+        return WatermarkSettings.from_json(self.watermark_config)
 
     def allowlist(self) -> Optional[frozenset[str]]:
         return frozenset(self.custom_logit_processor_allowlist) if self.custom_logit_processor_allowlist else None
@@ -436,6 +450,11 @@ class ServerArgs:
             "Default on CUDA: triton when importable (fastest in docs/benchmarks.md), else flashinfer, else pytorch.")
         add("--enable-custom-logit-processor", action="store_true",
             help="Accept custom_logit_processor in requests (off by default: dill payloads run code).")
+        add("--enable-watermark", action="store_true",
+            help="Keyed text watermarking: accept the request `watermark` object and apply the --watermark-config policy.")
+        add("--watermark-config", default=d.watermark_config, metavar="JSON|FILE",
+            help="Watermark policy as inline JSON or a file path: key, key_b, context_window, mixing_probability, "
+            "max_probability, default_enabled, enforce_all (SGLang's fields; keys are never logged or shown).")
         add("--logits-processors", nargs="+", default=d.logits_processors, metavar="MODULE:QUALNAME",
             help="Batch-level logits processors to load (vLLM's flag and form), besides the built-ins and the "
             "sglang.logits_processors entry points; requests pass them arguments in custom_params.")

@@ -25,6 +25,8 @@ def verify_beam_params(params: Any, vocab_size: int) -> None:
         raise ValueError("beam_width > 1 does not support min_new_tokens.")
     if getattr(params, "guidance", None) is not None:
         raise ValueError("beam_width > 1 does not support guidance.")
+    if getattr(params, "watermark", None) is not None:
+        raise ValueError("beam_width > 1 does not support watermark (beams are selected, not drawn).")
 
 
 def verify_beam_request(params: Any, return_logprob: bool, input_len: int, max_running: int, max_total_tokens: int) -> None:

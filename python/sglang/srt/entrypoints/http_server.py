@@ -24,9 +24,11 @@ from sglang.srt.entrypoints.generate_route import handle_generate
 from sglang.srt.entrypoints.http_responses import error_response, json_response
 from sglang.srt.entrypoints.openapi_bodies import document_request_bodies
 from sglang.srt.entrypoints.tokenization import detokenize, tokenize
+from sglang.srt.entrypoints.watermark_detect import detect_watermark
 from sglang.srt.managers.io_struct import GenerateReqInput, SchedulerReady
 from sglang.srt.managers.replica_load import ReplicaLoadTable
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
+from sglang.srt.sampling.watermarking.config import redact as redact_watermark
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.hf_transformers_utils import hf_tokenizer_folder
 
@@ -220,6 +222,10 @@ def create_app(
     async def detokenize_route(request: Request) -> Response:
         return await _json_call(request, lambda body: detokenize(body, tm.tokenizer, ready.vocab_size))
 
+    @app.post("/watermark/detect")
+    async def watermark_detect_route(request: Request) -> Response:
+        return await _json_call(request, lambda body: detect_watermark(body, tm.tokenizer))
+
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
         if await tm.flush_cache_server_wide():
@@ -247,6 +253,7 @@ def create_app(
         info = dataclasses.asdict(server_args)
         if info["api_key"]:
             info["api_key"] = "<hidden>"
+        info = redact_watermark(info)
         info["scheduler_info"] = msgspec.structs.asdict(ready)
         # Top-level fields that SGLang's clients and router read.
         info.update(version=_version(), max_total_num_tokens=ready.max_total_num_tokens,

@@ -4,8 +4,9 @@ The order of one step (Sampler.sample_step), the same for every row and every pa
   guidance mix (guided rows only, sampling/guidance.py) -> penalties (additive, then repetition) ->
   logit_bias -> grammar mask -> batch-level logits processors -> custom logit processors ->
   NaN/inf guard -> greedy (argmax, lowest id on ties) -> temperature -> top-k / top-p / min-p ->
-  draw (seeded rows by hash-Gumbel) -> logprobs -> TP token sync -> penalty update -> the ids
-  stored for the next decode step.
+  draw (seeded rows by hash-Gumbel; watermarked rows by the keyed context hash,
+  sampling/watermarking) -> logprobs -> TP token sync -> penalty update -> the ids stored for the
+  next decode step.
 The stages before the guard are sampler_stages.py; from the guard on, a step strategy runs them:
   FusedStep (sampler_fused.py)     a fused backend's kernels (triton)
   CpuGroupedStep (sampler_cpu.py)  the pytorch backend on the CPU, rows grouped once per batch
@@ -70,6 +71,7 @@ from sglang.srt.layers.sampling_backends import (
 )
 from sglang.srt.sampling.logits_processor.pipeline import check_requested as logits_processor_check_requested
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.sampling.watermarking.state import WatermarkState
 
 __all__ = [
     "BUILT_IN_SAMPLING_BACKENDS",
@@ -129,6 +131,8 @@ class Sampler(nn.Module):
         self.generator = generator
         # --enable-deterministic-inference: a seeded row's token must not depend on its batch-mates.
         self.deterministic = deterministic
+        # The request slots' watermark contexts (--enable-watermark), set by the model runner.
+        self.watermark_state: Optional[WatermarkState] = None
         self._graph: Optional[GraphSampling] = None
         if device is None and generator is not None:
             device = generator.device
@@ -178,9 +182,10 @@ class Sampler(nn.Module):
 
     def graph_step_applies(self, info: SamplingBatchInfo, wants_logprobs: bool) -> bool:
         """Whether a captured sampling graph can run this batch's step: it has no host stage
-        (grammar mask, processors), no guided rows, no logprobs and no TP token sync."""
+        (grammar mask, processors), no guided rows, no logprobs, no TP token sync and no watermarked row."""
         return not (
-            info.has_custom_logit_processor
+            info.watermark is not None
+            or info.has_custom_logit_processor
             or info.guidance is not None
             or info.logits_processors is not None
             or info.grammars is not None
@@ -222,6 +227,7 @@ class Sampler(nn.Module):
             positions=inp.positions,
             row_errors=row_errors,
             report=report,
+            slots=None if inp.token_store is None else inp.token_store[1],
         )
         if raw_main is not None:
             main_context_logprobs(out, raw_main, info, next_ids, top_logprobs_nums, token_ids_logprobs)
@@ -246,6 +252,7 @@ class Sampler(nn.Module):
         positions: Optional[torch.Tensor] = None,
         row_errors: Optional[dict[int, str]] = None,
         report: Optional[ReportPlan] = None,
+        slots: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """Custom processors onwards, over logits whose earlier stages already ran: next token ids
         [B] int64; -1 on rows flagged in `logits_output.invalid_rows`.
@@ -255,6 +262,8 @@ class Sampler(nn.Module):
         already failed before the sampler (a batch-level logits processor): they get -1 too.
         `report` (the rows that asked for their support, behaviour logprobs or entropy) captures
         its rows' logits after the custom processors and holds their report in `report.result`.
+        `slots` ([B] int64, the rows' request slots) key the watermark state; required when any
+        row is watermarked.
         """
         info = sampling_info
         if info.seeded_rows is not None and positions is None:
@@ -270,13 +279,24 @@ class Sampler(nn.Module):
             report.capture(logits_output.next_token_logits)
         if self.step is None:
             self._bind(logits_output.next_token_logits.device)
-        next_ids, invalid = self.step(StepCall(logits_output, info, row_errors, positions, logprobs))
+        forced = self._watermark(logits_output.next_token_logits, info, slots)
+        next_ids, invalid = self.step(StepCall(logits_output, info, row_errors, positions, logprobs, forced))
+        if forced is not None:
+            self.watermark_state.append(info, slots, next_ids)
         logits_output.invalid_rows = invalid
         logits_output.row_errors = row_errors
         self._sync_token_ids_across_tp(next_ids, info)
         if report is not None:
             report.result = report.finish(info, next_ids, self.seeded_full_sort)
         return next_ids
+
+    def _watermark(self, logits: torch.Tensor, info: SamplingBatchInfo, slots: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """[B] int64 watermark tokens (-1 where the row samples normally), None without watermarked rows."""
+        if info.watermark is None:
+            return None
+        if self.watermark_state is None or slots is None:
+            raise ValueError("watermark: this sampler has no watermark state (--enable-watermark) or no request slots.")
+        return self.watermark_state.force(logits, info, slots)
 
     def compute_logprobs_only(
         self,

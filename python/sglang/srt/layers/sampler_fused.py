@@ -15,7 +15,7 @@ class FusedStep:
         self.owner = owner
 
     def __call__(self, call: StepCall) -> tuple[torch.Tensor, torch.Tensor]:
-        output, info, row_errors, positions, logprobs = call
+        output, info, row_errors, positions, logprobs, forced_ids = call
         backend = self.owner.backend
         logits = output.next_token_logits
         result = None
@@ -24,6 +24,8 @@ class FusedStep:
         else:
             result = backend.sample_step(logits, info, positions, self.owner.generator)
             next_ids, invalid = result.ids, result.invalid
+        if forced_ids is not None:
+            next_ids = torch.where(forced_ids >= 0, forced_ids, next_ids)
         if row_errors:
             invalid = flag_failed_rows(invalid, row_errors)
             next_ids = torch.where(invalid, torch.full_like(next_ids, -1), next_ids)

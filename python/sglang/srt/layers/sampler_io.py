@@ -103,6 +103,8 @@ class StepCall(NamedTuple):
     row_errors: dict[int, str]  # rows that already failed (a processor)
     positions: Optional[torch.Tensor]  # [B] int64
     logprobs: Optional[LogprobGathers]  # None: no logprobs
+    # [B] int64: the watermark's token on rows it forces, -1 elsewhere (None: no watermark rows).
+    forced_ids: Optional[torch.Tensor] = None
 
 
 class StepOwner(Protocol):

@@ -28,7 +28,7 @@ class UnfusedStep:
         self.owner = owner
 
     def __call__(self, call: StepCall) -> tuple[torch.Tensor, torch.Tensor]:
-        output, info, row_errors, positions, logprobs = call
+        output, info, row_errors, positions, logprobs, forced_ids = call
         logits = output.next_token_logits
         invalid = invalid_rows(logits, row_errors)
         greedy_ids = self.greedy_ids(logits, info)
@@ -39,6 +39,8 @@ class UnfusedStep:
             # In place: next_token_logits holds the scaled logits afterwards, which saves a second [B, V] buffer.
             scaled = logits.div_(info.temperatures)
         next_ids = greedy_ids if info.is_all_greedy else self.draw(scaled, info, positions, greedy_ids)
+        if forced_ids is not None:
+            next_ids = torch.where(forced_ids >= 0, forced_ids, next_ids)
         next_ids = torch.where(invalid, torch.full_like(next_ids, -1), next_ids)
         if logprobs is not None:
             values = raw_logprobs if raw_logprobs is not None else self.logprobs(scaled, info)

@@ -44,6 +44,8 @@ class GenerateReqInput:
     # SGLang's scheduling and reasoning fields (managers/request_extras.py).
     priority: Optional[int] = None
     max_thinking_tokens: Optional[int] = None
+    # SGLang's top-level form of sampling_params.watermark (one of the two, not both).
+    watermark: Any = None
 
 
 class TokenizedGenerateReqInput(msgspec.Struct, tag=True):

@@ -14,9 +14,12 @@ The lines go to this module's logger at INFO. Health checks (/health) are not lo
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 from typing import Any, Optional
+
+from sglang.srt.sampling.watermarking.config import redact as redact_watermark
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +52,21 @@ class RequestLogger:
         logger.info("Finish: obj=%s, out=%s", self.format_input(obj), self.format_output(out))
 
     def format_input(self, obj: Any) -> str:
-        return truncated_repr(obj, self.max_length, self.skip_in)
+        return truncated_repr(without_watermark_keys(obj), self.max_length, self.skip_in)
 
     def format_output(self, out: dict[str, Any]) -> str:
         return truncated_repr(out, self.max_length, self.skip_out)
+
+
+def without_watermark_keys(obj: Any) -> Any:
+    """A copy of a request whose watermark objects (top level or in sampling_params) show no key."""
+    if not (dataclasses.is_dataclass(obj) and not isinstance(obj, type)):
+        return redact_watermark(obj)
+    copied = copy.copy(obj)
+    for name in ("watermark", "sampling_params"):
+        if hasattr(obj, name):
+            object.__setattr__(copied, name, redact_watermark({name: getattr(obj, name)})[name])
+    return copied
 
 
 def truncated_repr(value: Any, max_length: Optional[int], skip: frozenset[str] = frozenset()) -> str:

@@ -13,6 +13,7 @@ from sglang.srt.sampling.guidance_params import check_guide_model
 from sglang.srt.managers.request_extras import check_extras
 from sglang.srt.sampling.logits_processor.loader import LoadedLogitsProcessors
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.sampling.watermarking.config import check_request as check_watermark_request, resolve_request as resolve_watermark_request
 from sglang.srt.server_args import ServerArgs
 
 
@@ -28,11 +29,13 @@ class RequestValidator:
         self.preferred_sampling_params = server_args.preferred_sampling_params_dict()
         # The batch-level processor classes, for their validate_params (the scheduler runs them).
         self.logits_processors = LoadedLogitsProcessors.from_server_args(server_args, "cpu")
+        self.watermark_settings = server_args.watermark_settings()
 
     def validate(self, obj: GenerateReqInput, grammar_checked: bool) -> tuple[list[int], SamplingParams]:
         """The request's prompt ids and its normalised, verified sampling params."""
         input_ids = self.tokenize(obj)
         params = self.sampling_params(obj.sampling_params)
+        params.watermark = self.resolve_watermark(obj.watermark, params.watermark)
         self.check_context(len(input_ids), params.max_new_tokens)
         self.check_custom_logit_processor(obj.custom_logit_processor)
         if not grammar_checked:
@@ -88,6 +91,15 @@ class RequestValidator:
         self.logits_processors.validate(params)
         check_guide_model(params.guidance, guide_model_loaded=self.server_args.guide_model_path is not None)
         return params
+
+    def resolve_watermark(self, top_level: Any, in_params: Optional[dict]) -> Optional[dict]:
+        """The request's watermark ({"key", "context_window"} or None) under the server's policy;
+        /generate takes the object at the top level or in sampling_params, not both."""
+        if top_level is not None:
+            if in_params is not None:
+                raise ValueError("watermark: set it at the top level or in sampling_params, not both.")
+            check_watermark_request(top_level)
+        return resolve_watermark_request(top_level if top_level is not None else in_params, self.watermark_settings)
 
     def check_context(self, input_len: int, max_new_tokens: Optional[int]) -> None:
         context = self.ready.context_len

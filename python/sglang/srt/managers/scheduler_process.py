@@ -92,6 +92,7 @@ def start_forward_worker(
         sampling_backend=args.sampling_backend,
         random_seed=args.random_seed,
         quantization=args.quantization,
+        watermark=args.watermark_settings(),
     ).result()
     return worker, model_runner
 

@@ -34,6 +34,8 @@ from sglang.srt.model_executor.step import Step, StepResult
 from sglang.srt.model_executor.step_output import copy_to_host, input_logprobs, output_logprobs
 from sglang.srt.model_loader import load_model
 from sglang.srt.sampling.step_noise import step_noise_seed
+from sglang.srt.sampling.watermarking.config import WatermarkSettings
+from sglang.srt.sampling.watermarking.state import WatermarkState
 from sglang.srt.utils import host_to_device
 
 logger = logging.getLogger(__name__)
@@ -86,6 +88,7 @@ class ModelRunner:
         sampling_backend: str = "pytorch",
         random_seed: int = 0,
         quantization: Optional[str] = None,
+        watermark: Optional[WatermarkSettings] = None,
     ) -> None:
         self.device = torch.device(device)
         # --enable-deterministic-inference: batch-invariant forward passes.
@@ -116,6 +119,9 @@ class ModelRunner:
         )
         self._init_sampling(sampling_backend, random_seed)
         self.guide_runner: Optional[ModelRunner] = None  # --guide-model-path: the guide contexts' model
+        if watermark is not None:
+            slots = self.req_to_token_pool.size + 1
+            self.sampler.watermark_state = WatermarkState(watermark, slots, self.model_config.context_len, self.device)
         self.cuda_graph_runner: Optional[CudaGraphRunner] = None
         self.piecewise_runner: Optional[PiecewiseCudaGraphRunner] = None
         if self.device.type == "cuda" and not disable_cuda_graph:
@@ -269,7 +275,10 @@ class ModelRunner:
         if step.sampled_batch is None:
             return StepResult(torch.empty(0, dtype=torch.int64), None, {}, [], prompt_logprobs)
         self.noise_generator.manual_seed(step_noise_seed(self.random_seed, step.index))
-        sampled = self.sampler.sample_step(self._sampler_input(step, output, guide_output, replayed))
+        sampler_input = self._sampler_input(step, output, guide_output, replayed)
+        if step.mode.is_extend():
+            self._start_watermark(sampler_input)
+        sampled = self.sampler.sample_step(sampler_input)
         store_guide_tokens(step, sampled.next_ids, self.future_tokens, self.guide_runner, self.device)
         alpha = alpha_to_host(step, sampled.guidance_alpha)  # copied before the ids: their event covers it
         if self.check_token_agreement:
@@ -284,6 +293,15 @@ class ModelRunner:
         reports = report_rows(sampled.report, len(sampled.asks))
         return StepResult(ids_host, ready, sampled.row_errors, logprobs, prompt_logprobs, beam_topk=beam_topk,
                           guidance_alpha=alpha, reports=reports)
+
+    def _start_watermark(self, inp: SamplerInput) -> None:
+        """Load the context tails of the watermarked rows whose prompt this extend step completes."""
+        state, wm = self.sampler.watermark_state, inp.info.watermark
+        if state is None or wm is None:
+            return
+        reqs = [inp.rows[i] for i in wm.rows_host]
+        slots = inp.token_store[1].index_select(0, wm.rows)
+        state.start(slots, [r.origin_input_ids for r in reqs], [r.output_ids for r in reqs], wm.windows_host)
 
     def _sampler_input(
         self, step: Step, output: LogitsProcessorOutput, guide_output: Optional[LogitsProcessorOutput], replayed: bool

@@ -20,6 +20,7 @@ from sglang.srt.sampling.guidance import GuidanceBatch
 from sglang.srt.sampling.fused_logits_bias import apply_logits_bias_fused, update_penalties_fused
 from sglang.srt.sampling.penaltylib import BatchedPenalizerOrchestrator
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.sampling.watermarking.state import WatermarkRows
 
 
 @dataclass
@@ -71,6 +72,8 @@ class SamplingBatchInfo:
     logit_bias_values: Optional[torch.Tensor] = field(init=False)  # [B, K] float32, pad 0.0
     custom_logit_processor: Optional[dict[str, ProcessorEntry]] = field(init=False)
     custom_params: Optional[list[Optional[dict]]] = field(init=False)
+    # The watermarked (sampled) rows and their keys, None without any (sampling/watermarking).
+    watermark: Optional[WatermarkRows] = field(init=False)
     # Per-row grammar objects (None where a row has none), or None without grammar rows; their
     # presence turns on the TP token all-reduce and the eager sampling step.
     grammars: Optional[list[Any]] = field(init=False)
@@ -131,6 +134,7 @@ class SamplingBatchInfo:
         self._build_logit_bias(params)
         self._build_processors()
         self.guidance = GuidanceBatch.build([p.guidance for p in params], self.device)
+        self.watermark = WatermarkRows.build([p.watermark for p in params], [p.top_k <= 1 for p in params], self.device)
         grammars = [row.grammar for row in self.rows]
         self.grammars = grammars if any(g is not None for g in grammars) else None
         loaded = self.loaded_logits_processors

@@ -11,10 +11,11 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-from dataclasses import InitVar, dataclass, fields
+from dataclasses import InitVar, dataclass, field, fields
 from typing import Any, Optional, Union
 
 from sglang.srt.beam_search.params import verify_beam_params
+from sglang.srt.sampling.watermarking.config import check_request as check_watermark_request
 
 try:
     import re._parser as _regex_parser
@@ -93,7 +94,7 @@ class SamplingParams:
     custom_params: Optional[dict[str, Any]] = None
     # Two-context guidance (sampling/guidance_params.py): cfg, mixture or contrastive with a guide prompt.
     guidance: Optional[dict[str, Any]] = None
-    watermark: Optional[Any] = None
+    watermark: Optional[Any] = field(default=None, repr=False)  # may hold a key: never shown
     # Built-in batch-level logits processors (sglang.srt.sampling.logits_processor).
     allowed_token_ids: Optional[list[int]] = None
     bad_words: Optional[Union[str, list[str]]] = None
@@ -290,7 +291,7 @@ class SamplingParams:
         elif lp != 1.0:
             raise ValueError(f"length_penalty applies to beam search only (beam_width > 1), got {lp}.")
         if self.watermark is not None:
-            raise ValueError("watermark must be null (watermarking is not supported by this server yet).")
+            check_watermark_request(self.watermark)  # its policy is the server's (RequestValidator)
         if self.guidance is not None:
             verify_guidance(self.guidance, vocab_size)
         self._verify_batch_processor_params(vocab_size)

@@ -290,6 +290,8 @@ class _GenerationRequest(_Strict):
     extra_key: Optional[str] = None
     # SGLang: the admission priority (--enable-priority-scheduling); a signed 64-bit integer.
     priority: Optional[StrictInt] = None
+    # SGLang: per-request watermark settings {enabled, key, context_window} (sampling/watermarking).
+    watermark: Optional[dict[str, Any]] = None
 
     @property
     def cache_namespace(self) -> Optional[str]:

@@ -140,6 +140,7 @@ def common_sampling_params(req: _GenerationRequest, defaults: Mapping[str, Any])
         "spaces_between_special_tokens": req.spaces_between_special_tokens,
         "logit_bias": req.logit_bias,
         "guidance": req.guidance,
+        "watermark": req.watermark,
         **processor_params(req),
         "regex": req.regex,
         "ebnf": req.ebnf,

@@ -1,0 +1,169 @@
+"""The sampler's watermark: per-batch rows (WatermarkRows, built with the SamplingBatchInfo) and the
+per-request device state (WatermarkState, one row per request slot), and the selection itself.
+
+For each watermarked row whose context is new to its request, the token is
+  argmax_t log(u_t) / p_t
+over the row's probabilities p after every filter (temperature, top-k, top-p, min-p: the support
+every backend samples from), u_t from hashing.token_hashes; ties go to the lowest id. A context
+already forced for the request, an empty context, a full history, or a row whose largest
+probability exceeds max_probability (the entropy gate) samples normally. Greedy rows are never
+watermark rows. Everything is tensor work over the batch's watermark rows: no host sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional, Sequence
+
+import torch
+
+from sgl_kernel_ext.sampling.support import compute_support
+from sglang.srt.sampling.watermarking.config import MAX_CONTEXTS_PER_REQUEST, WatermarkSettings, parse_key
+from sglang.srt.sampling.watermarking.detector import context_hash
+from sglang.srt.sampling.watermarking.hashing import context_hashes, key_coins, log_uniform, token_hashes
+
+if TYPE_CHECKING:
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+
+@dataclass
+class WatermarkRows:
+    """The watermarked rows of one batch (host-built; every tensor on the batch's device)."""
+
+    rows: torch.Tensor  # [W] int64 batch rows
+    rows_host: list[int]
+    keys: torch.Tensor  # [W] int64 key A of each row
+    windows: torch.Tensor  # [W] int64 context window of each row
+    windows_host: list[int]
+
+    @classmethod
+    def build(cls, resolved: Sequence[Optional[dict]], greedy: Sequence[bool], device: torch.device) -> Optional["WatermarkRows"]:
+        """From each row's resolved watermark ({"key", "context_window"} or None); greedy rows are left out."""
+        rows = [i for i, (wm, g) in enumerate(zip(resolved, greedy)) if wm is not None and not g]
+        if not rows:
+            return None
+        if any(set(resolved[i]) != {"key", "context_window"} for i in rows):
+            raise ValueError("watermark must be resolved to {key, context_window} under a server policy "
+                             "(config.resolve_request) before a batch is built.")
+        windows = [resolved[i]["context_window"] for i in rows]
+        return cls(
+            rows=torch.tensor(rows, dtype=torch.int64, device=device),
+            rows_host=rows,
+            keys=torch.tensor([parse_key(resolved[i]["key"]) for i in rows], dtype=torch.int64, device=device),
+            windows=torch.tensor(windows, dtype=torch.int64, device=device),
+            windows_host=windows,
+        )
+
+    def __repr__(self) -> str:
+        return f"WatermarkRows(rows={len(self.windows_host)})"
+
+
+def _as_int32(hashes: torch.Tensor) -> torch.Tensor:
+    """uint32 values in int64 -> the int32 with the same bits."""
+    return torch.where(hashes >= (1 << 31), hashes - (1 << 32), hashes).to(torch.int32)
+
+
+class WatermarkState:
+    """Per request slot: the last `context_window` committed tokens (right-aligned) and the
+    hashes of the contexts already forced (at most min(4096, context length))."""
+
+    def __init__(self, settings: WatermarkSettings, num_slots: int, context_len: int, device: torch.device) -> None:
+        self.settings = settings
+        self.width = settings.context_window
+        self.capacity = min(MAX_CONTEXTS_PER_REQUEST, context_len)
+        self.tails = torch.zeros((num_slots, self.width), dtype=torch.int64, device=device)  # [R, H]
+        self.lengths = torch.zeros(num_slots, dtype=torch.int64, device=device)  # [R]
+        self.history = torch.zeros((num_slots, self.capacity), dtype=torch.int32, device=device)  # [R, C]
+        self.counts = torch.zeros(num_slots, dtype=torch.int64, device=device)  # [R]
+        self._positions = torch.arange(self.capacity, device=device)  # [C]
+        key_b = settings.key_b
+        self.key_b = None if key_b is None else parse_key(key_b, "key_b")
+
+    def start(
+        self, slots: torch.Tensor, prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]], windows: Sequence[int]
+    ) -> None:
+        """New requests in `slots` ([N] int64): each one's prompt and output so far (non-empty
+        after a retraction, whose output's distinct contexts then count as already forced)."""
+        device = self.tails.device
+        tails = [(list(p) + list(o))[-self.width :] for p, o in zip(prompts, outputs)]
+        padded = [[0] * (self.width - len(t)) + t for t in tails]
+        self.tails[slots] = torch.tensor(padded, dtype=torch.int64, device=device)
+        self.lengths[slots] = torch.tensor([len(t) for t in tails], dtype=torch.int64, device=device)
+        self.counts[slots] = 0
+        for i, (prompt, output, window) in enumerate(zip(prompts, outputs, windows)):
+            history = _output_history(prompt, output, window, self.capacity) if output else []
+            if history:
+                slot = slots[i : i + 1]
+                self.history[slot, : len(history)] = torch.tensor([history], dtype=torch.int32, device=device)
+                self.counts[slot] = len(history)
+
+    def force(self, logits: torch.Tensor, info: SamplingBatchInfo, slots: torch.Tensor) -> torch.Tensor:
+        """[B] int64: the watermark's token on each forced row of the processed, unscaled `logits`
+        ([B, V] float32), -1 elsewhere; the forced contexts are recorded. `slots` ([B] int64)
+        are the rows' request slots."""
+        wm: WatermarkRows = info.watermark
+        rows = wm.rows
+        slot = slots.index_select(0, rows)  # [W]
+        lengths = torch.minimum(self.lengths.index_select(0, slot), wm.windows)
+        ctx = context_hashes(self.tails.index_select(0, slot), lengths)  # [W] int64
+        ctx32 = _as_int32(ctx)
+        counts = self.counts.index_select(0, slot)
+        seen = (self.history.index_select(0, slot) == ctx32[:, None]) & (self._positions[None, :] < counts[:, None])
+        probs = _filtered_probs(logits.index_select(0, rows), info, rows)  # [W, V] float32
+        eligible = (lengths > 0) & ~seen.any(dim=1) & (counts < self.capacity)
+        eligible &= probs.amax(dim=1) <= self.settings.max_probability
+        keys = wm.keys
+        if self.key_b is not None:
+            use_a = key_coins(keys, torch.full_like(keys, self.key_b), ctx) < self.settings.mixing_threshold
+            keys = torch.where(use_a, keys, torch.full_like(keys, self.key_b))
+        scores = log_uniform(token_hashes(keys, ctx, logits.shape[1])) / probs  # [W, V]; p = 0 -> -inf
+        chosen = torch.where(probs > 0, scores, torch.full_like(scores, float("-inf"))).argmax(dim=1)
+        self._record(slot, counts, ctx32, eligible)
+        forced = torch.full((logits.shape[0],), -1, dtype=torch.int64, device=logits.device)
+        return forced.index_copy(0, rows, torch.where(eligible, chosen, torch.full_like(chosen, -1)))
+
+    def _record(self, slot: torch.Tensor, counts: torch.Tensor, ctx32: torch.Tensor, forced: torch.Tensor) -> None:
+        at = counts.clamp(max=self.capacity - 1)
+        current = self.history[slot, at]
+        self.history[slot, at] = torch.where(forced, ctx32, current)
+        self.counts[slot] = counts + forced.to(torch.int64)
+
+    def append(self, info: SamplingBatchInfo, slots: torch.Tensor, next_ids: torch.Tensor) -> None:
+        """Push each watermark row's sampled id ([B] int64) onto its slot's context tail."""
+        rows = info.watermark.rows
+        slot = slots.index_select(0, rows)
+        tails = torch.cat([self.tails.index_select(0, slot)[:, 1:], next_ids.index_select(0, rows)[:, None]], dim=1)
+        self.tails[slot] = tails
+        self.lengths[slot] = (self.lengths.index_select(0, slot) + 1).clamp(max=self.width)
+
+
+def _filtered_probs(logits: torch.Tensor, info: SamplingBatchInfo, rows: torch.Tensor) -> torch.Tensor:
+    """[W, V] float32 softmax of the rows' temperature-scaled logits over their sampling support."""
+    scaled = logits / info.temperatures.index_select(0, rows)
+    if info.need_top_k_sampling or info.need_top_p_sampling or info.need_min_p_sampling:
+        support = compute_support(
+            scaled,
+            info.top_ks.index_select(0, rows),
+            info.top_ps.index_select(0, rows),
+            info.min_ps.index_select(0, rows),
+            window=info.max_top_k,
+            need_top_p=info.need_top_p_sampling,
+            need_min_p=info.need_min_p_sampling,
+        )
+        scaled = torch.where(support.keeps(scaled), scaled, torch.full_like(scaled, float("-inf")))
+    return torch.softmax(scaled, dim=1)
+
+
+def _output_history(prompt: Sequence[int], output: Sequence[int], window: int, capacity: int) -> list[int]:
+    """The int32 hashes of the distinct contexts of the output positions, the first `capacity` of them."""
+    ids = list(prompt) + list(output)
+    hashes: list[int] = []
+    found: set[int] = set()
+    for pos in range(len(prompt), len(ids)):
+        h = context_hash(ids[max(0, pos - window) : pos])
+        if h not in found:
+            found.add(h)
+            hashes.append(h - (1 << 32) if h >= (1 << 31) else h)
+            if len(hashes) == capacity:
+                break
+    return hashes
