@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from sglang.srt.function_call import TOOL_CALL_PARSERS
 from sglang.srt.parser.reasoning_parser import REASONING_PARSERS
+from sglang.srt.speculative.spec_args import NGRAM_MAX_TRIE_DEPTH, add_speculative_args, resolve_speculative_args
 from sglang.srt.server_args_compat import add_compat_args, compat_fields, ignored_flags, ignored_values, parse_args
 from sglang.srt.utils.embedded_model import embedded_model_path
 
@@ -110,6 +111,14 @@ class ServerArgs:
     log_requests: bool = False
     log_requests_level: int = 2  # SGLang's default
     detokenizer_worker_num: int = 1
+    # Speculative decoding (speculative/spec_args.py).
+    speculative_algorithm: Optional[str] = None
+    speculative_draft_model_path: Optional[str] = None
+    speculative_num_steps: Optional[int] = None
+    speculative_eagle_topk: Optional[int] = None
+    speculative_num_draft_tokens: Optional[int] = None
+    speculative_ngram_max_trie_depth: int = NGRAM_MAX_TRIE_DEPTH
+    speculative_disable_batch_size: Optional[int] = None
     # What resolve() changed because this machine or build cannot honour a flag (logged at start-up).
     startup_warnings: list[str] = dataclasses.field(default_factory=list)
     # SGLang flags the command passed that have no effect here (set by prepare_server_args).
@@ -233,6 +242,7 @@ class ServerArgs:
                 f"supported: {', '.join(LOAD_FORMATS)}."
             )
         self.preferred_sampling_params_dict()
+        resolve_speculative_args(self)
 
     def _validate_parallelism(self) -> None:
         from sglang.srt.distributed.placement import parse_dist_init_addr
@@ -473,6 +483,8 @@ class ServerArgs:
             "previous chunk (text stays cumulative, as in SGLang 0.5); non-streamed responses are unchanged.")
         add("--detokenizer-worker-num", type=int, default=d.detokenizer_worker_num,
             help="SGLang's detokenizer workers; one serves here (a larger number is accepted with a warning).")
+
+        add_speculative_args(parser, d)
 
         group = parser.add_argument_group("Reliability and metrics")
         add = group.add_argument
