@@ -55,6 +55,7 @@ from sglang.srt.layers.sampler_stages import (
     run_batch_processors,
 )
 from sglang.srt.layers.sampler_torch import TorchStep
+from sglang.srt.layers.sampler_verify import VerifyInput, VerifyOutput, verify
 from sglang.srt.layers.sampling_backends import (
     BACKENDS,
     BUILT_IN_BACKENDS,
@@ -211,6 +212,11 @@ class Sampler(nn.Module):
             ids_out, slots = inp.token_store
             ids_out.index_copy_(0, slots, next_ids)
         return SamplerOutput(next_ids, dict(out.row_errors), out if return_logprob else None, asks, self.step_name)
+
+    def verify_step(self, inp: VerifyInput) -> VerifyOutput:
+        """A speculative verify step: every draft position sampled as the decode step it stands
+        for, and the drafts that match the draws accepted (layers/sampler_verify.py)."""
+        return verify(self, inp)
 
     # ------------------------------------------------------------------ library entry points
 

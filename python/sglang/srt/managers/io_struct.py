@@ -144,6 +144,10 @@ class TokenOut(msgspec.Struct):
     # A streamed request's stop strings, on its first message (unless no_stop_trim): the
     # detokenizer holds back a text tail that may be the start of one.
     stop_strs: Optional[list[str]] = None
+    # Speculative decoding: verify steps so far, draft tokens proposed and accepted.
+    spec_verify_ct: int = 0
+    spec_accept_token_num: int = 0
+    spec_draft_token_num: int = 0
 
 
 class BatchTokenOut(msgspec.Struct):

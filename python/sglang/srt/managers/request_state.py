@@ -41,6 +41,7 @@ class ReqState:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    spec_counts: tuple[int, int, int] = (0, 0, 0)  # speculative verify steps, accepted and proposed drafts
     sampling_seed: Optional[int] = None
     logprobs: dict[str, list[Any]] = field(default_factory=dict)
     dirty: bool = False
@@ -88,6 +89,7 @@ def snapshot(state: ReqState, indexed: bool, with_text: bool, delta_ids: bool) -
         "completion_tokens": state.completion_tokens,
         "cached_tokens": state.cached_tokens,
     }
+    meta.update(spec_meta(state.spec_counts, state.completion_tokens))
     meta.update({key: list(rows) for key, rows in state.logprobs.items()})
     if state.sampling_seed is not None:
         meta["sampling_seed"] = state.sampling_seed
@@ -103,3 +105,19 @@ def snapshot(state: ReqState, indexed: bool, with_text: bool, delta_ids: bool) -
     if indexed:
         out["index"] = state.index
     return out
+
+
+def spec_meta(counts: tuple[int, int, int], completion_tokens: int) -> dict[str, Any]:
+    """SGLang's speculative meta_info of a request that ran verify steps (none without)."""
+    verify_ct, accepted, proposed = counts
+    if verify_ct == 0:
+        return {}
+    return {
+        "spec_verify_ct": verify_ct,
+        "spec_accept_token_num": accepted,
+        "spec_draft_token_num": proposed,
+        "spec_accept_length": completion_tokens / verify_ct,
+        "spec_accept_rate": accepted / proposed if proposed else 0.0,
+        "spec_num_correct_drafts": accepted,
+        "spec_num_proposed_drafts": proposed,
+    }

@@ -68,6 +68,8 @@ class Req:
         self.finish_sent = False
         self.kv_failed = False  # a failed step wrote (part of) its K/V: released without caching
         self.pending_logprobs = _PendingLogprobs()
+        # Speculative decoding (managers/spec_decode.py): verify steps, drafts proposed, drafts accepted.
+        self.spec_verify_ct = self.spec_draft_token_num = self.spec_accept_token_num = 0
 
     @property
     def return_logprob(self) -> bool:

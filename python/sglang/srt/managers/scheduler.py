@@ -60,6 +60,7 @@ from sglang.srt.managers.schedule_batch import Req, eos_ids
 from sglang.srt.managers.schedule_policy import SchedulePolicy, in_flight_ends_running, release_kv
 from sglang.srt.managers.scheduler_process import rank_device, serve, start_forward_worker
 from sglang.srt.managers.scheduler_stats import SchedulerStats
+from sglang.srt.managers.spec_decode import SpecDecoding, count_plain_decode
 from sglang.srt.managers.step_builder import StepBuilder
 from sglang.srt.managers.step_failures import StepFailureLimit, StepFaultHook
 from sglang.srt.mem_cache.radix_cache import RadixCache
@@ -125,6 +126,9 @@ class Scheduler:
             self.max_running, self._budget,
         )
         self.builder = StepBuilder(server_args, self.policy, self.tree_cache, pool, self.device, self.vocab_size, logits_processors)
+        self.spec = SpecDecoding.from_server_args(server_args, self.builder, self.tree_cache, self.context_len)
+        if self.spec is not None:
+            self.overlap = False  # drafting reads each request's latest tokens on the host
         self.flush_requested = False
         self.fault_hook = StepFaultHook.from_env(tp_rank)
         failures = StepFailureLimit(server_args.step_failure_limit, server_args.step_failure_window)
@@ -323,7 +327,7 @@ class Scheduler:
             self.flush_requested = False
         step = self._prefill_step()
         if step is None and self.running.batch is not None and not self._running_ends_in_flight():
-            step = self.builder.decode_step(self.running.batch)
+            step = self.builder.decode_step(self.running.batch) if self.spec is None else self.spec.next_step(self.running.batch)
         if step is not None:
             self.stats.count(step, self._running_count(), len(self.waiting))
         return step
@@ -372,6 +376,8 @@ class Scheduler:
         requests a prefill step sampled for then wait to join the running batch (after a failure,
         to be released there with the other finished requests)."""
         error = self.results.process(step, future)
+        if error is None and self.spec is not None:
+            count_plain_decode(step)
         if error is not None:
             in_flight = self.in_flight[1] if self.in_flight is not None else None
             self.results.fail(step, error, in_flight, self._active_reqs())

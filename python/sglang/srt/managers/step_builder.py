@@ -82,7 +82,7 @@ class StepBuilder:
         `length`. The chunk enters the prefix cache at once, so a request admitted later in this
         same step (an n > 1 sibling) already reuses it."""
         start = req.kv_len
-        slots = self._allocate_slots([req], [length])
+        slots = self.allocate_slots([req], [length])
         self.tree_cache.cache_prefill(req)
         chunks.append(PromptChunk(req, start, length, slots))
         return length
@@ -117,7 +117,7 @@ class StepBuilder:
         """One token for every running request; its input ids are read from future_tokens on the worker."""
         reqs = list(running.reqs)
         prefix_lens = [req.kv_len for req in reqs]
-        out_cache_loc = self._allocate_slots(reqs, [1] * len(reqs))  # [B] int64, host
+        out_cache_loc = self.allocate_slots(reqs, [1] * len(reqs))  # [B] int64, host
         forward_batch = self._forward_batch(ForwardMode.DECODE, reqs, None, prefix_lens, [1] * len(reqs), out_cache_loc)
         # A decode row samples at the position of its one input token.
         return Step(
@@ -138,7 +138,7 @@ class StepBuilder:
         batch.sampling_info = SamplingBatchInfo.from_schedule_batch(batch, self.vocab_size)
         return batch
 
-    def _allocate_slots(self, reqs: list[Req], lens: list[int]) -> torch.Tensor:
+    def allocate_slots(self, reqs: list[Req], lens: list[int]) -> torch.Tensor:
         """[sum lens] int64 KV slots on the host, recorded in req_to_token after each request's kv_len."""
         slots = self.tree_cache.alloc(sum(lens))
         if slots is None:

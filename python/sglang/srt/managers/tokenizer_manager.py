@@ -340,6 +340,7 @@ class TokenizerManager(ManyRequests):
         state.prompt_tokens = token.prompt_tokens
         state.completion_tokens = token.completion_tokens
         state.cached_tokens = token.cached_tokens
+        state.spec_counts = (token.spec_verify_ct, token.spec_accept_token_num, token.spec_draft_token_num)
         if state.return_logprob:
             append_logprobs(state, out, self._token_text)
         if token.finished_reason is not None:

@@ -64,6 +64,9 @@ class Step:
     processed: threading.Event = field(default_factory=threading.Event)  # set once the host read the result
     kv_slots: Optional[torch.Tensor] = None  # [N] int64 host: the KV slots this step writes
     submitted_at: float = 0.0  # time.perf_counter() when it went to the worker
+    # A speculative verify step: each request's drafts, verified over the extend forward_batch
+    # (model_executor/spec_runner.py).
+    spec: Optional["SpecDrafts"] = None
 
     @property
     def sampling_info(self) -> Optional[SamplingBatchInfo]:
@@ -80,9 +83,22 @@ class Step:
 
 
 @dataclass
+class SpecDrafts:
+    """A verify step's drafts: request i forwards [last token] + drafts[i] at rows starts[i]..."""
+
+    drafts: list[list[int]]
+    starts: list[int]  # offset of each request's last token among the extend's N tokens
+
+
+@dataclass
 class StepResult:
     next_ids: torch.Tensor  # [S] int64 on the host, per sampled row, -1 when flagged
     ready: Optional[torch.cuda.Event]  # recorded after next_ids' asynchronous copy from the GPU
     row_errors: dict[int, str]
     output_logprobs: list[Optional[tuple]]  # per sampled row: (logprob, top pairs, token-id pairs)
     input_logprobs: dict[int, tuple]  # forward row -> (token pairs, top lists, token-id lists)
+    # A verify step: per request its emitted ids, its accepted drafts and one logprob entry per
+    # emitted id (next_ids and output_logprobs are then unused).
+    spec_tokens: Optional[list[list[int]]] = None
+    spec_accepted: Optional[list[int]] = None
+    spec_logprobs: Optional[list[list[Optional[tuple]]]] = None
