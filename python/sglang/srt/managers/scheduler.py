@@ -375,9 +375,9 @@ class Scheduler:
         """Read a step's result; a step that raised (on any TP rank) fails its requests alone. The
         requests a prefill step sampled for then wait to join the running batch (after a failure,
         to be released there with the other finished requests)."""
+        if self.spec is not None:
+            count_plain_decode(step)  # before the result goes out with the counters
         error = self.results.process(step, future)
-        if error is None and self.spec is not None:
-            count_plain_decode(step)
         if error is not None:
             in_flight = self.in_flight[1] if self.in_flight is not None else None
             self.results.fail(step, error, in_flight, self._active_reqs())
