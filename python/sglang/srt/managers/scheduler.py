@@ -61,6 +61,7 @@ from sglang.srt.managers.schedule_policy import SchedulePolicy, in_flight_ends_r
 from sglang.srt.managers.scheduler_process import rank_device, serve, start_forward_worker
 from sglang.srt.managers.scheduler_stats import SchedulerStats
 from sglang.srt.managers.spec_decode import SpecDecoding, count_plain_decode
+from sglang.srt.managers.spec_draft_model import draft_source
 from sglang.srt.managers.step_builder import StepBuilder
 from sglang.srt.managers.step_failures import StepFailureLimit, StepFaultHook
 from sglang.srt.mem_cache.radix_cache import RadixCache
@@ -126,7 +127,10 @@ class Scheduler:
             self.max_running, self._budget,
         )
         self.builder = StepBuilder(server_args, self.policy, self.tree_cache, pool, self.device, self.vocab_size, logits_processors)
-        self.spec = SpecDecoding.from_server_args(server_args, self.builder, self.tree_cache, self.context_len)
+        self.spec = SpecDecoding.from_server_args(
+            server_args, self.builder, self.tree_cache, self.context_len, draft_source(server_args, self.worker, self.device,
+                                                                                     self.max_total_tokens, self.max_running, self.context_len),
+        )
         if self.spec is not None:
             self.overlap = False  # drafting reads each request's latest tokens on the host
         self.flush_requested = False

@@ -365,6 +365,8 @@ class TokenizerManager(ManyRequests):
         if self.metrics is not None:
             elapsed = time.perf_counter() - state.created_at
             self.metrics.finished(state.prompt_tokens, state.completion_tokens, elapsed, state.finished_reason)
+            if state.spec_counts[0]:
+                self.metrics.spec_finished(state.completion_tokens / state.spec_counts[0])
 
     def _logged_request(self, prepared: PreparedRequest) -> Optional[GenerateReqInput]:
         """--log-requests: log the request's arrival; returns what its finish line shows (None: not logged)."""

@@ -61,6 +61,8 @@ def resolve_speculative_args(args: Any) -> None:
     args.speculative_eagle_topk = 1
     if algorithm == "STANDALONE" and not args.speculative_draft_model_path:
         raise ValueError("--speculative-algorithm STANDALONE needs --speculative-draft-model-path.")
+    if algorithm == "STANDALONE" and args.tp_size > 1:
+        raise ValueError("--speculative-algorithm STANDALONE runs with --tp-size 1 (the draft model is not sharded).")
     if algorithm == "NGRAM" and args.speculative_draft_model_path:
         raise ValueError("--speculative-algorithm NGRAM takes no --speculative-draft-model-path.")
     _resolve_widths(args, algorithm)
