@@ -40,14 +40,12 @@ class DraftModel:
                  max_total_tokens: int, max_running: int, context_len: int) -> None:
         self.worker = worker
         self.device = device
-        self.context_len = context_len
         args = server_args
         self.runner: ModelRunner = worker.submit(
             ModelRunner,
             args.speculative_draft_model_path,
             dtype=args.dtype,
             device=str(device),
-            context_length=context_len,
             # CPU: room for every confirmed token plus the drafts in flight. CUDA: a share of the
             # memory the target's pool left free.
             max_total_tokens=None if device.type == "cuda" else max_total_tokens + max_running * (args.speculative_num_steps + 1),
@@ -60,15 +58,23 @@ class DraftModel:
             disable_piecewise_cuda_graph=True,
             random_seed=args.random_seed,
         ).result()
+        # Requests longer than the draft's own context get no drafts.
+        self.context_len = min(context_len, self.runner.model_config.context_len)
         self.rows: dict[str, _DraftRow] = {}
 
     def propose(self, reqs: list[Req], caps: list[int]) -> list[list[int]]:
         self._drop_gone(reqs)
-        width = max(caps, default=0)
-        if width == 0:
-            return [[] for _ in reqs]
-        drafts = self.worker.submit(self._draft, reqs, width).result()  # [B, width] host
-        return [row[:cap] for row, cap in zip(drafts, caps)]
+        caps = [cap if len(req.origin_input_ids) + len(req.output_ids) + cap <= self.context_len else 0
+                for req, cap in zip(reqs, caps)]
+        active = [i for i, cap in enumerate(caps) if cap > 0]
+        out: list[list[int]] = [[] for _ in reqs]
+        if not active:
+            return out
+        width = max(caps)
+        drafts = self.worker.submit(self._draft, [reqs[i] for i in active], width).result()  # [A, width] host
+        for i, row in zip(active, drafts):
+            out[i] = row[: caps[i]]
+        return out
 
     def _drop_gone(self, reqs: list[Req]) -> None:
         """Free the draft rows of requests that left the running batch (finished)."""
