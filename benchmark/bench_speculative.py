@@ -55,7 +55,7 @@ def run_case(llm: Any, prompts: list, params: dict, repeats: int) -> tuple[float
 
 
 def cpu_cases(args) -> list[dict]:
-    params = {"temperature": 0.0, "max_new_tokens": args.max_new_tokens}
+    params = {"temperature": 0.0, "max_new_tokens": args.max_new_tokens, "ignore_eos": True}
     records = []
     for spec in (None, "NGRAM"):
         kw = {"speculative_algorithm": spec} if spec else {}
@@ -94,7 +94,7 @@ def gpu_cases(args) -> list[dict]:
             for task in names:
                 for n in args.concurrency:
                     prompts = [cycle * 8 for _ in range(n)]
-                    params = {"temperature": 0.0, "max_new_tokens": args.max_new_tokens, **tasks[task]}
+                    params = {"temperature": 0.0, "max_new_tokens": args.max_new_tokens, "ignore_eos": True, **tasks[task]}
                     tps, accept = run_case(llm, prompts, params, args.repeats)
                     records.append({"spec": spec, "draft": draft, "task": task, "n": n, "tok_per_s": round(tps, 2),
                                     "accept_length": accept})

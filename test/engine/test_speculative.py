@@ -14,6 +14,7 @@ from sglang.srt.server_args import prepare_server_args
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 LOGPROB_ATOL = 1e-4
+MAX_NEW = 16
 # The answer repeats the prompt's text, so NGRAM drafts are found and mostly accepted.
 COPY = ("Copy the list exactly.\nList: apples, pears, plums, figs, limes, dates, kiwis.\n"
         "Copy: apples, pears, plums, figs, limes, dates, kiwis.\nList: apples, pears, plums, figs, limes, dates, kiwis.\nCopy:")
@@ -49,29 +50,29 @@ def draft_path(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def engines(gguf_path: str, draft_path: str):
     """(spec off, NGRAM, STANDALONE) answers, computed once for every case."""
-    cases = _cases()
     answers = []
     for kw in ({}, {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 6},
                {"speculative_algorithm": "STANDALONE", "speculative_draft_model_path": draft_path,
                 "speculative_num_steps": 3}):
-        with _engine(model_path=gguf_path, **kw) as llm:
-            answers.append({name: run(llm) for name, run in cases.items()})
+        with _engine(model_path=gguf_path, speculative_disable_batch_size=32, **kw) as llm:
+            answers.append(_run_cases(llm))
     return answers
 
 
-def _cases():
-    def one(params, prompt=COPY, **extra):
-        return lambda llm: llm.generate(prompt, {"max_new_tokens": 24, **params}, return_logprob=True,
-                                        top_logprobs_num=2, **extra)
-
-    cases = {name: one(params) for name, params in KNOBS.items()}
-    cases["custom_processor"] = one(dict(temperature=0.0, custom_params={"ngram_size": 2, "window_size": 40}),
-                                    custom_logit_processor=NGRAM_PROCESSOR)
-    cases["n2"] = one(dict(temperature=0.8, n=2, sampling_seed=1))
-    cases["mixed_batch"] = lambda llm: llm.generate([COPY, FREE], {"temperature": 0.0, "max_new_tokens": 24})
-    cases["free_alone"] = one(dict(temperature=0.0), prompt=FREE)
-    cases["stream"] = lambda llm: list(llm.generate(COPY, {"temperature": 0.0, "max_new_tokens": 24}, stream=True))[-1]
-    return cases
+def _run_cases(llm) -> dict:
+    """Every knob's request in one batch (deterministic mode: a row's tokens do not depend on its
+    batch-mates), then n = 2, a stream and the free-text prompt alone."""
+    params = [{"max_new_tokens": MAX_NEW, **p} for p in KNOBS.values()]
+    params.append({"max_new_tokens": MAX_NEW, "temperature": 0.0, "custom_params": {"ngram_size": 2, "window_size": 40}})
+    params.append({"max_new_tokens": MAX_NEW, "temperature": 0.0})
+    outs = llm.generate([COPY] * (len(params) - 1) + [FREE], params, return_logprob=True, top_logprobs_num=2,
+                        custom_logit_processor=NGRAM_PROCESSOR)
+    answers = dict(zip(list(KNOBS) + ["custom_processor", "free_in_batch"], outs))
+    greedy = {"temperature": 0.0, "max_new_tokens": MAX_NEW}
+    answers["n2"] = llm.generate(COPY, {"temperature": 0.8, "n": 2, "sampling_seed": 1, "max_new_tokens": MAX_NEW})
+    answers["stream"] = list(llm.generate(COPY, greedy, stream=True))[-1]
+    answers["free_alone"] = llm.generate(FREE, greedy)
+    return answers
 
 
 def _same(want: dict, got: dict) -> None:
@@ -88,7 +89,7 @@ def _same(want: dict, got: dict) -> None:
 
 
 @pytest.mark.parametrize("algorithm", [1, 2], ids=["NGRAM", "STANDALONE"])
-@pytest.mark.parametrize("case", sorted(KNOBS) + ["custom_processor", "n2", "mixed_batch", "stream"])
+@pytest.mark.parametrize("case", sorted(KNOBS) + ["custom_processor", "n2", "free_in_batch", "stream"])
 def test_speculation_changes_nothing_but_speed(engines, algorithm, case):
     want, got = engines[0][case], engines[algorithm][case]
     if isinstance(want, list):
@@ -100,9 +101,10 @@ def test_speculation_changes_nothing_but_speed(engines, algorithm, case):
 
 
 def test_a_mixed_batch_equals_each_row_alone(engines):
+    """The free-text row beside copy-friendly rows (drafts found) equals it alone (no drafts)."""
     for answers in engines:
-        assert answers["mixed_batch"][1]["output_ids"] == answers["free_alone"]["output_ids"]
-        assert answers["mixed_batch"][0]["output_ids"] == answers["greedy"]["output_ids"]
+        assert answers["free_in_batch"]["output_ids"] == answers["free_alone"]["output_ids"]
+    assert engines[1]["free_alone"]["output_ids"] == engines[0]["free_alone"]["output_ids"]
 
 
 def test_spec_meta_info(engines):
