@@ -19,7 +19,7 @@ needs anyway: one copy per step.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Protocol, Sequence
 
 import torch
 
@@ -29,8 +29,16 @@ from sglang.srt.layers.sampler_stages import apply_penalties_bias_and_mask, run_
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.utils import host_to_device
 
-if TYPE_CHECKING:
-    from sglang.srt.layers.sampler import Sampler
+
+class DrawingSampler(Protocol):
+    """What the verify uses of the Sampler: its draw from the custom processors on."""
+
+    check_logits_processors: bool
+
+    def forward(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo, return_logprob: bool = False,
+                top_logprobs_nums: Optional[list[int]] = None,
+                token_ids_logprobs: Optional[list[Optional[list[int]]]] = None,
+                positions: Optional[torch.Tensor] = None, row_errors: Optional[dict[int, str]] = None) -> torch.Tensor: ...
 
 NO_DRAFT = -1  # a pad in the [B, K] draft matrix: update_penalties skips it, nothing equals it
 
@@ -58,7 +66,7 @@ class VerifyOutput:
     position_logprobs: list[Optional[LogitsProcessorOutput]]
 
 
-def verify(sampler: "Sampler", inp: VerifyInput) -> VerifyOutput:
+def verify(sampler: DrawingSampler, inp: VerifyInput) -> VerifyOutput:
     """Sample every position of every request and accept the drafts that match (module docstring)."""
     width = max((len(d) for d in inp.drafts), default=0)
     device = inp.logits.device
@@ -87,7 +95,7 @@ def verify(sampler: "Sampler", inp: VerifyInput) -> VerifyOutput:
 
 
 def _sample_position(
-    sampler: "Sampler", inp: VerifyInput, logits: torch.Tensor, j: int
+    sampler: DrawingSampler, inp: VerifyInput, logits: torch.Tensor, j: int
 ) -> tuple[torch.Tensor, Optional[LogitsProcessorOutput], dict[int, str]]:
     """The decode-step pipeline over position j's [B, V] logits: ids [B] int64, logprobs, errors."""
     info = inp.info

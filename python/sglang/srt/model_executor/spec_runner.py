@@ -5,20 +5,30 @@ place the next step); each request's last emitted id goes to `future_tokens` as 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional, Protocol
 
 import torch
 
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.layers.sampler import Sampler
 from sglang.srt.layers.sampler_verify import VerifyInput, VerifyOutput
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.step import Step, StepResult
 from sglang.srt.model_executor.step_output import output_logprobs
 from sglang.srt.sampling.step_noise import step_noise_seed
 
-if TYPE_CHECKING:
-    from sglang.srt.model_executor.model_runner import ModelRunner
+class VerifyRunner(Protocol):
+    """What a verify step uses of the ModelRunner."""
+
+    sampler: Sampler
+    noise_generator: torch.Generator
+    random_seed: int
+    future_tokens: torch.Tensor  # [R + 1] int64: each request slot's last sampled id
+
+    def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput: ...
 
 
-def run_verify(runner: "ModelRunner", step: Step) -> StepResult:
+def run_verify(runner: VerifyRunner, step: Step) -> StepResult:
     batch = step.forward_batch
     output = runner.forward(batch)  # input_token_logits: [N, V], every position of every request
     runner.noise_generator.manual_seed(step_noise_seed(runner.random_seed, step.index))
