@@ -143,7 +143,7 @@ def test_unknown_schedule_policy_is_a_parse_error(capsys) -> None:
 
 
 OUR_GROUPS = ["Model and tokenizer", "Device and parallelism", "Memory and scheduling", "Sampling", "Tool calling and reasoning",
-              "Kernels and graphs", "HTTP server and streaming", "Reliability and metrics", "Logging"]
+              "Kernels and graphs", "HTTP server and streaming", "Speculative decoding", "Reliability and metrics", "Logging"]
 
 
 def test_help_lists_our_flags_in_groups_then_the_ignored_ones_by_sglang_namespace() -> None:
@@ -240,7 +240,7 @@ def test_unknown_attention_backend_is_still_a_parse_error(capsys) -> None:
 
 
 @pytest.mark.parametrize("flag", ["--enable-streaming-session", "--cuda-graph-backend-decode", "--tokenizer-backend",
-                                  "--enable-hierarchical-cache", "--speculative-algorithm"])
+                                  "--enable-hierarchical-cache", "--speculative-ngram-capacity"])
 def test_sglang_0_5_23_only_flags_parse(flag: str) -> None:
     spec = next(s for s in compat_specs(_our_option_strings()) if flag in s.names)
     args = prepare_server_args(_sample_argv(spec.names, spec.switch, spec.nargs))

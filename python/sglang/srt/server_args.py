@@ -11,6 +11,7 @@ from typing import Any, Optional
 from sglang.srt.function_call import TOOL_CALL_PARSERS
 from sglang.srt.parser.reasoning_parser import REASONING_PARSERS
 from sglang.srt.sampling.watermarking.config import WatermarkSettings
+from sglang.srt.speculative.spec_args import NGRAM_MAX_TRIE_DEPTH, add_speculative_args, resolve_speculative_args
 from sglang.srt.server_args_compat import add_compat_args, compat_fields, ignored_flags, ignored_values, parse_args
 from sglang.srt.utils.embedded_model import embedded_model_path
 
@@ -122,6 +123,14 @@ class ServerArgs:
     log_requests_level: int = 2  # SGLang's default
     detokenizer_worker_num: int = 1
     tokenizer_worker_num: int = 1
+    # Speculative decoding (speculative/spec_args.py).
+    speculative_algorithm: Optional[str] = None
+    speculative_draft_model_path: Optional[str] = None
+    speculative_num_steps: Optional[int] = None
+    speculative_eagle_topk: Optional[int] = None
+    speculative_num_draft_tokens: Optional[int] = None
+    speculative_ngram_max_trie_depth: int = NGRAM_MAX_TRIE_DEPTH
+    speculative_disable_batch_size: Optional[int] = None
     # What resolve() changed because this machine or build cannot honour a flag (logged at start-up).
     startup_warnings: list[str] = dataclasses.field(default_factory=list)
     # SGLang flags the command passed that have no effect here (set by prepare_server_args).
@@ -256,6 +265,7 @@ class ServerArgs:
             raise ValueError(
                 f"To use priority scheduling, --schedule-policy must be 'fcfs'; {self.schedule_policy!r} is not supported."
             )
+        resolve_speculative_args(self)
 
     def _validate_parallelism(self) -> None:
         from sglang.srt.distributed.placement import parse_dist_init_addr
@@ -531,6 +541,8 @@ class ServerArgs:
         add("--tokenizer-worker-num", type=int, default=d.tokenizer_worker_num,
             help="HTTP + tokenizer worker processes sharing --host:--port (SO_REUSEPORT); each request's results "
             "return to the worker that accepted it. 1: the HTTP server runs in the launching process.")
+
+        add_speculative_args(parser, d)
 
         group = parser.add_argument_group("Reliability and metrics")
         add = group.add_argument

@@ -61,6 +61,7 @@ from sglang.srt.layers.sampler_stages import (
 )
 from sglang.srt.layers.sampler_torch import TorchStep
 from sglang.srt.layers.sampling_report import ReportPlan
+from sglang.srt.layers.sampler_verify import VerifyInput, VerifyOutput, verify
 from sglang.srt.layers.sampling_backends import (
     BACKENDS,
     BUILT_IN_BACKENDS,
@@ -239,6 +240,11 @@ class Sampler(nn.Module):
             next_ids, dict(out.row_errors), out if return_logprob else None, asks, self.step_name, out.beam_topk, alpha,
             report.result if report is not None else None,
         )
+
+    def verify_step(self, inp: VerifyInput) -> VerifyOutput:
+        """A speculative verify step: every draft position sampled as the decode step it stands
+        for, and the drafts that match the draws accepted (layers/sampler_verify.py)."""
+        return verify(self, inp)
 
     # ------------------------------------------------------------------ library entry points
 

@@ -174,6 +174,10 @@ class TokenOut(msgspec.Struct):
     beam_results: Optional[list[BeamSequence]] = None
     # Mixture guidance (sampling_params.guidance): the alpha of each new token.
     guidance_alpha: Optional[list[float]] = None
+    # Speculative decoding: verify steps so far, draft tokens proposed and accepted.
+    spec_verify_ct: int = 0
+    spec_accept_token_num: int = 0
+    spec_draft_token_num: int = 0
 
 
 class BatchTokenOut(msgspec.Struct):

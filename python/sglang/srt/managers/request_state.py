@@ -43,6 +43,7 @@ class ReqState:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    spec_counts: tuple[int, int, int] = (0, 0, 0)  # speculative verify steps, accepted and proposed drafts
     sampling_seed: Optional[int] = None
     logprobs: dict[str, list[Any]] = field(default_factory=dict)
     guidance_alpha: Optional[list[float]] = None  # mixture guidance: one alpha per output token
@@ -94,6 +95,7 @@ def snapshot(state: ReqState, indexed: bool, with_text: bool, delta_ids: bool) -
         "completion_tokens": state.completion_tokens,
         "cached_tokens": state.cached_tokens,
     }
+    meta.update(spec_meta(state.spec_counts, state.completion_tokens))
     meta.update({key: list(rows) for key, rows in state.logprobs.items()})
     meta.update(meta_fields(state.reports))
     if state.sampling_seed is not None:
@@ -134,3 +136,19 @@ def beam_meta_info(meta: dict[str, Any], beams: list[BeamSequence], with_text: b
     top = dict(results[0]["meta_info"])
     top["beam_results"] = results
     return top
+
+
+def spec_meta(counts: tuple[int, int, int], completion_tokens: int) -> dict[str, Any]:
+    """SGLang's speculative meta_info of a request that ran verify steps (none without)."""
+    verify_ct, accepted, proposed = counts
+    if verify_ct == 0:
+        return {}
+    return {
+        "spec_verify_ct": verify_ct,
+        "spec_accept_token_num": accepted,
+        "spec_draft_token_num": proposed,
+        "spec_accept_length": completion_tokens / verify_ct,
+        "spec_accept_rate": accepted / proposed if proposed else 0.0,
+        "spec_num_correct_drafts": accepted,
+        "spec_num_proposed_drafts": proposed,
+    }

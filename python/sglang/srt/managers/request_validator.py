@@ -45,7 +45,25 @@ class RequestValidator:
         ready = self.ready
         verify_beam_request(params, obj.return_logprob, len(input_ids), ready.max_running_requests, ready.max_total_num_tokens)
         check_extras(obj, params, self.server_args, self.tokenizer is not None)
+        self.check_speculation(obj, params)
         return input_ids, params
+
+    def check_speculation(self, obj: GenerateReqInput, params: SamplingParams) -> None:
+        """Speculative verify steps draw plain decode rows: the features that add rows (beams, a
+        guide context) or change the draw or its report are refused under speculation."""
+        algorithm = getattr(self.server_args, "speculative_algorithm", None)
+        if not algorithm:
+            return
+        asked = {
+            "beam_width": params.beam_width is not None and params.beam_width > 1,
+            "guidance": params.guidance is not None,
+            "watermark": params.watermark is not None,
+            "return_sampling_mask": bool(obj.return_sampling_mask),
+            "return_entropy": bool(obj.return_entropy),
+        }
+        for name, on in asked.items():
+            if on:
+                raise ValueError(f"{name} is not supported with speculative decoding (--speculative-algorithm {algorithm}).")
 
     def tokenize(self, obj: GenerateReqInput) -> list[int]:
         if (obj.text is None) == (obj.input_ids is None):

@@ -31,6 +31,7 @@ from sglang.srt.managers.sampling_report_out import (
     support_overflows,
 )
 from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.managers.spec_decode import count_verify, trim_rejected_kv
 from sglang.srt.managers.step_failures import StepError, StepFailureLimit
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.mem_cache.radix_cache import RadixCache
@@ -110,8 +111,10 @@ class ResultProcessor:
         sampled = [step.reqs[r] for r in step.sample_rows]
         if self.beams is not None:
             self.beams.read(step, result)
+        if result.spec_tokens is not None:
+            self._read_verify(step, result)
         alphas = guidance_alphas(result.guidance_alpha)
-        for i, req in enumerate(sampled):
+        for i, req in enumerate(sampled if result.spec_tokens is None else ()):
             if req.finished() or req.beam is not None:
                 continue  # finished at the previous step (overlap) or aborted: drop this token; beams: read above
             appended = len(req.output_ids)
@@ -121,6 +124,18 @@ class ResultProcessor:
             if result.reports and result.reports[i] is not None and len(req.output_ids) > appended:
                 self._record_report(req, result.reports[i])
         self.send([r for r in step.reqs if r.finished() or (r.stream and self._stream_due(r))])
+
+    def _read_verify(self, step: Step, result: StepResult) -> None:
+        """A verify step: each request's emitted ids in order, up to the one that ends it."""
+        trim_rejected_kv(self.tree_cache, step, result)
+        logprobs = result.spec_logprobs
+        for i, (req, tokens) in enumerate(zip(step.reqs, result.spec_tokens)):
+            count_verify(req, len(step.spec.drafts[i]), result.spec_accepted[i])
+            for j, token in enumerate(tokens):
+                if req.finished():
+                    break
+                error = result.row_errors.get(i) if j == len(tokens) - 1 else None
+                self._record_token(req, token, error, logprobs[i][j] if logprobs is not None else None)
 
     def _stream_due(self, req: Req) -> bool:
         """--stream-interval: the first token at once (it is the TTFT), then every N tokens."""
@@ -258,6 +273,9 @@ def _token_out(req: Req) -> TokenOut:
         input_token_ids_logprobs=pending.input_token_ids if want and want.token_ids_logprob else None,
         **pending_report.message_fields(req.sampling_report),
         matched_text=req.matched_text,
+        spec_verify_ct=req.spec_verify_ct,
+        spec_accept_token_num=req.spec_accept_token_num,
+        spec_draft_token_num=req.spec_draft_token_num,
         stop_strs=params.stop_strs if first and req.stream and not params.no_stop_trim else None,
         beam_results=beam_results,
         guidance_alpha=new_alphas,

@@ -79,6 +79,8 @@ class Req:
         self.sampling_report: Optional[ReportAsk] = None  # support / behaviour logprobs / entropy asked for
         self.pending_report = PendingReport()
         self.priority = 0  # --enable-priority-scheduling orders the waiting queue by it
+        # Speculative decoding (managers/spec_decode.py): verify steps, drafts proposed, drafts accepted.
+        self.spec_verify_ct = self.spec_draft_token_num = self.spec_accept_token_num = 0
 
     @property
     def return_logprob(self) -> bool:

@@ -63,6 +63,8 @@ from sglang.srt.managers.request_extras import priority_sign
 from sglang.srt.managers.schedule_policy import SchedulePolicy, in_flight_ends_running, release_kv
 from sglang.srt.managers.scheduler_process import rank_device, serve, start_forward_worker
 from sglang.srt.managers.scheduler_stats import SchedulerStats
+from sglang.srt.managers.spec_decode import SpecDecoding, count_plain_decode
+from sglang.srt.managers.spec_draft_model import draft_source
 from sglang.srt.managers.step_builder import StepBuilder
 from sglang.srt.managers.step_failures import StepFailureLimit, StepFaultHook
 from sglang.srt.mem_cache.radix_cache import RadixCache
@@ -132,6 +134,12 @@ class Scheduler:
         )
         self.builder = StepBuilder(server_args, self.policy, self.tree_cache, pool, self.device, self.vocab_size, logits_processors)
         self.builder.guide_model = self.guide_model
+        self.spec = SpecDecoding.from_server_args(
+            server_args, self.builder, self.tree_cache, self.context_len, draft_source(server_args, self.worker, self.device,
+                                                                                     self.max_total_tokens, self.max_running, self.context_len),
+        )
+        if self.spec is not None:
+            self.overlap = False  # drafting reads each request's latest tokens on the host
         self.flush_requested = False
         self.fault_hook = StepFaultHook.from_env(tp_rank)
         failures = StepFailureLimit(server_args.step_failure_limit, server_args.step_failure_window)
@@ -348,7 +356,7 @@ class Scheduler:
             self.flush_requested = False
         step = self._prefill_step()
         if step is None and self.running.batch is not None and not self._running_ends_in_flight():
-            step = self.builder.decode_step(self.running.batch)
+            step = self.builder.decode_step(self.running.batch) if self.spec is None else self.spec.next_step(self.running.batch)
         if step is not None:
             self.stats.count(step, self._running_count(), len(self.waiting))
         return step
@@ -398,6 +406,8 @@ class Scheduler:
         """Read a step's result; a step that raised (on any TP rank) fails its requests alone. The
         requests a prefill step sampled for then wait to join the running batch (after a failure,
         to be released there with the other finished requests)."""
+        if self.spec is not None:
+            count_plain_decode(step)  # before the result goes out with the counters
         error = self.results.process(step, future)
         if error is not None:
             in_flight = self.in_flight[1] if self.in_flight is not None else None

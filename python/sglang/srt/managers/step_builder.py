@@ -189,6 +189,10 @@ class StepBuilder:
         batch.sampling_info = SamplingBatchInfo.from_schedule_batch(batch, self.vocab_size)
         return batch
 
+    def allocate_slots(self, reqs: list[Req], lens: list[int]) -> torch.Tensor:
+        """[sum lens] int64 KV slots of the served model on the host (speculative verify steps)."""
+        return self._allocate_slots(reqs, lens, self.served)
+
     def _allocate_slots(self, reqs: list[Req], lens: list[int], side: KVSide) -> torch.Tensor:
         """[sum lens] int64 KV slots of `side` on the host, recorded in its req_to_token after each request's kv_len."""
         slots = side.tree_cache.alloc(sum(lens))

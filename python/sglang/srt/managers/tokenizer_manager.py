@@ -372,6 +372,7 @@ class TokenizerManager(ManyRequests):
         state.prompt_tokens = token.prompt_tokens
         state.completion_tokens = token.completion_tokens
         state.cached_tokens = token.cached_tokens
+        state.spec_counts = (token.spec_verify_ct, token.spec_accept_token_num, token.spec_draft_token_num)
         if state.return_logprob:
             append_logprobs(state, out, self._token_text)
         if token.guidance_alpha is not None:
@@ -400,6 +401,8 @@ class TokenizerManager(ManyRequests):
         if self.metrics is not None:
             elapsed = time.perf_counter() - state.created_at
             self.metrics.finished(state.prompt_tokens, state.completion_tokens, elapsed, state.finished_reason)
+            if state.spec_counts[0]:
+                self.metrics.spec_finished(state.completion_tokens / state.spec_counts[0])
 
     def _logged_request(self, prepared: PreparedRequest) -> Optional[GenerateReqInput]:
         """--log-requests: log the request's arrival; returns what its finish line shows (None: not logged)."""

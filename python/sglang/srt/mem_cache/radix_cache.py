@@ -312,6 +312,13 @@ class RadixCache:
         self._unref(self.req_to_token_pool.slots_of(row, req.kv_len))
         self.req_to_token_pool.free(row)
 
+    def free_tail(self, req: Req, length: int) -> None:
+        """Give back the request's slots past its first `length` positions (the K/V of draft
+        tokens a speculative verify rejected)."""
+        row = self.req_to_token_pool.slots_of(req.req_pool_idx, req.kv_len)
+        self._unref(row[length:])
+        req.kv_len = length
+
     def poison(self, slots: torch.Tensor) -> None:
         """Mark the nodes holding any of `slots` ([N] int64, host), with their subtrees."""
         stack = [child for root in self.roots.values() for child in root.children.values()]

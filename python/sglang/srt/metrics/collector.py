@@ -34,6 +34,8 @@ class SchedulerLoad(Protocol):
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2.5, 5)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320, 640)
+# Tokens per target step of a speculating request: 1 (nothing accepted) to a verify's full width.
+SPEC_ACCEPT_LENGTH_BUCKETS = (1, 1.25, 1.5, 1.75, 2, 2.5, 3, 3.5, 4, 5, 6, 8, 10, 12, 16)
 
 # SchedulerLoad field -> (metric name, help)
 LOAD_GAUGES = {
@@ -101,6 +103,11 @@ class TokenizerMetricsCollector:
             "sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds", names,
             buckets=E2E_BUCKETS, registry=self.registry,
         )
+        self.spec_accept_length = Histogram(
+            "sglang:spec_accept_length_per_request",
+            "Histogram of each finished request's speculative acceptance length (tokens per target step).", names,
+            buckets=SPEC_ACCEPT_LENGTH_BUCKETS, registry=self.registry,
+        )
         self.scheduler = SchedulerLoadCollector(labels)
         self._rendered = self.registry
         if os.environ.get(MULTIPROC_DIR_ENV):
@@ -123,6 +130,9 @@ class TokenizerMetricsCollector:
         self.e2e.labels(**labels).observe(e2e_seconds)
         if reason.get("type") == "abort":
             self.aborted.labels(**labels, reason=str(reason.get("err_type", "unknown"))).inc()
+
+    def spec_finished(self, accept_length: float) -> None:
+        self.spec_accept_length.labels(**self.label_values).observe(accept_length)
 
     def render(self, load: SchedulerLoad) -> bytes:
         self.scheduler.load = load

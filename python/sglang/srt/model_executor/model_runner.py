@@ -31,6 +31,7 @@ from sglang.srt.model_executor.guided_rows import alpha_to_host, guide_logits, r
 from sglang.srt.model_executor.piecewise_cuda_graph_runner import PiecewiseCudaGraphRunner, capture_token_counts
 from sglang.srt.model_executor.sampling_graph import sampling_graph_supported
 from sglang.srt.model_executor.step import Step, StepResult
+from sglang.srt.model_executor.spec_runner import run_verify
 from sglang.srt.model_executor.step_output import copy_to_host, input_logprobs, output_logprobs
 from sglang.srt.model_loader import load_model
 from sglang.srt.sampling.step_noise import step_noise_seed
@@ -265,6 +266,8 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, step: Step) -> StepResult:
         """prepare -> forward -> sample one scheduled step; nothing here waits for the GPU."""
+        if step.spec is not None:
+            return run_verify(self, step)
         batch = step.forward_batch
         if step.mode.is_decode():
             batch.input_ids = self.future_tokens.index_select(0, batch.req_pool_indices).clamp(min=0)

@@ -75,6 +75,9 @@ class Step:
     # (top log-probabilities) each returns.
     beam_rows: Optional[list[int]] = None
     beam_candidates: int = 0
+    # A speculative verify step: each request's drafts, verified over the extend forward_batch
+    # (model_executor/spec_runner.py).
+    spec: Optional["SpecDrafts"] = None
 
     @property
     def sampling_info(self) -> Optional[SamplingBatchInfo]:
@@ -94,6 +97,14 @@ class Step:
 
 
 @dataclass
+class SpecDrafts:
+    """A verify step's drafts: request i forwards [last token] + drafts[i] at rows starts[i]..."""
+
+    drafts: list[list[int]]
+    starts: list[int]  # offset of each request's last token among the extend's N tokens
+
+
+@dataclass
 class StepResult:
     next_ids: torch.Tensor  # [S] int64 on the host, per sampled row, -1 when flagged
     ready: Optional[torch.cuda.Event]  # recorded after next_ids' asynchronous copy from the GPU
@@ -104,3 +115,8 @@ class StepResult:
     # Mixture-guided rows: (their sampled rows, their alphas [M] float32 on the host, valid after `ready`).
     guidance_alpha: Optional[tuple[list[int], torch.Tensor]] = None
     reports: list[Optional[RowReport]] = field(default_factory=list)  # per sampled row, when it asked
+    # A verify step: per request its emitted ids, its accepted drafts and one logprob entry per
+    # emitted id (next_ids and output_logprobs are then unused).
+    spec_tokens: Optional[list[list[int]]] = None
+    spec_accepted: Optional[list[int]] = None
+    spec_logprobs: Optional[list[list[Optional[tuple]]]] = None

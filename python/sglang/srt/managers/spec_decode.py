@@ -1,0 +1,128 @@
+"""Speculative decoding in the scheduler: which decode steps verify drafts, the verify Step, and
+reading its result back into the requests' KV rows and counters.
+
+A verify step forwards [last token, d1..dk] of every running request as one extend (KV slots for
+all k + 1 positions), and the Sampler verifies every position (layers/sampler_verify.py). When
+its result is read, each request keeps the KV of its last token and its accepted drafts; the
+slots of the rejected drafts go back. The scheduler runs steps without the overlap schedule
+while speculation is on: drafting reads the requests' latest tokens on the host.
+
+A step decodes without speculation when more requests run than --speculative-disable-batch-size
+or no request has a draft. Every step is exact either way: penalty state, once a verify has
+folded drafts into it, is rebuilt from the requests' host history before the next step.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Protocol
+
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.managers.step_builder import StepBuilder
+from sglang.srt.mem_cache.radix_cache import RadixCache
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.step import SpecDrafts, Step, StepResult
+from sglang.srt.sampling.penaltylib import BatchedPenalizerOrchestrator
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.speculative.ngram import ngram_drafts
+from sglang.srt.utils import host_to_device
+
+
+class SpecDecoding:
+    def __init__(self, server_args: ServerArgs, builder: StepBuilder, tree_cache: RadixCache, context_len: int,
+                 draft_source: Optional["DraftSource"] = None) -> None:
+        self.algorithm = server_args.speculative_algorithm
+        self.num_drafts = server_args.speculative_num_steps
+        self.max_window = server_args.speculative_ngram_max_trie_depth
+        self.disable_batch_size = server_args.speculative_disable_batch_size
+        self.builder = builder
+        self.tree_cache = tree_cache
+        self.context_len = context_len
+        self.draft_source = draft_source
+        self.penalties_stale = False  # a verify folded drafts into the running batch's penalty state
+
+    @classmethod
+    def from_server_args(cls, server_args: ServerArgs, *args, **kwargs) -> Optional["SpecDecoding"]:
+        return cls(server_args, *args, **kwargs) if server_args.speculative_algorithm is not None else None
+
+    def next_step(self, batch: ScheduleBatch) -> Step:
+        """The running batch's next decode step: a verify step when it speculates."""
+        self._refresh_penalties(batch)
+        reqs = batch.reqs
+        if len(reqs) > self.disable_batch_size:
+            return self.builder.decode_step(batch)
+        drafts = self._drafts(reqs)
+        if not any(drafts):
+            return self.builder.decode_step(batch)
+        self.penalties_stale = True
+        return self._verify_step(batch, drafts)
+
+    def _drafts(self, reqs: list[Req]) -> list[list[int]]:
+        caps = [self._draft_cap(req) for req in reqs]
+        if self.draft_source is not None:
+            return self.draft_source.propose(reqs, caps)
+        return [ngram_drafts(req.fill_ids, cap, self.max_window) for req, cap in zip(reqs, caps)]
+
+    def _draft_cap(self, req: Req) -> int:
+        """Drafts the request's KV budget leaves room for (the verify writes k + 1 positions)."""
+        limit = self.context_len
+        max_new = req.sampling_params.max_new_tokens
+        if max_new is not None:
+            limit = min(limit, len(req.origin_input_ids) + max_new)
+        return max(0, min(self.num_drafts, limit - req.kv_len - 1))
+
+    def _verify_step(self, batch: ScheduleBatch, drafts: list[list[int]]) -> Step:
+        reqs = list(batch.reqs)
+        prefix_lens = [req.kv_len for req in reqs]
+        extend_lens = [len(d) + 1 for d in drafts]
+        input_ids = [t for req, d in zip(reqs, drafts) for t in [req.output_ids[-1]] + d]
+        starts = [0]
+        for n in extend_lens[:-1]:
+            starts.append(starts[-1] + n)
+        slots = self.builder.allocate_slots(reqs, extend_lens)  # [sum extend_lens] int64, host
+        forward_batch = ForwardBatch.init_new(
+            ForwardMode.EXTEND, input_ids, [r.req_pool_idx for r in reqs], prefix_lens, extend_lens, slots,
+            self.builder.device, return_input_logits=True,
+        )
+        positions = host_to_device(prefix_lens, self.builder.device)  # [B] position 0 of each request
+        return Step(
+            ForwardMode.DECODE, reqs, forward_batch, list(range(len(reqs))), batch, positions,
+            kv_slots=slots, spec=SpecDrafts(drafts, starts),
+        )
+
+    def _refresh_penalties(self, batch: ScheduleBatch) -> None:
+        info = batch.sampling_info
+        if not self.penalties_stale or info.penalizer_orchestrator is None:
+            self.penalties_stale = False
+            return
+        info.penalizer_orchestrator.release()
+        info.penalizer_orchestrator = BatchedPenalizerOrchestrator(info.vocab_size, batch)
+        self.penalties_stale = False
+
+
+def trim_rejected_kv(tree_cache: RadixCache, step: Step, result: StepResult) -> None:
+    """Each request keeps the KV of its last token and accepted drafts; the rest goes back."""
+    for req, prefix, accepted in zip(step.reqs, step.forward_batch.extend_prefix_lens_cpu, result.spec_accepted):
+        if req.req_pool_idx is not None:
+            tree_cache.free_tail(req, prefix + accepted + 1)
+
+
+def count_plain_decode(step: Step) -> None:
+    """A decode step without drafts counts as a verify of none, so that spec_accept_length
+    (tokens per target step) covers every step of a speculating server."""
+    if step.spec is None and step.mode.is_decode():
+        for req in step.reqs:
+            count_verify(req, 0, 0)
+
+
+def count_verify(req: Req, drafts: int, accepted: int) -> None:
+    """SGLang's per-request speculative counters (meta_info spec_*)."""
+    req.spec_verify_ct += 1
+    req.spec_draft_token_num += drafts
+    req.spec_accept_token_num += accepted
+
+
+class DraftSource(Protocol):
+    """Where drafts come from besides the NGRAM lookup (a draft model)."""
+
+    def propose(self, reqs: list[Req], caps: list[int]) -> list[list[int]]:
+        """Per request up to caps[i] draft ids continuing its tokens."""

@@ -1,0 +1,66 @@
+"""The device work of a speculative verify step: forward [last token, drafts] of every request
+as one extend, then the Sampler's verify over every position's logits (layers/sampler_verify.py).
+The emitted ids come back to the host with the step (the scheduler needs the accepted lengths to
+place the next step); each request's last emitted id goes to `future_tokens` as a decode's does."""
+
+from __future__ import annotations
+
+from typing import Optional, Protocol
+
+import torch
+
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.layers.sampler import Sampler
+from sglang.srt.layers.sampler_verify import VerifyInput, VerifyOutput
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.model_executor.step import Step, StepResult
+from sglang.srt.model_executor.step_output import output_logprobs
+from sglang.srt.sampling.step_noise import step_noise_seed
+
+class VerifyRunner(Protocol):
+    """What a verify step uses of the ModelRunner."""
+
+    sampler: Sampler
+    noise_generator: torch.Generator
+    random_seed: int
+    future_tokens: torch.Tensor  # [R + 1] int64: each request slot's last sampled id
+
+    def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput: ...
+
+
+def run_verify(runner: VerifyRunner, step: Step) -> StepResult:
+    batch = step.forward_batch
+    output = runner.forward(batch)  # input_token_logits: [N, V], every position of every request
+    runner.noise_generator.manual_seed(step_noise_seed(runner.random_seed, step.index))
+    asks = [req.logprob for req in step.reqs]
+    verified = runner.sampler.verify_step(
+        VerifyInput(
+            logits=output.input_token_logits,
+            info=step.sampling_info,
+            rows=step.reqs,
+            drafts=step.spec.drafts,
+            starts=step.spec.starts,
+            positions=step.positions,
+            asks=asks,
+            token_store=(runner.future_tokens, batch.req_pool_indices),
+        )
+    )
+    return StepResult(
+        next_ids=torch.empty(0, dtype=torch.int64),
+        ready=None,
+        row_errors=verified.row_errors,
+        output_logprobs=[],
+        input_logprobs={},
+        spec_tokens=verified.tokens,
+        spec_accepted=verified.accepted,
+        spec_logprobs=_emitted_logprobs(verified, asks),
+    )
+
+
+def _emitted_logprobs(verified: VerifyOutput, asks: list) -> Optional[list[list[Optional[tuple]]]]:
+    """Per request, the logprob entry of each emitted id: position j's row for its j-th id."""
+    if all(a is None for a in asks):
+        return None
+    last = max(len(tokens) for tokens in verified.tokens)
+    per_position = [output_logprobs(verified.position_logprobs[j], asks) for j in range(last)]
+    return [[per_position[j][i] for j in range(len(tokens))] for i, tokens in enumerate(verified.tokens)]
