@@ -56,7 +56,24 @@ def engines(gguf_path: str, draft_path: str):
                 "speculative_num_steps": 3}):
         with _engine(model_path=gguf_path, speculative_disable_batch_size=32, **kw) as llm:
             answers.append(_run_cases(llm))
+            if kw:
+                answers[-1]["refusals"] = _refusals(llm)
     return answers
+
+
+REFUSED = {"beam_width": {"beam_width": 2}, "guidance": {"guidance": {"method": "cfg", "text": "Hello", "weight": 1.5}}}
+
+
+def _refusals(llm) -> dict:
+    """The error each feature that speculation refuses gets (None: accepted)."""
+    errors = {}
+    for name, extra in REFUSED.items():
+        try:
+            llm.generate(COPY, {"temperature": 0.0, "max_new_tokens": 2, **extra})
+            errors[name] = None
+        except ValueError as err:
+            errors[name] = str(err)
+    return errors
 
 
 def _run_cases(llm) -> dict:
@@ -113,6 +130,12 @@ def test_spec_meta_info(engines):
     assert ngram["spec_verify_ct"] >= 1 and ngram["spec_draft_token_num"] >= ngram["spec_accept_token_num"] > 0
     assert ngram["spec_accept_length"] == ngram["completion_tokens"] / ngram["spec_verify_ct"] > 1.0
     assert ngram["spec_verify_ct"] < ngram["completion_tokens"]
+
+
+def test_features_that_add_rows_are_refused_under_speculation(engines):
+    for answers in engines[1:]:
+        for name, error in answers["refusals"].items():
+            assert error is not None and name in error and "speculative" in error
 
 
 @pytest.mark.parametrize("algorithm", ["EAGLE", "EAGLE3", "NEXTN"])
