@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import signal
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import msgspec
@@ -213,3 +214,13 @@ def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs, index:
             send_socks.get(batch.http_worker_ipc, default_sock).send(encode(manager.handle(batch)))
     finally:
         context.destroy(linger=0)
+
+
+def results_decoder(detokenizer_process: bool, tokenizer: Any) -> Callable[[bytes], BatchStrOut]:
+    """A results message -> BatchStrOut: the detokenizer process's as they are, the scheduler's
+    BatchTokenOut (--detokenizer-mode inline) through a DetokenizerManager of this process."""
+    if detokenizer_process:
+        return decoder(BatchStrOut).decode
+    detokenizer = DetokenizerManager(tokenizer)
+    token_decoder = decoder(BatchTokenOut)
+    return lambda data: detokenizer.handle(token_decoder.decode(data))

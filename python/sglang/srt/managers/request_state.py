@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from sglang.srt.beam_search.types import BeamSequence
 from sglang.srt.managers.io_struct import StrOut
-from sglang.srt.managers.sampling_report_out import meta_fields
+from sglang.srt.managers.sampling_report_out import accumulate, meta_fields
 
 TokenText = Callable[[int], Optional[str]]  # a token id -> its text (None without a tokenizer)
 
@@ -152,3 +152,19 @@ def spec_meta(counts: tuple[int, int, int], completion_tokens: int) -> dict[str,
         "spec_num_correct_drafts": accepted,
         "spec_num_proposed_drafts": proposed,
     }
+
+
+def apply_token_out(state: ReqState, out: StrOut, token_text: TokenText) -> None:
+    """One results message's text, ids, counters, logprobs and per-token extras into the state."""
+    token = out.token
+    state.text = out.text if out.text is not None else state.text + out.new_text
+    state.output_ids.extend(token.new_output_ids)
+    state.prompt_tokens = token.prompt_tokens
+    state.completion_tokens = token.completion_tokens
+    state.cached_tokens = token.cached_tokens
+    state.spec_counts = (token.spec_verify_ct, token.spec_accept_token_num, token.spec_draft_token_num)
+    if state.return_logprob:
+        append_logprobs(state, out, token_text)
+    if token.guidance_alpha is not None:
+        state.guidance_alpha = (state.guidance_alpha or []) + token.guidance_alpha  # one list per message
+    accumulate(state.reports, token)

@@ -13,11 +13,9 @@ runs one extra step whose token is dropped, unless step i was certain to end it
 scheduler waits for each step before preparing the next; the device work is the same code.
 
 This module holds the event loop, the request intake and the state that ties the parts
-together (the waiting queue, the request mid-prefill, the step in flight). The parts:
-request_intake (a Req from a message, and whether it can run), schedule_policy (which
-requests enter a prefill step), step_builder (the Steps), running_batch (the decode batch),
-result_processor (reading results, failing steps, sending output), scheduler_stats (step
-count, log lines, load), scheduler_process (the process).
+together (waiting queue, request mid-prefill, step in flight). The parts: request_intake,
+schedule_policy, step_builder, running_batch, result_processor, scheduler_stats,
+scheduler_parts (prefix cache, grammar queue), scheduler_process (the process).
 """
 
 from __future__ import annotations
@@ -35,8 +33,6 @@ import torch.distributed as dist
 import zmq
 
 from sglang.srt.constrained.base_grammar_backend import grammar_key
-from sglang.srt.constrained.grammar_backends import create_grammar_backend
-from sglang.srt.constrained.grammar_queue import GrammarQueue
 from sglang.srt.distributed.communication import broadcast_frames
 from sglang.srt.distributed.parallel_state import init_tp_groups, tp_cpu_group
 from sglang.srt.managers.beam_coordinator import BeamCoordinator
@@ -58,16 +54,16 @@ from sglang.srt.managers.request_intake import InvalidRequest, check_fits, kv_bu
 from sglang.srt.managers.result_processor import ResultProcessor
 from sglang.srt.managers.results_router import ResultsRouter
 from sglang.srt.managers.running_batch import RunningBatch
-from sglang.srt.managers.schedule_batch import Req, eos_ids
+from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.request_extras import priority_sign
 from sglang.srt.managers.schedule_policy import SchedulePolicy, in_flight_ends_running, release_kv
+from sglang.srt.managers.scheduler_parts import make_grammar_queue, make_tree_cache
 from sglang.srt.managers.scheduler_process import rank_device, serve, start_forward_worker
 from sglang.srt.managers.scheduler_stats import SchedulerStats
 from sglang.srt.managers.spec_decode import SpecDecoding, count_plain_decode
 from sglang.srt.managers.spec_draft_model import draft_source
 from sglang.srt.managers.step_builder import StepBuilder
 from sglang.srt.managers.step_failures import StepFailureLimit, StepFaultHook
-from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.step import Step, StepResult
 from sglang.srt.sampling.logits_processor import LoadedLogitsProcessors
@@ -100,13 +96,9 @@ class Scheduler:
         self.max_running = self.model_runner.max_running_requests
         # --skip-tokenizer-init: none; stop strings are refused upstream and EOS comes from the model config.
         self.tokenizer = None if server_args.skip_tokenizer_init else get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
-        backend = create_grammar_backend(
-            server_args.grammar_backend, self.tokenizer, self.vocab_size, sorted(eos_ids(self.eos_token_ids, self.tokenizer)),
-            any_whitespace=not server_args.constrained_json_disable_any_whitespace,
-        )
         # Every rank loads the same classes and sees the same batches, so processor state is identical.
         logits_processors = LoadedLogitsProcessors.from_server_args(server_args, self.device)
-        self.grammar_queue = GrammarQueue(backend, tp_cpu_group() if self.tp_size > 1 else None) if backend is not None else None
+        self.grammar_queue = make_grammar_queue(server_args, self.tokenizer, self.vocab_size, self.eos_token_ids)
 
         self.overlap = not server_args.disable_overlap_schedule
         self.deterministic = server_args.enable_deterministic_inference
@@ -117,27 +109,15 @@ class Scheduler:
         self.chunked_req: Optional[Req] = None  # the request whose prompt the last prefill step left unfinished
         self.reqs_by_rid: dict[str, Req] = {}
         pool = self.model_runner.req_to_token_pool
-        hybrid = self.model_runner.state_pool is not None
-        if hybrid and not server_args.disable_radix_cache and tp_rank == 0:
-            # A cached KV prefix lacks the recurrent state at its end, so every prompt runs from its start.
-            logger.info("Prefix reuse off: %s keeps a per-request recurrent state (radix cache disabled).", config.arch)
-        self.tree_cache = RadixCache(
-            pool,
-            self.model_runner.token_to_kv_pool_allocator,
-            disable=server_args.disable_radix_cache or hybrid,
-            # Deterministic mode: only whole aligned prefill chunks, whose bits every run shares.
-            align=server_args.chunked_prefill_size if self.deterministic else 1,
-        )
+        self.tree_cache = make_tree_cache(server_args, self.model_runner, self.deterministic, tp_rank)
         self.policy = SchedulePolicy(
             server_args.schedule_policy, server_args.chunked_prefill_size, self.deterministic, self.tree_cache, pool,
             self.max_running, self._budget, priority_sign(server_args),
         )
         self.builder = StepBuilder(server_args, self.policy, self.tree_cache, pool, self.device, self.vocab_size, logits_processors)
         self.builder.guide_model = self.guide_model
-        self.spec = SpecDecoding.from_server_args(
-            server_args, self.builder, self.tree_cache, self.context_len, draft_source(server_args, self.worker, self.device,
-                                                                                     self.max_total_tokens, self.max_running, self.context_len),
-        )
+        drafts = draft_source(server_args, self.worker, self.device, self.max_total_tokens, self.max_running, self.context_len)
+        self.spec = SpecDecoding.from_server_args(server_args, self.builder, self.tree_cache, self.context_len, drafts)
         if self.spec is not None:
             self.overlap = False  # drafting reads each request's latest tokens on the host
         self.flush_requested = False
@@ -255,7 +235,7 @@ class Scheduler:
         waiting_tokens = sum(len(r.origin_input_ids) for r in self.waiting)
         return ReplicaLoad(
             dp_rank=self.dp_rank,
-            num_reqs=self._running_count() + self._queued_count(),
+            num_reqs=len(self._active_reqs()) + self._queued_count(),
             num_waiting_reqs=self._queued_count(),
             num_tokens=self.max_total_tokens - self.tree_cache.available_size() + waiting_tokens,
             num_reqs_received=self.num_reqs_received,
@@ -282,7 +262,7 @@ class Scheduler:
                     if req in self.waiting:
                         self.waiting.remove(req)
                     self.reqs_by_rid.pop(req.rid, None)
-                self._send([req])
+                self.results.send([req])
 
     def _add_request(self, message: TokenizedGenerateReqInput) -> None:
         try:
@@ -316,7 +296,7 @@ class Scheduler:
 
     def _reject(self, req: Req, message: str, status_code: int = 400, err_type: str = "BadRequestError") -> None:
         req.abort(message, status_code=status_code, err_type=err_type)
-        self._send([req])
+        self.results.send([req])
 
     def _queued_count(self) -> int:
         return len(self.waiting) + (len(self.grammar_queue) if self.grammar_queue is not None else 0)
@@ -330,16 +310,13 @@ class Scheduler:
         for req, reason in failed:
             req.abort(reason)
             self.reqs_by_rid.pop(req.rid, None)
-        self._send([req for req, _ in failed])
+        self.results.send([req for req, _ in failed])
 
     def _budget(self, req: Req) -> int:
         return kv_budget(req, self.context_len) + self.beams.extra_kv_budget(req)
 
-    def _send(self, reqs: list[Req]) -> None:
-        self.results.send(reqs)
-
     def _send_load(self, req_id: int, http_worker_ipc: Optional[str]) -> None:
-        load = self.stats.load(req_id, self._running_count(), self._queued_count())
+        load = self.stats.load(req_id, len(self._active_reqs()), self._queued_count())
         self.results.send_load(load, http_worker_ipc)
 
     # ------------------------------------------------------------------ the next step
@@ -358,7 +335,7 @@ class Scheduler:
         if step is None and self.running.batch is not None and not self._running_ends_in_flight():
             step = self.builder.decode_step(self.running.batch) if self.spec is None else self.spec.next_step(self.running.batch)
         if step is not None:
-            self.stats.count(step, self._running_count(), len(self.waiting))
+            self.stats.count(step, len(self._active_reqs()), len(self.waiting))
         return step
 
     def _running_ends_in_flight(self) -> bool:
@@ -369,7 +346,7 @@ class Scheduler:
         if self.chunked_req is not None and self.chunked_req.finished():
             # Aborted mid-prefill: its slots go back now, and nothing of it is scheduled.
             self._release(self.chunked_req)
-            self._send([self.chunked_req])
+            self.results.send([self.chunked_req])
             self.chunked_req = None
         step, self.chunked_req = self.builder.prefill_step(self.chunked_req, self.waiting, with_guides(self._active_reqs()))
         return step
@@ -396,9 +373,6 @@ class Scheduler:
         if self.chunked_req is not None:
             active.append(self.chunked_req)
         return active
-
-    def _running_count(self) -> int:
-        return len(self._active_reqs())
 
     # ------------------------------------------------------------------ results
 

@@ -15,21 +15,19 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import itertools
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any, Optional
 
 import zmq
 
-from sglang.srt.managers.detokenizer_manager import DETOKENIZATION_ERROR, DetokenizerManager
+from sglang.srt.managers.detokenizer_manager import DETOKENIZATION_ERROR, results_decoder
 from sglang.srt.managers.io_struct import (
     QUEUE_FULL,
     AbortReq,
     BatchStrOut,
-    BatchTokenOut,
     FlushCacheReq,
     GenerateReqInput,
     GetLoadReq,
@@ -37,18 +35,16 @@ from sglang.srt.managers.io_struct import (
     SchedulerReady,
     StrOut,
     TokenizedGenerateReqInput,
-    decoder,
     encode,
-    sum_loads,
 )
 from sglang.srt.managers.fan_out import ManyRequests, PreparedRequest, fan_out
+from sglang.srt.managers.load_queries import LoadQueries
 from sglang.srt.managers.request_extras import PRIORITY_DISABLED_MESSAGE, message_fields, priority_refused
 from sglang.srt.managers.request_logger import RequestLogger
-from sglang.srt.managers.request_state import ReqGroup, ReqState, append_logprobs, snapshot
+from sglang.srt.managers.request_state import ReqGroup, ReqState, apply_token_out, snapshot
 from sglang.srt.managers.request_validator import RequestValidator
 from sglang.srt.managers.results_channel import results_source
 from sglang.srt.managers.results_router import worker_endpoints
-from sglang.srt.managers.sampling_report_out import accumulate
 from sglang.srt.server_args import PortArgs, ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -91,7 +87,7 @@ class TokenizerManager(ManyRequests):
         self._send_sock.connect(port_args.scheduler_input_ipc)
         # Read from the loop's own reader callbacks, not zmq.asyncio, whose futures and flag
         # enums cost CPU on every streamed token's message (docs/serving.md).
-        self._decode_results = _results_decoder(server_args.detokenizer_process(), tokenizer)
+        self._decode_results = results_decoder(server_args.detokenizer_process(), tokenizer)
         endpoint = worker_endpoints(server_args, port_args)[worker_id]
         # Stamped on what this worker sends, so the answers come back here (None: the only worker).
         self.http_worker_ipc = endpoint if server_args.tokenizer_worker_num > 1 else None
@@ -99,10 +95,8 @@ class TokenizerManager(ManyRequests):
         self._states: dict[str, ReqState] = {}
         self._children_of: dict[str, list[str]] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None  # the loop whose reader receives
-        self._load_ids = itertools.count()
-        self._load_waiters: dict[int, asyncio.Future] = {}
+        self._loads = LoadQueries(server_args.dp_size)
         self._down_message: Optional[str] = None  # set when the scheduler died (fail_all)
-        self._load_replies: dict[int, list[SchedulerLoad]] = {}  # replicas' answers so far, per query
         self.metrics = None
         if server_args.enable_metrics:
             from sglang.srt.metrics.collector import TokenizerMetricsCollector
@@ -218,23 +212,8 @@ class TokenizerManager(ManyRequests):
         """The schedulers' live state, summed over the --dp-size replicas (each answers the
         query once); TimeoutError when they do not all answer in time."""
         self._ensure_receiving()
-        req_id = next(self._load_ids)
-        waiter = self._load_waiters[req_id] = asyncio.get_running_loop().create_future()
-        self._load_replies[req_id] = []
-        try:
-            self._send_sock.send(encode(GetLoadReq(req_id=req_id, http_worker_ipc=self.http_worker_ipc)))
-            return await asyncio.wait_for(waiter, timeout)
-        finally:
-            self._load_waiters.pop(req_id, None)
-            self._load_replies.pop(req_id, None)
-
-    def _on_load_reply(self, load: SchedulerLoad) -> None:
-        waiter, replies = self._load_waiters.get(load.req_id), self._load_replies.get(load.req_id)
-        if waiter is None or waiter.done() or replies is None:
-            return
-        replies.append(load)
-        if len(replies) == self.server_args.dp_size:
-            waiter.set_result(sum_loads(replies))
+        return await self._loads.ask(lambda req_id: self._send_sock.send(
+            encode(GetLoadReq(req_id=req_id, http_worker_ipc=self.http_worker_ipc))), timeout)
 
     async def health(self, timeout: float = HEALTH_CHECK_TIMEOUT_S) -> bool:
         """True when a one-token generation makes the round trip within `timeout` seconds."""
@@ -353,7 +332,7 @@ class TokenizerManager(ManyRequests):
 
     def _handle_batch(self, batch: BatchStrOut) -> None:
         if batch.load is not None:
-            self._on_load_reply(batch.load)
+            self._loads.on_reply(batch.load)
         for out in batch.outs:
             try:
                 self._apply(out)
@@ -365,19 +344,9 @@ class TokenizerManager(ManyRequests):
         state = self._states.get(token.rid)
         if state is None:  # aborted, or a finished request's late message
             return
-        state.text = out.text if out.text is not None else state.text + out.new_text
-        state.output_ids.extend(token.new_output_ids)
+        apply_token_out(state, out, self._token_text)
         if token.new_output_ids:
             self._record_tokens(state, len(token.new_output_ids))
-        state.prompt_tokens = token.prompt_tokens
-        state.completion_tokens = token.completion_tokens
-        state.cached_tokens = token.cached_tokens
-        state.spec_counts = (token.spec_verify_ct, token.spec_accept_token_num, token.spec_draft_token_num)
-        if state.return_logprob:
-            append_logprobs(state, out, self._token_text)
-        if token.guidance_alpha is not None:
-            state.guidance_alpha = (state.guidance_alpha or []) + token.guidance_alpha  # one list per message
-        accumulate(state.reports, token)
         if token.finished_reason is not None:
             state.finished_reason = token.finished_reason
             state.beam_results = token.beam_results
@@ -419,16 +388,6 @@ class TokenizerManager(ManyRequests):
     def _token_text(self, token_id: int) -> Optional[str]:
         # --skip-tokenizer-init: no text, as SGLang (return_text_in_logprobs gives null texts).
         return self.tokenizer.decode([token_id]) if self.tokenizer is not None else None
-
-
-def _results_decoder(detokenizer_process: bool, tokenizer: Any) -> Callable[[bytes], BatchStrOut]:
-    """A results message -> BatchStrOut: the detokenizer process's as they are, the scheduler's
-    BatchTokenOut (--detokenizer-mode inline) through a DetokenizerManager of this process."""
-    if detokenizer_process:
-        return decoder(BatchStrOut).decode
-    detokenizer = DetokenizerManager(tokenizer)
-    token_decoder = decoder(BatchTokenOut)
-    return lambda data: detokenizer.handle(token_decoder.decode(data))
 
 
 def _raise_if_refused(state: ReqState) -> None:
