@@ -13,7 +13,7 @@ watermark rows. Everything is tensor work over the batch's watermark rows: no ho
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -22,8 +22,8 @@ from sglang.srt.sampling.watermarking.config import MAX_CONTEXTS_PER_REQUEST, Wa
 from sglang.srt.sampling.watermarking.detector import context_hash
 from sglang.srt.sampling.watermarking.hashing import context_hashes, key_coins, log_uniform, token_hashes
 
-if TYPE_CHECKING:
-    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+# sampling_batch_info.SamplingBatchInfo, which builds WatermarkRows from this module (no import back).
+SamplingBatchInfo = Any
 
 
 @dataclass
