@@ -22,7 +22,7 @@ SGLANG_FIELD_DEFAULTS: dict[str, tuple[Any, ...]] = {
     "return_hidden_states": _OFF, "return_routed_experts": _OFF, "routed_experts_start_len": (0,),
     "return_indexer_topk": _OFF, "return_sampling_mask": _OFF, "return_flat_raw_top_logprobs": _OFF,
     "return_flat_raw_output_top_logprobs": _OFF, "return_bytes": _OFF, "return_entropy": _OFF,
-    "return_prompt_token_ids": _OFF, "background": _OFF, "require_reasoning": _OFF, "use_audio_in_video": _OFF,
+    "return_prompt_token_ids": _OFF, "background": _OFF, "use_audio_in_video": _OFF,
     "need_wait_for_mm_inputs": _OFF, "log_metrics": (True,), "no_logs": _OFF, "priority": (0,), "modalities": ([],),
     **{name: () for name in (
         "session_id", "session_params", "input_embeds", "image_data", "video_data", "audio_data", "mm_hashes",

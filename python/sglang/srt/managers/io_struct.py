@@ -34,6 +34,8 @@ class GenerateReqInput:
     custom_logit_processor: Optional[str] = None
     # SGLang's prefix-cache namespace: requests share cached prefixes only with the same key.
     extra_key: Optional[str] = None
+    # meta_info.reasoning_tokens counts the output's reasoning section (managers/reasoning_tokens).
+    require_reasoning: bool = False
 
 
 class TokenizedGenerateReqInput(msgspec.Struct, tag=True):

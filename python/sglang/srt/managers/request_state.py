@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from sglang.srt.managers.io_struct import StrOut
+from sglang.srt.managers.reasoning_tokens import count_reasoning_tokens
 
 TokenText = Callable[[int], Optional[str]]  # a token id -> its text (None without a tokenizer)
 
@@ -47,6 +48,7 @@ class ReqState:
     streamed_ids: int = 0  # output ids already sent in chunks (--stream-output)
     created_at: float = field(default_factory=time.perf_counter)
     last_token_at: Optional[float] = None  # when output ids last arrived (--enable-metrics)
+    think_end_ids: Optional[list[int]] = None  # set when the request counts its reasoning tokens
 
 
 def append_logprobs(state: ReqState, out: StrOut, token_text: TokenText) -> None:
@@ -87,6 +89,7 @@ def snapshot(state: ReqState, indexed: bool, with_text: bool, delta_ids: bool) -
         "prompt_tokens": state.prompt_tokens,
         "completion_tokens": state.completion_tokens,
         "cached_tokens": state.cached_tokens,
+        "reasoning_tokens": count_reasoning_tokens(state.output_ids, state.think_end_ids),
     }
     meta.update({key: list(rows) for key, rows in state.logprobs.items()})
     if state.sampling_seed is not None:

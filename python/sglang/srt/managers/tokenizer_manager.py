@@ -42,6 +42,7 @@ from sglang.srt.managers.io_struct import (
     sum_loads,
 )
 from sglang.srt.managers.fan_out import ManyRequests, PreparedRequest, fan_out
+from sglang.srt.managers.reasoning_tokens import think_end_ids
 from sglang.srt.managers.request_logger import RequestLogger
 from sglang.srt.managers.request_state import ReqGroup, ReqState, append_logprobs, snapshot
 from sglang.srt.managers.request_validator import RequestValidator
@@ -78,6 +79,7 @@ class TokenizerManager(ManyRequests):
         self.tokenizer = tokenizer  # None with --skip-tokenizer-init
         self.request_logger = RequestLogger(server_args.log_requests, server_args.log_requests_level)
         self.validator = RequestValidator(server_args, ready, tokenizer)
+        self.think_end_ids = think_end_ids(tokenizer, server_args.reasoning_parser)
         # Sends never block: PUSH to a connected endpoint queues and the HWM is unlimited, so
         # abort can be sent from a generator's finally (even during garbage collection).
         self._sync_ctx = zmq.Context()
@@ -267,6 +269,8 @@ class TokenizerManager(ManyRequests):
         for rid in [prepared.rid] + [child.rid for child in prepared.children]:
             if rid in self._states or rid in self._children_of:
                 raise ValueError(f"Duplicate request ID: rid {rid!r} is already in use by a running request.")
+        counts_reasoning = prepared.obj is not None and prepared.obj.require_reasoning
+        end_ids = self.think_end_ids if counts_reasoning else None
         for index, child in enumerate(prepared.children):
             state = ReqState(
                 rid=child.rid,
@@ -278,6 +282,7 @@ class TokenizerManager(ManyRequests):
                 want_token_ids=child.token_ids_logprob is not None,
                 text_in_logprobs=prepared.return_text_in_logprobs,
                 sampling_seed=child.sampling_params.get("sampling_seed"),
+                think_end_ids=end_ids,
             )
             group.children.append(state)
             self._states[state.rid] = state
