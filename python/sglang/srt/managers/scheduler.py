@@ -308,7 +308,8 @@ class Scheduler:
         self.results.send(reqs)
 
     def _send_load(self, req_id: int) -> None:
-        load = self.stats.load(req_id, self._running_count(), self._queued_count())
+        grammar_queued = len(self.grammar_queue) if self.grammar_queue is not None else 0
+        load = self.stats.load(req_id, self._running_count(), self._queued_count(), grammar_queued)
         self.results.send_message(BatchTokenOut(outs=[], load=load))
 
     # ------------------------------------------------------------------ the next step

@@ -368,7 +368,9 @@ class TokenizerManager(ManyRequests):
     def _record_finish(self, state: ReqState) -> None:
         if self.metrics is not None:
             elapsed = time.perf_counter() - state.created_at
-            self.metrics.finished(state.prompt_tokens, state.completion_tokens, elapsed, state.finished_reason)
+            self.metrics.finished(
+                state.prompt_tokens, state.completion_tokens, elapsed, state.finished_reason, state.cached_tokens
+            )
 
     def _logged_request(self, prepared: PreparedRequest) -> Optional[GenerateReqInput]:
         """--log-requests: log the request's arrival; returns what its finish line shows (None: not logged)."""
