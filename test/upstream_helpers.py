@@ -24,6 +24,7 @@ EXTRA_FLAGS = [
     "--enable-cache-report",
     "--max-running-requests", "10",
     "--grammar-backend", "llguidance",
+    "--enable-metrics",
 ]
 TOOLS_PARSER = "llama3"
 TOOLS_FLAGS = ["--tool-call-parser", TOOLS_PARSER]

@@ -11,7 +11,8 @@ session, for the upstream tests that need launch flags the shared `smollm_server
 - `--max-running-requests 10` (upstream test_matched_stop),
 - `--grammar-backend llguidance` (the LLGuidance classes of test_json_constrained, test_json_mode,
   test_ebnf_constrained and test_regex_constrained; their xgrammar classes run on the session's
-  `smollm_server`).
+  `smollm_server`),
+- `--enable-metrics` (upstream test_metrics).
 
 Grouping them costs one server start instead of five. The flags do not change greedy tokens.
 
