@@ -1,7 +1,8 @@
 """meta_info.reasoning_tokens (SGLang's `require_reasoning`): how many output tokens belong to the
 reasoning section, counted for a request that starts inside it. The section ends with the think-end
 marker of --reasoning-parser, whose tokens count as reasoning; while it has not ended every output
-token so far does. Without a reasoning parser, or for a request that does not ask, the count is 0."""
+token so far does. Without a reasoning parser the count is 0; a request that does not ask gets no
+count (meta_info has no reasoning_tokens)."""
 
 from __future__ import annotations
 

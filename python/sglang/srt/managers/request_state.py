@@ -48,7 +48,8 @@ class ReqState:
     streamed_ids: int = 0  # output ids already sent in chunks (--stream-output)
     created_at: float = field(default_factory=time.perf_counter)
     last_token_at: Optional[float] = None  # when output ids last arrived (--enable-metrics)
-    think_end_ids: Optional[list[int]] = None  # set when the request counts its reasoning tokens
+    # Set when the request counts its reasoning tokens (require_reasoning); [] without a parser.
+    think_end_ids: Optional[list[int]] = None
 
 
 def append_logprobs(state: ReqState, out: StrOut, token_text: TokenText) -> None:
@@ -89,8 +90,9 @@ def snapshot(state: ReqState, indexed: bool, with_text: bool, delta_ids: bool) -
         "prompt_tokens": state.prompt_tokens,
         "completion_tokens": state.completion_tokens,
         "cached_tokens": state.cached_tokens,
-        "reasoning_tokens": count_reasoning_tokens(state.output_ids, state.think_end_ids),
     }
+    if state.think_end_ids is not None:
+        meta["reasoning_tokens"] = count_reasoning_tokens(state.output_ids, state.think_end_ids)
     meta.update({key: list(rows) for key, rows in state.logprobs.items()})
     if state.sampling_seed is not None:
         meta["sampling_seed"] = state.sampling_seed

@@ -270,7 +270,7 @@ class TokenizerManager(ManyRequests):
             if rid in self._states or rid in self._children_of:
                 raise ValueError(f"Duplicate request ID: rid {rid!r} is already in use by a running request.")
         counts_reasoning = prepared.obj is not None and prepared.obj.require_reasoning
-        end_ids = self.think_end_ids if counts_reasoning else None
+        end_ids = (self.think_end_ids or []) if counts_reasoning else None
         for index, child in enumerate(prepared.children):
             state = ReqState(
                 rid=child.rid,
