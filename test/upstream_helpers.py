@@ -23,7 +23,11 @@ EXTRA_FLAGS = [
     "--stream-interval", str(EXTRA_STREAM_INTERVAL),
     "--enable-cache-report",
     "--max-running-requests", "10",
+    "--grammar-backend", "llguidance",
+    "--enable-metrics",
 ]
+TOOLS_PARSER = "llama3"
+TOOLS_FLAGS = ["--tool-call-parser", TOOLS_PARSER]
 
 
 def post(server: ServerProcess, path: str, body: Any, timeout: float = TIMEOUT) -> requests.Response:

@@ -8,9 +8,10 @@ test_cache_report runs on the shared extra server (--chunked-prefill-size 64, up
 change what is cached). The other tests of that server use prompts that share no prefix with
 these beyond the chat template, which upstream's thresholds allow for.
 
-Not ported: the other files of features/ (json mode, json_constrained, ebnf, structural tags:
-structured outputs, another issue; enable_thinking, reasoning_content, usage_tokens: reasoning
-parsers; hidden states; LoRA).
+The other files of features/ are ported with their feature: json mode, json_constrained, ebnf
+and structural tags in grammar/test_structured_outputs_upstream.py; enable_thinking,
+reasoning_content and usage_tokens in tools/test_reasoning_upstream.py. Not ported: hidden states
+and LoRA (not served).
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ TestOpenAIV1Score (/v1/score). Upstream's combinations are parametrized here, on
 Upstream starts its server with --api-key; the shared server here has none (the key check has
 its own tests in test_http_server.py), so the client sends a dummy key.
 
-Not ported: test_regex (both classes; structured outputs are another issue) and
-TestOpenAIV1Rerank (a cross-encoder model with --is-embedding: no embedding models here).
+test_regex (both classes) is ported with the structured-output tests
+(grammar/test_structured_outputs_upstream.py). Not ported: TestOpenAIV1Rerank (a cross-encoder
+model with --is-embedding: no embedding models here).
 Scaled: max_tokens 8 where upstream asks 32 or leaves it unset, 16 for custom processors.
 """
 

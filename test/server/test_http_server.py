@@ -547,7 +547,7 @@ def test_sglang_fields_at_their_default_are_accepted(main: Server) -> None:
 
 @pytest.mark.parametrize("field,value", [
     ("lora_path", "my-adapter"), ("return_routed_experts", True), ("image_data", "http://x/y.png"),
-    ("require_reasoning", True), ("session_params", {"id": "s"}), ("return_bytes", True), ("routed_dp_rank", 1),
+    ("return_hidden_states", True), ("session_params", {"id": "s"}), ("return_bytes", True), ("routed_dp_rank", 1),
 ])
 def test_sglang_fields_asking_for_more_are_a_400_naming_them(main: Server, field: str, value: Any) -> None:
     response = main.post({"input_ids": [10, 11], field: value})

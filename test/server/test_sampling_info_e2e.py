@@ -121,7 +121,6 @@ def test_prompt_token_ids_are_returned(server) -> None:
     ({"priority": "high"}, "priority"),
     ({"priority": 1 << 63}, "priority"),
     ({"max_thinking_tokens": -1}, "max_thinking_tokens"),
-    ({"require_reasoning": True}, "require_reasoning"),
 ])
 def test_bad_values_are_a_400_naming_the_field(server, fields: dict, name: str) -> None:
     response = generate(server, "Hi", **fields)

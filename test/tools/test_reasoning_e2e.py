@@ -7,26 +7,15 @@ reasoning_content and add up to the non-streamed message."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import pytest
 import requests
 
 from engine_utils import running_server
-from fake_scheduler import build_test_tokenizer
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmark"))
-from random_checkpoint import write_qwen3_checkpoint  # noqa: E402
+from reasoning_model import write_reasoning_model
 
 pytestmark = pytest.mark.e2e
 
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}"
-    "{% endif %}"
-)
 TIMEOUT = 600
 BODY = {"messages": [{"role": "user", "content": "Why is the sky blue?"}], "max_tokens": 16, "temperature": 1.0,
         "seed": 7, "ignore_eos": True, "thinking_token_budget": 4}
@@ -34,20 +23,8 @@ BODY = {"messages": [{"role": "user", "content": "Why is the sky blue?"}], "max_
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from transformers import PreTrainedTokenizerFast
-
     folder = str(tmp_path_factory.mktemp("tiny-qwen3-reasoning"))
-    build_test_tokenizer(folder)
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
-    tokenizer.add_tokens(["<think>", "</think>"])  # not special, as in Qwen3: they stay in the text
-    tokenizer.chat_template = CHAT_TEMPLATE
-    tokenizer.save_pretrained(folder)
-    write_qwen3_checkpoint(
-        folder, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, vocab_size=len(tokenizer), max_position_embeddings=2048,
-        bos_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-    )
+    write_reasoning_model(folder)
     with running_server("--model-path", folder, "--reasoning-parser", "qwen3") as running:
         yield running
 

@@ -22,11 +22,11 @@ SGLANG_FIELD_DEFAULTS: dict[str, tuple[Any, ...]] = {
     "return_hidden_states": _OFF, "return_routed_experts": _OFF, "routed_experts_start_len": (0,),
     "return_indexer_topk": _OFF, "return_flat_raw_top_logprobs": _OFF,
     "return_flat_raw_output_top_logprobs": _OFF, "return_bytes": _OFF,
-    "background": _OFF, "require_reasoning": _OFF, "use_audio_in_video": _OFF,
+    "background": _OFF, "use_audio_in_video": _OFF,
     "need_wait_for_mm_inputs": _OFF, "log_metrics": (True,), "no_logs": _OFF, "modalities": ([],),
     **{name: () for name in (
         "session_id", "session_params", "input_embeds", "image_data", "video_data", "audio_data", "mm_hashes",
-        "mm_content_hashes", "video_config", "watermark", "sampling_logprobs_mode", "lora_path", "lora_id",
+        "mm_content_hashes", "video_config", "lora_path", "lora_id",
         "positional_embed_overrides", "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key",
         "decode_tp_size", "routed_dp_rank", "data_parallel_rank", "disagg_prefill_dp_rank",
         "num_items_assigned", "encoder_urls", "max_dynamic_patch", "min_dynamic_patch", "image_max_dynamic_patch",

@@ -46,6 +46,8 @@ class GenerateReqInput:
     max_thinking_tokens: Optional[int] = None
     # SGLang's top-level form of sampling_params.watermark (one of the two, not both).
     watermark: Any = None
+    # meta_info.reasoning_tokens counts the output's reasoning section (managers/reasoning_tokens).
+    require_reasoning: bool = False
 
 
 class TokenizedGenerateReqInput(msgspec.Struct, tag=True):
@@ -117,6 +119,12 @@ class SchedulerLoad(msgspec.Struct):
     step_time_buckets: list[float]
     step_time_counts: list[int]
     step_time_sum: float
+    # SGLang's scheduler gauges: requests waiting for a grammar compile (also in num_queue_reqs),
+    # decode tokens/s over the last --decode-log-interval steps, and the cached share of the last
+    # prefill step's prompt tokens.
+    num_grammar_queue_reqs: int = 0
+    gen_throughput: float = 0.0
+    cache_hit_rate: float = 0.0
 
 
 def sum_loads(loads: list[SchedulerLoad]) -> SchedulerLoad:
@@ -127,13 +135,14 @@ def sum_loads(loads: list[SchedulerLoad]) -> SchedulerLoad:
         name: sum(getattr(load, name) for load in loads)
         for name in ("num_running_reqs", "num_queue_reqs", "req_slots_free", "req_slots_total", "max_total_num_tokens",
                      "num_free_tokens", "num_evictable_tokens", "num_used_tokens", "num_steps", "num_failed_steps",
-                     "step_time_sum")
+                     "step_time_sum", "num_grammar_queue_reqs", "gen_throughput")
     }
     return SchedulerLoad(
         req_id=first.req_id,
         token_usage=totals["num_used_tokens"] / max(1, totals["max_total_num_tokens"]),
         step_time_buckets=first.step_time_buckets,
         step_time_counts=[sum(counts) for counts in zip(*(load.step_time_counts for load in loads))],
+        cache_hit_rate=sum(load.cache_hit_rate for load in loads) / len(loads),
         **totals,
     )
 

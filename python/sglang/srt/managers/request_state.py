@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from sglang.srt.beam_search.types import BeamSequence
-from sglang.srt.managers.io_struct import StrOut
+from sglang.srt.managers.io_struct import StrOut, TokenizedGenerateReqInput
 from sglang.srt.managers.sampling_report_out import accumulate, meta_fields
+from sglang.srt.managers.reasoning_tokens import count_reasoning_tokens
 
 TokenText = Callable[[int], Optional[str]]  # a token id -> its text (None without a tokenizer)
 
@@ -54,6 +55,8 @@ class ReqState:
     created_at: float = field(default_factory=time.perf_counter)
     last_token_at: Optional[float] = None  # when output ids last arrived (--enable-metrics)
     beam_results: Optional[list[BeamSequence]] = None  # a finished beam search's returned beams
+    # Set when the request counts its reasoning tokens (require_reasoning); [] without a parser.
+    think_end_ids: Optional[list[int]] = None
 
 
 def append_logprobs(state: ReqState, out: StrOut, token_text: TokenText) -> None:
@@ -96,6 +99,8 @@ def snapshot(state: ReqState, indexed: bool, with_text: bool, delta_ids: bool) -
         "cached_tokens": state.cached_tokens,
     }
     meta.update(spec_meta(state.spec_counts, state.completion_tokens))
+    if state.think_end_ids is not None:
+        meta["reasoning_tokens"] = count_reasoning_tokens(state.output_ids, state.think_end_ids)
     meta.update({key: list(rows) for key, rows in state.logprobs.items()})
     meta.update(meta_fields(state.reports))
     if state.sampling_seed is not None:
@@ -168,3 +173,23 @@ def apply_token_out(state: ReqState, out: StrOut, token_text: TokenText) -> None
     if token.guidance_alpha is not None:
         state.guidance_alpha = (state.guidance_alpha or []) + token.guidance_alpha  # one list per message
     accumulate(state.reports, token)
+
+
+def child_state(
+    child: TokenizedGenerateReqInput, index: int, group: ReqGroup, text_in_logprobs: bool,
+    think_end_ids: Optional[list[int]],
+) -> ReqState:
+    """The state of one scheduled child (index within its request's n) of `group`."""
+    return ReqState(
+        rid=child.rid,
+        index=index,
+        group=group,
+        stream=child.stream,
+        return_logprob=child.return_logprob,
+        want_top=child.top_logprobs_num > 0,
+        want_token_ids=child.token_ids_logprob is not None,
+        text_in_logprobs=text_in_logprobs,
+        sampling_seed=child.sampling_params.get("sampling_seed"),
+        prompt_token_ids=child.input_ids if child.return_prompt_token_ids else None,
+        think_end_ids=think_end_ids,
+    )

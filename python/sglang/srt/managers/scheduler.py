@@ -316,7 +316,8 @@ class Scheduler:
         return kv_budget(req, self.context_len) + self.beams.extra_kv_budget(req)
 
     def _send_load(self, req_id: int, http_worker_ipc: Optional[str]) -> None:
-        load = self.stats.load(req_id, len(self._active_reqs()), self._queued_count())
+        grammar_queued = len(self.grammar_queue) if self.grammar_queue is not None else 0
+        load = self.stats.load(req_id, len(self._active_reqs()), self._queued_count(), grammar_queued)
         self.results.send_load(load, http_worker_ipc)
 
     # ------------------------------------------------------------------ the next step

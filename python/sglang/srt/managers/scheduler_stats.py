@@ -35,6 +35,8 @@ class SchedulerStats:
         self.step_count = 0
         self.step_time = Histogram()  # submit -> result read, observed by the ResultProcessor
         self.decode_steps, self.decode_tokens, self.decode_log_time = 0, 0, time.perf_counter()
+        self.gen_throughput = 0.0  # decode tokens/s at the last decode log line
+        self.cache_hit_rate = 0.0  # cached / (cached + new) prompt tokens of the last prefill step
 
     def count(self, step: Step, running: int, queued: int) -> None:
         """Number the step (the same on every TP rank) and log it. `running`: admitted requests;
@@ -49,6 +51,7 @@ class SchedulerStats:
         if step.mode == ForwardMode.EXTEND:
             new_tokens = sum(step.forward_batch.extend_seq_lens_cpu)
             cached = sum(r.cached_tokens for r in step.reqs)
+            self.cache_hit_rate = cached / max(cached + new_tokens, 1)
             logger.info(
                 "Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d, #running-req: %d, #queue-req: %d",
                 len(step.reqs), new_tokens, cached, running, queued,
@@ -60,14 +63,16 @@ class SchedulerStats:
             return
         now = time.perf_counter()
         throughput = self.decode_tokens / max(now - self.decode_log_time, 1e-9)
+        self.gen_throughput = throughput
         self.decode_log_time, self.decode_tokens = now, 0
         logger.info(
             "Decode batch. #running-req: %d, #token: %d, token usage: %.2f, gen throughput (token/s): %.2f, #queue-req: %d",
             len(step.reqs), used, used / self.max_total_tokens, throughput, queued,
         )
 
-    def load(self, req_id: int, running: int, queued: int) -> SchedulerLoad:
-        """The load snapshot answering GetLoadReq `req_id`."""
+    def load(self, req_id: int, running: int, queued: int, grammar_queued: int = 0) -> SchedulerLoad:
+        """The load snapshot answering GetLoadReq `req_id`; `grammar_queued` of the `queued`
+        requests wait for their grammar's compile."""
         pool = self.req_to_token_pool
         free, evictable = self.tree_cache.allocator.available_size(), self.tree_cache.evictable_size()
         used = self.max_total_tokens - free - evictable
@@ -87,4 +92,7 @@ class SchedulerStats:
             step_time_buckets=self.step_time.buckets,
             step_time_counts=self.step_time.cumulative(),
             step_time_sum=self.step_time.sum,
+            num_grammar_queue_reqs=grammar_queued,
+            gen_throughput=self.gen_throughput,
+            cache_hit_rate=self.cache_hit_rate,
         )

@@ -40,8 +40,9 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.managers.fan_out import ManyRequests, PreparedRequest, fan_out
 from sglang.srt.managers.load_queries import LoadQueries
 from sglang.srt.managers.request_extras import PRIORITY_DISABLED_MESSAGE, message_fields, priority_refused
+from sglang.srt.managers.reasoning_tokens import think_end_ids
 from sglang.srt.managers.request_logger import RequestLogger
-from sglang.srt.managers.request_state import ReqGroup, ReqState, apply_token_out, snapshot
+from sglang.srt.managers.request_state import ReqGroup, ReqState, apply_token_out, child_state, snapshot
 from sglang.srt.managers.request_validator import RequestValidator
 from sglang.srt.managers.results_channel import results_source
 from sglang.srt.managers.results_router import worker_endpoints
@@ -78,6 +79,7 @@ class TokenizerManager(ManyRequests):
         self.tokenizer = tokenizer  # None with --skip-tokenizer-init
         self.request_logger = RequestLogger(server_args.log_requests, server_args.log_requests_level)
         self.validator = RequestValidator(server_args, ready, tokenizer)
+        self.think_end_ids = think_end_ids(tokenizer, server_args.reasoning_parser)
         # Sends never block: PUSH to a connected endpoint queues and the HWM is unlimited, so
         # abort can be sent from a generator's finally (even during garbage collection).
         self._sync_ctx = zmq.Context()
@@ -277,19 +279,10 @@ class TokenizerManager(ManyRequests):
         for rid in [prepared.rid] + [child.rid for child in prepared.children]:
             if rid in self._states or rid in self._children_of:
                 raise ValueError(f"Duplicate request ID: rid {rid!r} is already in use by a running request.")
+        counts_reasoning = prepared.obj is not None and prepared.obj.require_reasoning
+        end_ids = (self.think_end_ids or []) if counts_reasoning else None
         for index, child in enumerate(prepared.children):
-            state = ReqState(
-                rid=child.rid,
-                index=index,
-                group=group,
-                stream=child.stream,
-                return_logprob=child.return_logprob,
-                want_top=child.top_logprobs_num > 0,
-                want_token_ids=child.token_ids_logprob is not None,
-                text_in_logprobs=prepared.return_text_in_logprobs,
-                sampling_seed=child.sampling_params.get("sampling_seed"),
-                prompt_token_ids=child.input_ids if child.return_prompt_token_ids else None,
-            )
+            state = child_state(child, index, group, prepared.return_text_in_logprobs, end_ids)
             group.children.append(state)
             self._states[state.rid] = state
         self._children_of[prepared.rid] = [s.rid for s in group.children]
@@ -369,7 +362,9 @@ class TokenizerManager(ManyRequests):
     def _record_finish(self, state: ReqState) -> None:
         if self.metrics is not None:
             elapsed = time.perf_counter() - state.created_at
-            self.metrics.finished(state.prompt_tokens, state.completion_tokens, elapsed, state.finished_reason)
+            self.metrics.finished(
+                state.prompt_tokens, state.completion_tokens, elapsed, state.finished_reason, state.cached_tokens
+            )
             if state.spec_counts[0]:
                 self.metrics.spec_finished(state.completion_tokens / state.spec_counts[0])
 

@@ -46,7 +46,12 @@ LOAD_GAUGES = {
     "num_evictable_tokens": ("sglang:num_evictable_tokens", "KV tokens of cached prefixes no request holds."),
     "max_total_num_tokens": ("sglang:max_total_num_tokens", "KV cache capacity in tokens."),
     "req_slots_free": ("sglang:num_free_req_slots", "Request slots free for admission."),
+    "num_grammar_queue_reqs": ("sglang:num_grammar_queue_reqs", "The number of requests in the grammar waiting queue."),
+    "gen_throughput": ("sglang:gen_throughput", "The generation throughput (token/s)."),
+    "cache_hit_rate": ("sglang:cache_hit_rate", "The prefix cache hit rate."),
 }
+# SGLang's speculative-decoding gauge: the mean accepted draft length, 0 without a draft model.
+SPEC_ACCEPT_LENGTH = ("sglang:spec_accept_length", "The average acceptance length of speculative decoding.")
 
 
 class SchedulerLoadCollector:
@@ -65,6 +70,9 @@ class SchedulerLoadCollector:
             gauge = GaugeMetricFamily(name, doc, labels=names)
             gauge.add_metric(values, float(getattr(load, field)))
             yield gauge
+        spec = GaugeMetricFamily(*SPEC_ACCEPT_LENGTH, labels=names)
+        spec.add_metric(values, 0.0)
+        yield spec
         failed = CounterMetricFamily("sglang:num_failed_steps", "Scheduler steps that raised (their requests aborted).", labels=names)
         failed.add_metric(values, load.num_failed_steps)
         yield failed
@@ -85,6 +93,9 @@ class TokenizerMetricsCollector:
         self.prompt_tokens = Counter("sglang:prompt_tokens", "Number of prefill tokens processed.", names, registry=self.registry)
         self.generation_tokens = Counter(
             "sglang:generation_tokens", "Number of generation tokens processed.", names, registry=self.registry
+        )
+        self.cached_tokens = Counter(
+            "sglang:cached_tokens", "Number of prompt tokens served from the prefix cache.", names, registry=self.registry
         )
         self.requests = Counter("sglang:num_requests", "Number of requests processed.", names, registry=self.registry)
         self.aborted = Counter(
@@ -122,10 +133,13 @@ class TokenizerMetricsCollector:
         """`count` tokens arrived `seconds` after the previous ones: SGLang observes the mean gap."""
         self.itl.labels(**self.label_values).observe(seconds / count)
 
-    def finished(self, prompt_tokens: int, completion_tokens: int, e2e_seconds: float, reason: dict) -> None:
+    def finished(
+        self, prompt_tokens: int, completion_tokens: int, e2e_seconds: float, reason: dict, cached_tokens: int = 0
+    ) -> None:
         labels = self.label_values
         self.requests.labels(**labels).inc()
         self.prompt_tokens.labels(**labels).inc(prompt_tokens)
+        self.cached_tokens.labels(**labels).inc(cached_tokens)
         self.generation_tokens.labels(**labels).inc(completion_tokens)
         self.e2e.labels(**labels).observe(e2e_seconds)
         if reason.get("type") == "abort":

@@ -559,11 +559,18 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
 
 
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
+    # SGLang's field, and OpenAI's place for it (completion_tokens_details, only when nonzero).
+    reasoning_tokens: int = 0
+    completion_tokens_details: Optional[CompletionTokensDetails] = None
 
 
 class CompletionLogprobs(BaseModel):

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from sglang.srt.entrypoints.openai.protocol import (
     OPENAI_SAMPLING_DEFAULTS,
+    CompletionTokensDetails,
     ErrorResponse,
     Grammar,
     PromptTokensDetails,
@@ -312,11 +313,14 @@ def usage_of(finals: list[dict[str, Any]], n: int) -> UsageInfo:
     prompt = sum(group[0]["prompt_tokens"] for group in groups)
     completion = sum(m["completion_tokens"] for m in metas)
     cached = sum(max(m.get("cached_tokens", 0) for m in group) for group in groups)
+    reasoning = sum(m.get("reasoning_tokens", 0) for m in metas)
     return UsageInfo(
         prompt_tokens=prompt,
         completion_tokens=completion,
         total_tokens=prompt + completion,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+        reasoning_tokens=reasoning,
+        completion_tokens_details=CompletionTokensDetails(reasoning_tokens=reasoning) if reasoning else None,
     )
 
 

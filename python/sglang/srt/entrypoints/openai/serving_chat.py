@@ -40,7 +40,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
 from sglang.srt.entrypoints.openai.tool_protocol import FunctionDefinition, forced_tools, tool_call_schema
 from sglang.srt.function_call import ToolCallParser, get_detector, json_array_detector
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.parser.reasoning_parser import ReasoningParser, prompt_opens_reasoning
+from sglang.srt.parser.reasoning_parser import REASONING_PARSERS, ReasoningParser, prompt_opens_reasoning
 
 logger = logging.getLogger(__name__)
 
@@ -116,8 +116,14 @@ class OpenAIServingChat(OpenAIServingBase[ChatCompletionRequest]):
                 extra_key=req.cache_namespace,
                 priority=req.priority,
                 return_prompt_token_ids=req.return_prompt_token_ids,
+                require_reasoning=self._starts_in_reasoning(req),
             )
         ]
+
+    def _starts_in_reasoning(self, req: ChatCompletionRequest) -> bool:
+        """Whether the output starts inside the reasoning section (its tokens are then counted)."""
+        parser = self.server_args.reasoning_parser
+        return parser is not None and (REASONING_PARSERS[parser] or req._prompt_opens_reasoning)
 
     def _max_new_tokens(self, req: ChatCompletionRequest) -> Optional[int]:
         limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
