@@ -163,7 +163,7 @@ def _sampler_step(mode: str, guidance: list, logits: torch.Tensor, guide: torch.
 
     rows = [RowSpec(params=SamplingParams(guidance=g, **params)) for g in guidance]
     info = SamplingBatchInfo(rows=rows, vocab_size=VOCAB, device=torch.device("cpu"))
-    asks = [SimpleNamespace(rid=str(i), origin_input_ids=[1], output_ids=[], grammar=None,
+    asks = [SimpleNamespace(rid=str(i), origin_input_ids=[1], output_ids=[], grammar=None, sampling_report=None,
                             logprob=SimpleNamespace(top_logprobs_num=3, token_ids_logprob=[0, 5]))
             for i in range(len(guidance))]
     sampler = Sampler("pytorch", logprobs_mode=mode, device="cpu")
