@@ -30,8 +30,9 @@ def save_tiny_full_vocab(folder: str) -> None:
 
 
 def model_flags(model_path: str, tokenizer_path: str) -> list[str]:
+    # --enable-watermark: test_tp's comparable requests include a watermarked row.
     return ["--model-path", model_path, "--tokenizer-path", tokenizer_path, "--max-running-requests", "16",
-            "--max-total-tokens", "16384"]
+            "--max-total-tokens", "16384", "--enable-watermark"]
 
 
 def wait_exit(server: ServerProcess, seconds: float = EXIT_WAIT_S) -> int:
