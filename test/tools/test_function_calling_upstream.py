@@ -48,6 +48,7 @@ SYSTEM_MESSAGE = (
 
 
 def function(name: str, description: str, properties: dict, required: list[str], strict: bool = False) -> dict:
+    properties = {key: _bounded(prop) for key, prop in properties.items()}
     spec = {"name": name, "description": description,
             "parameters": {"type": "object", "properties": properties, "required": required}}
     if strict:
@@ -55,17 +56,28 @@ def function(name: str, description: str, properties: dict, required: list[str],
     return {"type": "function", "function": spec}
 
 
+def _bounded(prop: dict) -> dict:
+    """Bounded values (upstream's are unbounded): a 135M model sampling at temperature 0.8 can write
+    digits or characters until max_tokens, where upstream's models close the value."""
+    if prop.get("type") == "string" and "enum" not in prop:
+        return {"maxLength": 40, **prop}
+    if prop.get("type") == "integer":
+        return {"minimum": -1000000, "maximum": 1000000, **prop}
+    return prop
+
+
 INT = {"type": "integer", "description": "A number"}
+NAME = {"type": "string"}
 ADD_LOOSE = function("add", "Compute the sum of two numbers", {"a": {"type": "int"}, "b": {"type": "int"}}, ["a", "b"])
 ADD_STRICT = function("add", "Compute the sum of two integers", {"a": INT, "b": INT}, ["a", "b"], strict=True)
 SUB = function("sub", "Compute the difference of two integers", {"int_a": INT, "int_b": INT}, ["int_a", "int_b"], strict=True)
 CITY_WEATHER = function("get_weather", "use this to get latest weather information for a city given its name",
-                        {"city": {"type": "string", "description": "name of the city to get weather for"}}, ["city"])
+                        {"city": {**NAME, "description": "name of the city to get weather for"}}, ["city"])
 UNIT = {"type": "string", "enum": ["celsius", "fahrenheit"]}
 CURRENT_WEATHER = function("get_current_weather", "Get the current weather in a given location",
-                           {"city": {"type": "string"}, "unit": UNIT}, ["city", "unit"])
+                           {"city": NAME, "unit": UNIT}, ["city", "unit"])
 LOCATION_WEATHER = function("get_current_weather", "Get the current weather in a given location",
-                            {"location": {"type": "string"}, "unit": UNIT}, ["location"])
+                            {"location": NAME, "unit": UNIT}, ["location"])
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +205,7 @@ def test_function_call_strict_original(client, model) -> None:
 
 def test_function_call_required(client, model) -> None:
     response = client.chat.completions.create(model=model, max_tokens=FORCED_TOKENS, messages=FRANCE, temperature=0.8, top_p=0.8,
-                                              tools=[SUB, CITY_WEATHER], tool_choice="required")
+                                              tools=[SUB, CITY_WEATHER], tool_choice="required", parallel_tool_calls=False)
     calls = response.choices[0].message.tool_calls
     assert calls
     check_schema(calls, [SUB, CITY_WEATHER])
@@ -220,7 +232,7 @@ def test_function_call_specific(client, model) -> None:
 def test_streaming_multiple_choices_finish_reason(client, model) -> None:
     chunks = list(client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": "What is the weather like in Los Angeles?"}], max_tokens=FORCED_TOKENS,
-        temperature=0.8, stream=True, tools=[LOCATION_WEATHER], tool_choice="required", n=2))
+        temperature=0.8, stream=True, tools=[LOCATION_WEATHER], tool_choice="required", parallel_tool_calls=False, n=2))
     finishes: dict[int, list[str]] = {}
     for chunk in chunks:
         for choice in chunk.choices:
@@ -317,7 +329,7 @@ def test_tool_choice_auto_streaming(client, model) -> None:
 
 def test_tool_choice_required_non_streaming(client, model) -> None:
     response = client.chat.completions.create(model=model, messages=TOOL_CHOICE_MESSAGES, max_tokens=FORCED_TOKENS,
-                                              temperature=0.2, tools=TOOL_CHOICE_TOOLS, tool_choice="required")
+                                              temperature=0.2, tools=TOOL_CHOICE_TOOLS, tool_choice="required", parallel_tool_calls=False)
     calls = response.choices[0].message.tool_calls
     assert calls
     check_well_formed(calls, TOOL_CHOICE_TOOLS)
@@ -325,7 +337,7 @@ def test_tool_choice_required_non_streaming(client, model) -> None:
 
 def test_tool_choice_required_streaming(client, model) -> None:
     _, deltas = collect(client.chat.completions.create(
-        model=model, messages=TOOL_CHOICE_MESSAGES, max_tokens=FORCED_TOKENS, tools=TOOL_CHOICE_TOOLS, tool_choice="required",
+        model=model, messages=TOOL_CHOICE_MESSAGES, max_tokens=FORCED_TOKENS, tools=TOOL_CHOICE_TOOLS, tool_choice="required", parallel_tool_calls=False,
         stream=True))
     assert deltas
 
@@ -356,7 +368,7 @@ def test_multi_tool_scenario_auto(client, model) -> None:
 def test_multi_tool_scenario_required(client, model) -> None:
     """Upstream's flaky-model branch (Llama-3.2's): at least one call, of the travel tools."""
     response = client.chat.completions.create(model=model, messages=TRAVEL_MESSAGES, max_tokens=FORCED_TOKENS, temperature=0.2,
-                                              tools=TRAVEL_TOOLS, tool_choice="required")
+                                              tools=TRAVEL_TOOLS, tool_choice="required", parallel_tool_calls=False)
     calls = response.choices[0].message.tool_calls
     assert calls
     check_well_formed(calls, TRAVEL_TOOLS)
