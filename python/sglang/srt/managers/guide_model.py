@@ -14,6 +14,7 @@ import torch
 from sglang.srt.managers.guidance_pairs import KVSide
 from sglang.srt.managers.request_intake import kv_budget
 from sglang.srt.managers.schedule_policy import SchedulePolicy
+from sglang.srt.managers.scheduler_process import runner_execution_args
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.server_args import ServerArgs
@@ -26,22 +27,9 @@ class GuideModel:
         self.runner: ModelRunner = worker.submit(
             ModelRunner,
             args.guide_model_path,
-            dtype=args.dtype,
-            device=str(device),
-            context_length=args.context_length,
             max_total_tokens=args.guide_max_total_tokens,
             max_running_requests=main.max_running_requests,
-            tp_rank=tp_rank,
-            tp_size=args.tp_size,
-            deterministic=args.enable_deterministic_inference,
-            attention_backend=args.attention_backend,
-            disable_cuda_graph=args.disable_cuda_graph,
-            cuda_graph_max_bs=args.cuda_graph_max_bs,
-            cuda_graph_bs=args.cuda_graph_bs,
-            disable_piecewise_cuda_graph=args.disable_piecewise_cuda_graph,
-            piecewise_cuda_graph_max_tokens=args.piecewise_cuda_graph_max_tokens or args.chunked_prefill_size,
-            piecewise_cuda_graph_tokens=args.piecewise_cuda_graph_tokens,
-            random_seed=args.random_seed,
+            **runner_execution_args(args, device, tp_rank),
         ).result()
         if self.runner.vocab_size != main.vocab_size:
             raise ValueError(

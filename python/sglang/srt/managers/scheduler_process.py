@@ -70,18 +70,30 @@ def start_forward_worker(
     model_runner = worker.submit(
         ModelRunner,
         args.model_path,
-        dtype=args.dtype,
         load_format=args.load_format,
-        device=str(device),
-        context_length=args.context_length,
         max_total_tokens=args.max_total_tokens,
         max_running_requests=args.max_running_requests,
         mem_fraction_static=kv_memory_fraction(args, dp_rank, tp_rank),
+        ep_size=args.ep_size,
+        cpu_int8_activations=args.cpu_int8_activations,
+        sampling_backend=args.sampling_backend,
+        quantization=args.quantization,
+        **runner_execution_args(args, device, tp_rank),
+        watermark=args.watermark_settings(),
+    ).result()
+    return worker, model_runner
+
+
+def runner_execution_args(args: ServerArgs, device: torch.device, tp_rank: int) -> dict[str, Any]:
+    """The ModelRunner arguments every model of a scheduler shares (the served one, a guide
+    model): device and dtype, TP rank, attention backend, CUDA-graph settings, seed."""
+    return dict(
+        dtype=args.dtype,
+        device=str(device),
+        context_length=args.context_length,
         tp_rank=tp_rank,
         tp_size=args.tp_size,
-        ep_size=args.ep_size,
         deterministic=args.enable_deterministic_inference,
-        cpu_int8_activations=args.cpu_int8_activations,
         attention_backend=args.attention_backend,
         disable_cuda_graph=args.disable_cuda_graph,
         cuda_graph_max_bs=args.cuda_graph_max_bs,
@@ -89,12 +101,8 @@ def start_forward_worker(
         disable_piecewise_cuda_graph=args.disable_piecewise_cuda_graph,
         piecewise_cuda_graph_max_tokens=args.piecewise_cuda_graph_max_tokens or args.chunked_prefill_size,
         piecewise_cuda_graph_tokens=args.piecewise_cuda_graph_tokens,
-        sampling_backend=args.sampling_backend,
         random_seed=args.random_seed,
-        quantization=args.quantization,
-        watermark=args.watermark_settings(),
-    ).result()
-    return worker, model_runner
+    )
 
 
 def init_worker(device: torch.device, threads: int) -> None:
