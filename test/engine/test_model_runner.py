@@ -13,7 +13,7 @@ from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers import linear
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPoolAllocator
 from sglang.srt.model_executor.model_runner import ModelRunner
-from sglang.srt.utils import hf_transformers_utils
+from sglang.srt.utils import available_ram_bytes, hf_transformers_utils
 
 from runner_utils import Driver
 
@@ -305,3 +305,10 @@ def test_pools() -> None:
     assert {first, second} == {0, 1} and reqs.alloc() is None
     reqs.free(first)
     assert reqs.available_size() == 1 and reqs.alloc() == first
+
+
+def test_available_ram_counts_the_reclaimable_page_cache() -> None:
+    """The CPU KV budget reads MemAvailable: at least the free pages, at most the machine's RAM."""
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert free * 0.9 <= available_ram_bytes() <= total

@@ -137,9 +137,11 @@ def _queued(server) -> int:
     return requests.get(server.url + "/get_server_info", timeout=TIMEOUT).json()["load"]["num_queue_reqs"]
 
 
-def _wait_queued(server, count: int) -> None:
+def _wait_queued(server, count: int, futures: list) -> None:
     deadline = time.monotonic() + TIMEOUT
     while _queued(server) < count:
+        for future in futures:  # a request that ran at once (or failed) never queues
+            assert not future.done(), f"a request ended while the blocker ran: {future.exception()!r}"
         assert time.monotonic() < deadline, f"{count} requests never queued"
         time.sleep(0.05)
 
@@ -157,11 +159,12 @@ def test_higher_priority_is_admitted_first(server) -> None:
 
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         blocker = iter_stream(server, {"text": "Long story:", "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}})
-        next(blocker)  # it holds the one running slot
+        first = next(blocker)  # it holds the one running slot
+        assert "error" not in first, first
         futures = []
         for queued, (name, priority) in enumerate([("low", 0), ("high", 10), ("mid", 5)], start=1):
             futures.append(pool.submit(run, name, priority))
-            _wait_queued(server, queued)  # arrival order: low, high, mid
+            _wait_queued(server, queued, futures)  # arrival order: low, high, mid
         blocker.close()  # the client goes away: the long request is aborted, the queue runs
         for f in futures:
             f.result()

@@ -5,7 +5,6 @@ decides steps and reads their results."""
 from __future__ import annotations
 
 import logging
-import os
 from typing import Optional
 
 import torch
@@ -37,7 +36,7 @@ from sglang.srt.model_loader import load_model
 from sglang.srt.sampling.step_noise import step_noise_seed
 from sglang.srt.sampling.watermarking.config import WatermarkSettings
 from sglang.srt.sampling.watermarking.state import WatermarkState
-from sglang.srt.utils import host_to_device
+from sglang.srt.utils import available_ram_bytes, host_to_device
 
 logger = logging.getLogger(__name__)
 
@@ -226,7 +225,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             return int(free * (fraction or CUDA_KV_FREE_FRACTION))
-        free_ram = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        free_ram = available_ram_bytes()
         if fraction is not None:
             return int(free_ram * fraction)
         return min(CPU_KV_BUDGET_BYTES, int(free_ram * CPU_KV_RAM_FRACTION))
