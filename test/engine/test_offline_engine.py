@@ -76,6 +76,11 @@ def test_unknown_engine_argument_names_the_closest() -> None:
         sgl.Engine(tp_sise=2)
 
 
+def test_several_tokenizer_workers_are_an_http_option() -> None:
+    with pytest.raises(ValueError, match="tokenizer_worker_num=2"):
+        sgl.Engine(tokenizer_worker_num=2)
+
+
 def test_tp2_engine_matches_tp1(tmp_path, gguf_path: str) -> None:
     _save_tiny("qwen3_head_dim_32_sharded", str(tmp_path))
     prompts = [[1, 2, 3, 4], [5, 6, 7], [9] * 12]

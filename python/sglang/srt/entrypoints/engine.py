@@ -179,6 +179,11 @@ def _server_args(kwargs: dict) -> ServerArgs:
             close = difflib.get_close_matches(key, sorted(names | set(compat)), n=1)
             raise TypeError(f"Engine() got an unknown argument {key!r}" + (f"; did you mean {close[0]!r}?" if close else "."))
     ours = {key: value for key, value in kwargs.items() if key in names}
+    if ours.get("tokenizer_worker_num", 1) != 1:
+        raise ValueError(
+            f"tokenizer_worker_num={ours['tokenizer_worker_num']}: several tokenizer workers serve HTTP "
+            "(python -m sglang.launch_server); sglang.Engine runs its one tokenizer in this process."
+        )
     flags = sorted("--" + key.replace("_", "-") for key in ignored)
     return ServerArgs(**ours, ignored_flags=flags, ignored_values=ignored)
 
