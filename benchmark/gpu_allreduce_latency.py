@@ -3,8 +3,9 @@
 A TP decode step all-reduces the hidden state twice per layer (after attention's o_proj and the
 MLP's down_proj), [B, hidden] in the serving dtype. This times one such all-reduce on two GPUs
 inside a CUDA graph (as the decode graphs replay it): a graph of `--calls` all-reduces replayed
-`--iters` times, per call = elapsed / (iters * calls). Times 2 x layers gives the per-step
-cost to set against the ITL difference of TP=2 and TP=1 at N=1.
+`--iters` times, per call = elapsed / (iters * calls), for NCCL and for the one-shot kernel over
+symmetric memory (custom_all_reduce.py). Times 2 x layers gives the per-step cost to set against
+the ITL difference of TP=2 and TP=1 at N=1.
 
     python benchmark/gpu_allreduce_latency.py --hidden 1024 --layers 28 --out OUT.json
 """
@@ -13,27 +14,45 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+from typing import Callable
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from sglang.srt.distributed.custom_all_reduce import custom_all_reduce
+from sglang.srt.distributed.parallel_state import destroy_tp_groups, init_tp_groups
+
 from sglang.test.server_process import free_port
 
 
-def time_all_reduce(rows: int, hidden: int, calls: int, iters: int) -> float:
+def nccl_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    dist.all_reduce(x)
+    return x
+
+
+def one_shot(x: torch.Tensor) -> torch.Tensor:
+    out = custom_all_reduce(x)
+    if out is None:
+        raise RuntimeError(f"the one-shot all-reduce does not serve a {list(x.shape)} {x.dtype} tensor here")
+    return out
+
+
+IMPLS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"nccl": nccl_all_reduce, "one_shot": one_shot}
+
+
+def time_all_reduce(impl: Callable[[torch.Tensor], torch.Tensor], rows: int, hidden: int, calls: int, iters: int) -> float:
     """Microseconds per all-reduce of a [rows, hidden] bf16 tensor, replayed from a CUDA graph."""
     x = torch.ones(rows, hidden, dtype=torch.bfloat16, device="cuda")  # [rows, hidden] bf16
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):  # NCCL's first call sets up its channels outside the capture
         for _ in range(3):
-            dist.all_reduce(x)
+            impl(x)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
         for _ in range(calls):
-            dist.all_reduce(x)
+            impl(x)
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
@@ -48,16 +67,16 @@ def time_all_reduce(rows: int, hidden: int, calls: int, iters: int) -> float:
 
 
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, results: dict) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
+    device = torch.device("cuda", rank)
+    init_tp_groups(rank, world, device, f"tcp://127.0.0.1:{port}", 120, custom_all_reduce=True)
     try:
-        for rows in args.rows:
-            us = time_all_reduce(rows, args.hidden, args.calls, args.iters)
-            if rank == 0:
-                results[rows] = us
+        for impl in args.impl:
+            for rows in args.rows:
+                us = time_all_reduce(IMPLS[impl], rows, args.hidden, args.calls, args.iters)
+                if rank == 0:
+                    results[f"{impl}/{rows}"] = us
     finally:
-        dist.destroy_process_group()
+        destroy_tp_groups()
 
 
 def main() -> None:
@@ -67,6 +86,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 64, 256])
     parser.add_argument("--calls", type=int, default=56, help="all-reduces per graph (a step's: 2 x layers)")
     parser.add_argument("--iters", type=int, default=200)
+    parser.add_argument("--impl", nargs="+", choices=list(IMPLS), default=list(IMPLS))
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     world = 2
@@ -76,8 +96,9 @@ def main() -> None:
         per_call = dict(sorted(results.items()))
     report = {"device": torch.cuda.get_device_name(0), "world": world, "hidden": args.hidden, "layers": args.layers,
               "per_call_us": per_call, "per_step_us": {r: us * 2 * args.layers for r, us in per_call.items()}}
-    for rows, us in per_call.items():
-        print(f"all-reduce [{rows}, {args.hidden}] bf16 on {world} GPUs in a CUDA graph: {us:.2f} us per call, "
+    for key, us in per_call.items():
+        impl, rows = key.split("/")
+        print(f"{impl} all-reduce [{rows}, {args.hidden}] bf16 on {world} GPUs in a CUDA graph: {us:.2f} us per call, "
               f"{us * 2 * args.layers:.0f} us per decode step ({2 * args.layers} calls)", flush=True)
     if args.out:
         with open(args.out, "w") as f:

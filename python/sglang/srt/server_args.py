@@ -59,6 +59,7 @@ class ServerArgs:
     tp_size: int = 1
     ep_size: int = 1
     dist_timeout: int = 300
+    disable_custom_all_reduce: bool = False
     dp_size: int = 1
     load_balance_method: str = "round_robin"  # SGLang's default
     load_watch_interval: float = 0.1
@@ -420,6 +421,9 @@ class ServerArgs:
             help="HOST:PORT of node 0 where the TP ranks meet (replica i at PORT+i); needed with --nnodes > 1.")
         add("--dist-timeout", type=int, default=d.dist_timeout,
             help="Seconds a TP collective may wait for the other ranks before the rank fails (start-up included).")
+        add("--disable-custom-all-reduce", action="store_true",
+            help="All-reduce through NCCL only; by default small TP messages on CUDA take a one-shot kernel over "
+            "peer-mapped buffers (docs/tp.md).")
 
         group = parser.add_argument_group("Memory and scheduling")
         add = group.add_argument

@@ -16,14 +16,18 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from sglang.srt.distributed.custom_all_reduce import destroy_custom_all_reduce, init_custom_all_reduce
+
 logger = logging.getLogger(__name__)
 
 _CPU_GROUP: Optional[dist.ProcessGroup] = None
 
 
-def init_tp_groups(tp_rank: int, tp_size: int, device: torch.device, init_method: str, timeout_s: float) -> None:
+def init_tp_groups(tp_rank: int, tp_size: int, device: torch.device, init_method: str, timeout_s: float,
+                   custom_all_reduce: bool = False) -> None:
     """Join the TP job: every collective of both groups gives up after `timeout_s` seconds, and so
-    does joining, with an error naming the rendezvous address."""
+    does joining, with an error naming the rendezvous address. `custom_all_reduce`: set up the
+    one-shot all-reduce for small CUDA messages (custom_all_reduce.py)."""
     try:
         _join(tp_rank, tp_size, device, init_method, timedelta(seconds=timeout_s))
     except (RuntimeError, TimeoutError) as err:  # torch.distributed's DistError is a RuntimeError
@@ -32,6 +36,7 @@ def init_tp_groups(tp_rank: int, tp_size: int, device: torch.device, init_method
             f"within --dist-timeout {timeout_s:.0f} s: {err}"
         ) from err
     logger.info("TP rank %d of %d joined (%s).", tp_rank, tp_size, dist.get_backend())
+    init_custom_all_reduce(device, custom_all_reduce, tp_cpu_group())
 
 
 def _join(tp_rank: int, tp_size: int, device: torch.device, init_method: str, timeout: timedelta) -> None:
@@ -73,6 +78,7 @@ def tp_device_group() -> dist.ProcessGroup:
 
 def destroy_tp_groups() -> None:
     global _CPU_GROUP
+    destroy_custom_all_reduce()
     if dist.is_initialized():
         dist.destroy_process_group()
     _CPU_GROUP = None

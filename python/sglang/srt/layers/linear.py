@@ -20,6 +20,7 @@ from sgl_kernel_ext.gemm.block_quant_linear import (
     block_quant_linear,
     decompose_block_quant,
 )
+from sglang.srt.distributed.custom_all_reduce import custom_all_reduce
 from sglang.srt.layers.batch_invariant import is_batch_invariant, row_blocked
 
 logger = logging.getLogger(__name__)
@@ -177,7 +178,11 @@ def dense_matmul(
 def tp_all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
     """The sum of every rank's `x`. In batch-invariant mode the ranks' partial sums are added in
     rank order: a ring all-reduce adds them in an order set by where an element falls among the
-    ring's chunks, whose bounds move with the batch's size (with 3+ ranks that changes bits)."""
+    ring's chunks, whose bounds move with the batch's size (with 3+ ranks that changes bits).
+    Small CUDA messages take the one-shot kernel, rank-ordered too."""
+    summed = custom_all_reduce(x)
+    if summed is not None:
+        return summed
     if not is_batch_invariant():
         torch.distributed.all_reduce(x)
         return x

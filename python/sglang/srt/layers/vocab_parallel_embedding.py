@@ -9,7 +9,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from sgl_kernel_ext.gemm.block_quant_linear import BlockQuantWeight
-from sglang.srt.layers.linear import CPU_PACK_BATCH_HINT, cpu_pack_supported, dense_matmul, find_block_quant, make_param
+from sglang.srt.layers.linear import (
+    CPU_PACK_BATCH_HINT,
+    cpu_pack_supported,
+    dense_matmul,
+    find_block_quant,
+    make_param,
+    tp_all_reduce_sum,
+)
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -62,8 +69,7 @@ class VocabParallelEmbedding(nn.Module):
         # Ids outside this rank's slice look up row 0 and are zeroed; the all-reduce adds the owner's row.
         mine = (input_ids >= self.vocab_start) & (input_ids < self.vocab_end)  # [N] bool
         out = F.embedding((input_ids - self.vocab_start) * mine, self.weight) * mine.unsqueeze(-1)  # [N, H]
-        torch.distributed.all_reduce(out)
-        return out
+        return tp_all_reduce_sum(out)
 
 
 class ParallelLMHead(VocabParallelEmbedding):

@@ -82,7 +82,7 @@ class Scheduler:
         self.dp_rank = dp_rank
         device = rank_device(server_args, dp_rank, tp_rank)
         if self.tp_size > 1:
-            init_tp_groups(tp_rank, self.tp_size, device, port_args.dist_init_method, server_args.dist_timeout)
+            init_tp_groups(tp_rank, self.tp_size, device, port_args.dist_init_method, server_args.dist_timeout, not server_args.disable_custom_all_reduce)
         self.worker, self.model_runner = start_forward_worker(server_args, device, tp_rank, dp_rank)
         self.guide_model = (
             GuideModel(server_args, self.worker, device, tp_rank, self.model_runner) if server_args.guide_model_path else None
