@@ -8,12 +8,14 @@
 #               greedy and seeded+penalised tokens with CUDA graphs equal TP=4 eager
 #   scaling   - the 0.6B-shaped bf16 checkpoint: --dp-size 1 / 2 at N = 256 and --dp-size 4 at N = 1024
 #               (streamed clients), TP=1 / TP=2 at N = 1
+#   fp8-70b-tp2 - the Llama-3.1-70B shape at --tp-size 2 in bf16 and with --quantization fp8 (quantised at
+#               load from the dummy bf16 weights) at N = 1, 16, 64, 256 beside the per-GPU weight-read floor
 #   moe       - the Qwen3-30B-A3B-shaped model (dummy weights) at TP=2 and TP=2 --ep-size 2, N = 1, 64, 256
 # Usage (repo root): bash benchmark/gpu_multi_gpu_check.sh PHASE [PHASE ...]
 # Everything printed also goes to $OUT/multi_gpu.txt (committed under docs/gpu/); result files and server logs
 # come back packed in $OUT/multi_gpu.tgz.
 set -uo pipefail
-[ $# -ge 1 ] || { echo "usage: gpu_multi_gpu_check.sh tp4-70b|tp4-agree|scaling|moe ..."; exit 2; }
+[ $# -ge 1 ] || { echo "usage: gpu_multi_gpu_check.sh tp4-70b|tp4-agree|scaling|fp8-70b-tp2|moe ..."; exit 2; }
 OUT=${OUT:-/tmp/gpu_multi_gpu_out}
 WORK=/tmp/multi_gpu
 mkdir -p "$OUT" "$WORK"
@@ -53,6 +55,11 @@ for phase in "$@"; do
       for tp in 1 2; do
         bench "tp${tp}_n1" 120 --systems ours --concurrency 1 --rounds 3 --tp-size "$tp" --time-budget-s 90
       done
+      ;;
+    fp8-70b-tp2)
+      bench fp8_llama70b_tp2 540 --preset llama3.1-70b --dummy-weights --checkpoint /tmp/llama70b --tp-size 2 \
+        --systems ours ours_fp8_online weight_read_floor --concurrency 1 16 64 256 --rounds 1 --new-tokens 128 \
+        --server-timeout-s 300 --time-budget-s 480
       ;;
     moe)
       for setup in "tp2:--tp-size 2" "tp2_ep2:--tp-size 2 --server-args --ep-size=2"; do
