@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from sglang.srt.constrained.base_grammar_backend import BaseGrammarBackend, GrammarKey
-from sglang.srt.constrained.reasoning_gate import gate_grammar
+from sglang.srt.constrained.reasoning_gate import ReasoningGate
 
 
 class GrammarQueue:
@@ -57,7 +57,9 @@ class GrammarQueue:
                 failed.append((req, str(future.exception())))
             else:
                 matcher = self.backend.new_matcher(future.result(), sorted(req.stop_token_ids()))
-                req.grammar = gate_grammar(matcher, req.require_reasoning, self.think_end_ids)
+                if self.think_end_ids is not None and req.require_reasoning:
+                    matcher = ReasoningGate(matcher, self.think_end_ids)
+                req.grammar = matcher
                 ready.append(req)
         self.entries = waiting
         return ready, failed

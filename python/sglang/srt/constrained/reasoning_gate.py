@@ -12,7 +12,7 @@ forced token is accepted like any other. Rolling back past the marker closes the
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 
@@ -84,13 +84,3 @@ class ReasoningGate(BaseGrammarObject):
         twin.answer_len = self.answer_len
         return twin
 
-
-def gate_grammar(
-    matcher: BaseGrammarObject, require_reasoning: bool, think_end_ids: Optional[Sequence[int]]
-) -> BaseGrammarObject:
-    """The request's grammar: gated behind the reasoning when the request starts in it and the
-    server knows the think-end marker (--reasoning-parser), else the matcher itself (the grammar
-    applies from the first token)."""
-    if require_reasoning and think_end_ids:
-        return ReasoningGate(matcher, think_end_ids)
-    return matcher
