@@ -1,7 +1,8 @@
 """Grammar after reasoning (constrained/reasoning_gate.py) on a real xgrammar grammar: tokens
 before the think-end marker are not masked and never reach the matcher, the marker's last token
 opens the gate, then the grammar masks, refuses and terminates as from a first token; rollback
-across the marker, the batched mask fill, fork, and the grammar queue's choice of when to gate."""
+across the marker, the batched mask fill, fork, the grammar queue's choice of when to gate, and
+chat's rule for which requests reason."""
 
 from __future__ import annotations
 
@@ -117,6 +118,10 @@ def test_batched_fill_mixes_closed_open_and_plain_rows(backend, compiled, tokeni
     assert rows[0] == allowed(opened, vocab) and token(tokenizer, "b") in rows[0] and a not in rows[0]
     assert rows[1] == allowed(plain, vocab) and rows[1] != rows[0]  # the first position vs the second
     assert rows[2] == set(range(vocab))
+    # The threaded fill (GPU hosts) of the same rows: xgrammar's batch call on the open inner matchers.
+    threaded = torch.zeros_like(mask)  # [3, W]
+    ReasoningGate.fill_vocab_masks([opened, closed], threaded, [0, 2], parallel=True)
+    assert torch.equal(threaded[0], mask[0]) and torch.equal(threaded[2], mask[2])
 
 
 class CountingGrammar(BaseGrammarObject):
@@ -192,3 +197,22 @@ def test_require_reasoning_is_checked_and_sent():
     obj.require_reasoning = True
     check_extras(obj, SamplingParams(), server_args, has_tokenizer=True)
     assert message_fields(obj, server_args)["require_reasoning"] is True
+
+
+@pytest.mark.parametrize("parser, kwargs, prompt_opens, expected", [
+    (None, {}, True, False),  # no parser: never gated
+    ("deepseek-r1", {"enable_thinking": False}, False, True),  # always reasons
+    ("qwen3", {}, False, True),  # the model opens <think> itself
+    ("qwen3", {"enable_thinking": False}, False, False),
+    ("qwen3", {"enable_thinking": False}, True, True),  # the prompt opened the section anyway
+])
+def test_chat_reasoning_rule(parser, kwargs, prompt_opens, expected):
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+    from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
+
+    req = ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": kwargs}
+    )
+    req._prompt_opens_reasoning = prompt_opens
+    handler = SimpleNamespace(server_args=SimpleNamespace(reasoning_parser=parser))
+    assert OpenAIServingChat._reasoning_enabled(handler, req) is expected
