@@ -119,9 +119,11 @@ def test_batched_fill_mixes_closed_open_and_plain_rows(backend, compiled, tokeni
     assert rows[1] == allowed(plain, vocab) and rows[1] != rows[0]  # the first position vs the second
     assert rows[2] == set(range(vocab))
     # The threaded fill (GPU hosts) of the same rows: xgrammar's batch call on the open inner matchers.
+    fresh_open = ReasoningGate(matcher(backend, compiled, tokenizer), [end])
+    fresh_open.accept_token(end)
     threaded = torch.zeros_like(mask)  # [3, W]
-    ReasoningGate.fill_vocab_masks([opened, closed], threaded, [0, 2], parallel=True)
-    assert torch.equal(threaded[0], mask[0]) and torch.equal(threaded[2], mask[2])
+    ReasoningGate.fill_vocab_masks([opened, fresh_open, closed], threaded, [0, 1, 2], parallel=True)
+    assert torch.equal(threaded, mask)  # the fresh open gate's row is the plain matcher's
 
 
 class CountingGrammar(BaseGrammarObject):
