@@ -83,4 +83,3 @@ class ReasoningGate(BaseGrammarObject):
         twin.opened = self.opened
         twin.answer_len = self.answer_len
         return twin
-
