@@ -4,6 +4,9 @@ Every TP rank compiles its own copy of each grammar (compiling is deterministic)
 its own matchers; which requests leave the queue at a step must still be the same on every rank,
 or their batches would differ. Each rank's queue holds the same requests in the same order (they
 come from rank 0's broadcast), so one all-reduce(MIN) over the "compiled here" flags decides.
+
+With --reasoning-parser, a request that starts in its reasoning (require_reasoning) gets its
+matcher behind a ReasoningGate: the grammar applies from the think-end marker on.
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ import torch
 import torch.distributed as dist
 
 from sglang.srt.constrained.base_grammar_backend import BaseGrammarBackend, GrammarKey
+from sglang.srt.constrained.reasoning_gate import ReasoningGate
 
 
 class GrammarQueue:
-    def __init__(self, backend: BaseGrammarBackend, tp_group: Optional[Any]) -> None:
+    def __init__(self, backend: BaseGrammarBackend, tp_group: Optional[Any], think_end_ids: Optional[list[int]] = None) -> None:
         self.backend = backend
         self.tp_group = tp_group  # the CPU (gloo) group when TP > 1
+        self.think_end_ids = think_end_ids  # the reasoning parser's think-end marker; None without one
         self.entries: list[tuple[Any, Future]] = []  # (Req, future of the compiled grammar)
 
     def __len__(self) -> int:
@@ -51,7 +56,10 @@ class GrammarQueue:
             elif future.exception() is not None:
                 failed.append((req, str(future.exception())))
             else:
-                req.grammar = self.backend.new_matcher(future.result(), sorted(req.stop_token_ids()))
+                matcher = self.backend.new_matcher(future.result(), sorted(req.stop_token_ids()))
+                if self.think_end_ids is not None and req.require_reasoning:
+                    matcher = ReasoningGate(matcher, self.think_end_ids)
+                req.grammar = matcher
                 ready.append(req)
         self.entries = waiting
         return ready, failed

@@ -46,7 +46,8 @@ class GenerateReqInput:
     max_thinking_tokens: Optional[int] = None
     # SGLang's top-level form of sampling_params.watermark (one of the two, not both).
     watermark: Any = None
-    # meta_info.reasoning_tokens counts the output's reasoning section (managers/reasoning_tokens).
+    # The output starts in a reasoning section: meta_info.reasoning_tokens counts it
+    # (managers/reasoning_tokens) and, with --reasoning-parser, a grammar applies after it.
     require_reasoning: bool = False
 
 
@@ -70,6 +71,7 @@ class TokenizedGenerateReqInput(msgspec.Struct, tag=True):
     return_entropy: bool = False
     return_prompt_token_ids: bool = False  # read by the tokenizer manager only
     priority: Optional[int] = None  # None: the server's default (--default-priority-value)
+    require_reasoning: bool = False  # the grammar applies after the think-end marker (constrained/reasoning_gate.py)
 
 
 # err_type of an abort finish_reason for --max-queued-requests refusals (HTTP 503) and for the

@@ -22,7 +22,7 @@ def _is_int(value: Any) -> bool:
 
 def check_extras(obj: GenerateReqInput, params: SamplingParams, server_args: Any, has_tokenizer: bool) -> None:
     """Check the fields and fold max_thinking_tokens into `params` (the thinking-budget processor)."""
-    for name in ("return_sampling_mask", "return_entropy", "return_prompt_token_ids"):
+    for name in ("return_sampling_mask", "return_entropy", "return_prompt_token_ids", "require_reasoning"):
         if not isinstance(getattr(obj, name), bool):
             raise ValueError(f"{name} must be a boolean, got {getattr(obj, name)!r}.")
     _check_sampling_mask(obj, params, server_args.sampling_mask_max_tokens)
@@ -60,13 +60,15 @@ def _check_priority(priority: Any) -> None:
 
 
 def message_fields(obj: GenerateReqInput, server_args: Any) -> dict[str, Any]:
-    """The scheduler message's fields for a checked request's sampling report, prompt ids and priority."""
+    """The scheduler message's fields for a checked request's sampling report, prompt ids, priority
+    and reasoning start."""
     return {
         "return_sampling_mask": obj.return_sampling_mask,
         "sampling_logprobs_mode": obj.sampling_logprobs_mode or "selected",
         "return_entropy": obj.return_entropy,
         "return_prompt_token_ids": obj.return_prompt_token_ids,
         "priority": resolved_priority(obj.priority, server_args),
+        "require_reasoning": obj.require_reasoning,
     }
 
 

@@ -48,6 +48,7 @@ def req_from_message(
     req.extra_key = message.extra_key
     req.sampling_report = report_ask(message.return_sampling_mask, message.sampling_logprobs_mode, message.return_entropy)
     req.priority = message.priority or 0
+    req.require_reasoning = message.require_reasoning
     return req
 
 

@@ -68,6 +68,7 @@ class Req:
         self.last_node: Any = None  # the deepest radix-cache node the request holds locked
         self.extra_key: Optional[str] = None  # its prefix-cache namespace (cache_salt / extra_key)
         self.grammar: Any = None  # its BaseGrammarObject once compiled (json_schema, regex, ebnf, structural_tag)
+        self.require_reasoning = False  # the output starts in a reasoning section: the grammar waits for its end
         self.sent_output_len = 0  # output ids already sent to the detokenizer
         self.finish_sent = False
         self.kv_failed = False  # a failed step wrote (part of) its K/V: released without caching

@@ -9,6 +9,7 @@ from typing import Any, Optional
 from sglang.srt.constrained.grammar_backends import create_grammar_backend
 from sglang.srt.constrained.grammar_queue import GrammarQueue
 from sglang.srt.distributed.parallel_state import tp_cpu_group
+from sglang.srt.managers.reasoning_tokens import think_end_ids
 from sglang.srt.managers.schedule_batch import eos_ids
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.server_args import ServerArgs
@@ -34,11 +35,14 @@ def make_tree_cache(server_args: ServerArgs, model_runner: Any, deterministic: b
 
 
 def make_grammar_queue(server_args: ServerArgs, tokenizer: Any, vocab_size: int, eos_token_ids: set[int]) -> Optional[GrammarQueue]:
-    """The queue compiling requests' grammars (None without a grammar backend)."""
+    """The queue compiling requests' grammars (None without a grammar backend); with
+    --reasoning-parser it gates the grammars of reasoning requests behind the think-end marker."""
     backend = create_grammar_backend(
         server_args.grammar_backend, tokenizer, vocab_size, sorted(eos_ids(eos_token_ids, tokenizer)),
         any_whitespace=not server_args.constrained_json_disable_any_whitespace,
     )
     if backend is None:
         return None
-    return GrammarQueue(backend, tp_cpu_group() if server_args.tp_size > 1 else None)
+    return GrammarQueue(
+        backend, tp_cpu_group() if server_args.tp_size > 1 else None, think_end_ids(tokenizer, server_args.reasoning_parser)
+    )

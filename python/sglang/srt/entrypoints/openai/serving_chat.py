@@ -116,14 +116,20 @@ class OpenAIServingChat(OpenAIServingBase[ChatCompletionRequest]):
                 extra_key=req.cache_namespace,
                 priority=req.priority,
                 return_prompt_token_ids=req.return_prompt_token_ids,
-                require_reasoning=self._starts_in_reasoning(req),
+                require_reasoning=self._reasoning_enabled(req),
             )
         ]
 
-    def _starts_in_reasoning(self, req: ChatCompletionRequest) -> bool:
-        """Whether the output starts inside the reasoning section (its tokens are then counted)."""
+    def _reasoning_enabled(self, req: ChatCompletionRequest) -> bool:
+        """Whether the output starts with a reasoning section, by SGLang's rule: always with
+        deepseek-r1; with qwen3 unless chat_template_kwargs sets enable_thinking false (and the
+        prompt does not itself open the section). Its tokens are then counted and a grammar
+        applies after it."""
         parser = self.server_args.reasoning_parser
-        return parser is not None and (REASONING_PARSERS[parser] or req._prompt_opens_reasoning)
+        if parser is None:
+            return False
+        thinking = req.chat_template_kwargs.get("enable_thinking") is not False
+        return REASONING_PARSERS[parser] or req._prompt_opens_reasoning or thinking
 
     def _max_new_tokens(self, req: ChatCompletionRequest) -> Optional[int]:
         limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
