@@ -45,15 +45,10 @@ from sglang.srt.entrypoints.openai.protocol import (
     ResponseStatus,
     ResponseUsage,
 )
-from sglang.srt.entrypoints.openai.serving_base import (
-    Events,
-    collect_unless_disconnected,
-    describe_failure,
-    grammar_params,
-    prepend,
-    validation_error,
-)
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
+from sglang.srt.entrypoints.openai.serving_choices import Events, collect_unless_disconnected, prepend
+from sglang.srt.entrypoints.openai.serving_params import grammar_params
+from sglang.srt.entrypoints.openai.serving_wire import describe_failure, validation_error
 from sglang.srt.managers.io_struct import GenerateReqInput
 
 MAX_STORED_RESPONSES = 1024

@@ -91,7 +91,7 @@ class StructuralTagFormat(_Nested):
 
 def _format_union(members: dict[str, type[_Nested]]) -> Any:
     """A union picked by `type` (the keys). Tags contain "[" so that error locations drop them,
-    as they drop pydantic's own union-member tags (serving_base._clean_loc)."""
+    as they drop pydantic's own union-member tags (serving_wire._clean_loc)."""
 
     def tag(value: Any) -> Optional[str]:
         return f"format[{value.get('type')}]" if isinstance(value, dict) else None
