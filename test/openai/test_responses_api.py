@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from engine_utils import generate_ok
 from sglang.test.server_process import ServerProcess
 from sglang.srt.entrypoints.openai.protocol import ResponsesResponse
-from sglang.srt.entrypoints.openai.serving_responses import ResponseStore, StoredResponse
+from sglang.srt.entrypoints.openai.responses_store import ResponseStore, StoredResponse
 from test_openai_api import FakeTokenizer, FakeTokenizerManager, make_app, wait_until
 
 TIMEOUT = 300

@@ -32,7 +32,8 @@ from sglang.srt.models.deepseek_nextn import (
     check_shared_copy,
     nextn_target,
 )
-from sglang.srt.models.llama import LlamaForCausalLM, LlamaMLP, _vocab_all_gather
+from sglang.srt.models.llama import LlamaForCausalLM, _vocab_all_gather
+from sglang.srt.models.llama_layers import LlamaMLP
 
 logger = logging.getLogger(__name__)
 

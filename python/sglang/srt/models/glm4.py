@@ -20,7 +20,8 @@ from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.rotary import rotary_dim_of
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.models.fused_weights import Weights, split_fused
-from sglang.srt.models.llama import LlamaDecoderLayer, LlamaForCausalLM, Rope
+from sglang.srt.models.llama import LlamaForCausalLM
+from sglang.srt.models.llama_layers import LlamaDecoderLayer, Rope
 
 # transformers' Glm4Config rotates half of each head where the config does not say.
 GLM4_PARTIAL_ROTARY_FACTOR = 0.5

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from sgl_kernel_ext.layer.decode_layer_cpu import DecodeLayerWeights
 from sglang.srt.layers.moe.sparse_block import SparseMoeBlock
-from sglang.srt.models.llama import LlamaDecoderLayer
+from sglang.srt.models.llama_layers import LlamaDecoderLayer
 
 
 def num_experts(hf: dict[str, Any]) -> int:

@@ -12,7 +12,8 @@ from torch import nn
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-from sglang.srt.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, Rope
+from sglang.srt.models.llama import LlamaForCausalLM
+from sglang.srt.models.llama_layers import LlamaAttention, LlamaMLP, Rope
 
 
 class Olmo2Attention(LlamaAttention):

@@ -10,7 +10,8 @@ from torch import nn
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.models.fused_weights import Weights, split_fused
-from sglang.srt.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+from sglang.srt.models.llama import LlamaForCausalLM
+from sglang.srt.models.llama_layers import LlamaDecoderLayer
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):

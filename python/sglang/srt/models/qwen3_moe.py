@@ -11,7 +11,7 @@ from torch import nn
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.moe import TopKConfig, load_expert_weight
 from sglang.srt.layers.moe.sparse_block import SparseMoeBlock
-from sglang.srt.models.llama import LlamaMLP
+from sglang.srt.models.llama_layers import LlamaMLP
 from sglang.srt.models.moe_decoder import MoeDecoderLayer, num_experts
 from sglang.srt.models.qwen3 import Qwen3ForCausalLM
 

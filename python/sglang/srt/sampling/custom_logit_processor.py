@@ -6,7 +6,8 @@ A request names its processor with a string in one of two forms:
 - `{"callable": "<hex of dill.dumps(cls)>"}` (what `to_str()` produces): a serialized class.
   Unpickling runs arbitrary code, so the engine only accepts it when the operator enabled
   custom processors, and with an allowlist it inspects the pickle statically and accepts
-  only a by-reference pickle of an allowlisted class before unpickling anything.
+  only a by-reference pickle of an allowlisted class before unpickling anything
+  (custom_logit_processor_payload decodes both forms).
 
 Per-request parameters arrive as `custom_params` dicts (one per row, or None); the
 scheduler adds `"__req__"`, a proxy to the request (`origin_input_ids`, `output_ids`, ...).
@@ -16,19 +17,22 @@ from __future__ import annotations
 
 import functools
 import inspect
-import io
 import itertools
 import logging
 import operator
-import pickle
-import pickletools
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, Optional
 
-import dill
-import orjson
 import torch
+
+from sglang.srt.sampling.custom_logit_processor_payload import (
+    CustomLogitProcessorError,
+    check_allowed,
+    decode_callable,
+    encode_callable,
+    parse_reference,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,13 +47,6 @@ CustomParamList = Optional[list[Optional[dict[str, Any]]]]
 _CACHE_SIZE = 1024
 
 
-class CustomLogitProcessorError(ValueError):
-    """A processor string that cannot be loaded; the message says why."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"custom_logit_processor: {reason}")
-
-
 class CustomLogitProcessor(ABC):
     """A stateless logits transform; per-request state comes through custom_params."""
 
@@ -62,7 +59,7 @@ class CustomLogitProcessor(ABC):
     @classmethod
     def to_str(cls) -> str:
         """The class (not an instance) as `{"callable": "<hex of dill.dumps(cls)>"}`."""
-        return orjson.dumps({"callable": dill.dumps(cls).hex()}).decode()
+        return encode_callable(cls)
 
     @classmethod
     def from_str(cls, s: str) -> CustomLogitProcessor:
@@ -112,37 +109,14 @@ def load_custom_logit_processor(
 
 @functools.lru_cache(maxsize=_CACHE_SIZE)
 def _resolve_class(s: str, allowlist: Optional[frozenset[str]]) -> type[CustomLogitProcessor]:
-    kind, value = _parse(s)
+    kind, value = parse_reference(s)
     if kind == "name":
         cls = _lookup(value)
-        _check_allowed(qualified_name(cls), allowlist)
+        check_allowed(qualified_name(cls), allowlist)
         return cls
-    payload = _decode_hex(value)
-    if allowlist is None:
-        obj = _unpickle(dill.loads, payload)
-    else:
-        name = _referenced_class_name(payload)
-        _check_allowed(name, allowlist)
-        obj = _unpickle(lambda p: _AllowlistUnpickler(p, allowlist).load(), payload)
-    cls = _as_processor_class(obj)
+    cls = _as_processor_class(decode_callable(value, allowlist))
     logger.info("Loaded serialized custom logit processor %s", qualified_name(cls))
     return cls
-
-
-def _parse(s: str) -> tuple[str, str]:
-    """Return ("name" | "callable", value) from the JSON reference."""
-    try:
-        data = orjson.loads(s)
-    except (orjson.JSONDecodeError, TypeError) as e:
-        raise CustomLogitProcessorError(f"not valid JSON ({e})") from None
-    if not isinstance(data, dict) or len(data) != 1 or not ({"name", "callable"} & data.keys()):
-        raise CustomLogitProcessorError(
-            'expected a JSON object with exactly one key, "name" or "callable"'
-        )
-    (kind, value), = data.items()
-    if not isinstance(value, str):
-        raise CustomLogitProcessorError(f'"{kind}" must be a string')
-    return kind, value
 
 
 def _lookup(name: str) -> type[CustomLogitProcessor]:
@@ -154,29 +128,6 @@ def _lookup(name: str) -> type[CustomLogitProcessor]:
     return cls
 
 
-def _check_allowed(name: str, allowlist: Optional[frozenset[str]]) -> None:
-    if allowlist is not None and name not in allowlist:
-        raise CustomLogitProcessorError(
-            f"class {name!r} is not in the server's allowlist (--custom-logit-processor-allowlist)"
-        )
-
-
-def _decode_hex(value: str) -> bytes:
-    try:
-        return bytes.fromhex(value)
-    except ValueError:
-        raise CustomLogitProcessorError('"callable" is not a hex string') from None
-
-
-def _unpickle(load: Any, payload: bytes) -> Any:
-    try:
-        return load(payload)
-    except Exception as e:  # any failure inside unpickling is the payload's fault
-        raise CustomLogitProcessorError(
-            f"cannot deserialize the callable ({type(e).__name__}: {e})"
-        ) from None
-
-
 def _as_processor_class(obj: Any) -> type[CustomLogitProcessor]:
     if not (isinstance(obj, type) and issubclass(obj, CustomLogitProcessor)):
         raise CustomLogitProcessorError(
@@ -185,57 +136,6 @@ def _as_processor_class(obj: Any) -> type[CustomLogitProcessor]:
     if inspect.isabstract(obj):
         raise CustomLogitProcessorError(f"class {qualified_name(obj)!r} is abstract")
     return obj
-
-
-# Opcodes a by-reference class pickle is made of (dill emits exactly these for an
-# importable class): framing, string pushes for module and qualname, memo writes.
-_NEUTRAL_OPS = frozenset({"PROTO", "FRAME", "MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"})
-_STRING_OPS = frozenset({"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"})
-
-
-def _referenced_class_name(payload: bytes) -> str:
-    """`module.QualName` of the single global a by-reference pickle loads, without loading it.
-
-    Anything that could run code on load (REDUCE, BUILD, NEWOBJ, INST, extension codes, a
-    second global, by-value classes) is refused; only a lone global followed by STOP passes.
-    """
-    try:
-        ops = list(pickletools.genops(payload))
-    except ValueError as e:  # pickletools reports malformed data as ValueError
-        raise CustomLogitProcessorError(f"the callable is not a valid pickle ({e})") from None
-    strings: list[str] = []
-    name: Optional[str] = None
-    for op, arg, pos in ops:
-        if op.name in _NEUTRAL_OPS:
-            continue
-        if op.name in _STRING_OPS:
-            strings.append(arg)
-        elif op.name == "STACK_GLOBAL" and name is None and len(strings) == 2:
-            name = ".".join(strings)
-            strings.clear()
-        elif op.name == "GLOBAL" and name is None and not strings:
-            name = ".".join(arg.split(" ", 1))
-        elif op.name == "STOP" and name is not None and not strings and pos == len(payload) - 1:
-            return name
-        else:
-            raise CustomLogitProcessorError(
-                "with an allowlist only a by-reference pickle of an importable class is "
-                f"accepted (the callable pickle has {op.name} at byte {pos})"
-            )
-    raise CustomLogitProcessorError("the callable is not a valid pickle (no STOP)")
-
-
-class _AllowlistUnpickler(pickle.Unpickler):
-    """Second line of defence: resolves only allowlisted globals."""
-
-    def __init__(self, payload: bytes, allowlist: frozenset[str]) -> None:
-        super().__init__(io.BytesIO(payload))
-        self._allowlist = allowlist
-
-    def find_class(self, module: str, name: str) -> Any:
-        if f"{module}.{name}" not in self._allowlist:
-            raise pickle.UnpicklingError(f"global {module}.{name} is not allowlisted")
-        return super().find_class(module, name)
 
 
 # ----------------------------------------------------------------------------------------

@@ -18,11 +18,11 @@ from sglang.srt.entrypoints.openai.protocol import (
     ScoringRequest,
 )
 from sglang.srt.entrypoints.openapi_bodies import document_request_bodies
-from sglang.srt.entrypoints.openai.serving_base import error_response, json_response
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from sglang.srt.entrypoints.openai.serving_responses import OpenAIServingResponses
 from sglang.srt.entrypoints.openai.serving_score import OpenAIServingScore
+from sglang.srt.entrypoints.openai.serving_wire import error_response, json_response
 
 __all__ = ["register_openai_routes"]
 

@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from sglang.srt.entrypoints.openai.serving_base import ChoiceTracker, LogprobFormat, Piece
+from sglang.srt.entrypoints.openai.serving_choices import ChoiceTracker, LogprobFormat, Piece
 from sglang.srt.entrypoints.openai.tool_protocol import FunctionCallOut, ToolCallOut
 from sglang.srt.function_call import ToolCallDelta, ToolCallParser
 from sglang.srt.parser.reasoning_parser import ReasoningParser

@@ -24,19 +24,13 @@ from sglang.srt.entrypoints.openai.protocol import (
     ChatTokenLogprob,
     DeltaMessage,
     Grammar,
+    RequestError,
     TopLogprob,
     UsageInfo,
 )
-from sglang.srt.entrypoints.openai.serving_base import (
-    ChoiceTracker,
-    LogprobEntry,
-    OpenAIServingBase,
-    Piece,
-    RequestError,
-    TopEntries,
-    common_sampling_params,
-    grammar_params,
-)
+from sglang.srt.entrypoints.openai.serving_base import OpenAIServingBase
+from sglang.srt.entrypoints.openai.serving_choices import ChoiceTracker, LogprobEntry, Piece, TopEntries
+from sglang.srt.entrypoints.openai.serving_params import common_sampling_params, grammar_params
 from sglang.srt.entrypoints.openai.tool_protocol import FunctionDefinition, forced_tools, tool_call_schema
 from sglang.srt.function_call import ToolCallParser, get_detector, json_array_detector
 from sglang.srt.managers.io_struct import GenerateReqInput

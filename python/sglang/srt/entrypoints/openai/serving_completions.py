@@ -14,14 +14,9 @@ from sglang.srt.entrypoints.openai.protocol import (
     CompletionStreamResponse,
     UsageInfo,
 )
-from sglang.srt.entrypoints.openai.serving_base import (
-    ChoiceTracker,
-    LogprobEntry,
-    OpenAIServingBase,
-    Piece,
-    TopEntries,
-    common_sampling_params,
-)
+from sglang.srt.entrypoints.openai.serving_base import OpenAIServingBase
+from sglang.srt.entrypoints.openai.serving_choices import ChoiceTracker, LogprobEntry, Piece, TopEntries
+from sglang.srt.entrypoints.openai.serving_params import common_sampling_params
 from sglang.srt.managers.io_struct import GenerateReqInput
 
 

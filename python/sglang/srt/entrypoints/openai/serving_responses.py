@@ -9,56 +9,40 @@ call's output_item.added / function_call_arguments.delta... / .done / output_ite
 response.completed / response.incomplete / response.failed). Function tools and tool_choice go
 through the chat handler: its template, its tool grammar and its tool-call parser. `background: true` answers a
 queued response at once and generates in a task (POST /v1/responses/{id}/cancel stops it).
-GET /v1/responses/{id} retrieves and DELETE /v1/responses/{id} deletes a stored response.
-
-Stored responses (store defaults to true) live in this process's memory: the most recent
-MAX_STORED_RESPONSES, the oldest evicted first, lost on restart.
+GET /v1/responses/{id} retrieves and DELETE /v1/responses/{id} deletes a stored response
+(responses_store keeps them; responses_output builds the response objects and the events).
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import orjson
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import ValidationError
 
-from sglang.srt.entrypoints.openai.chat_output import ChatChoiceTracker, ChatDelta, ChatOutputParser, merge_calls
+from sglang.srt.entrypoints.openai.chat_output import ChatChoiceTracker, ChatDelta
 from sglang.srt.entrypoints.openai.protocol import (
     RESPONSE_ID_PREFIX,
     RESPONSES_UNSUPPORTED,
     ChatCompletionRequest,
     ErrorResponse,
     RequestError,
-    ResponseFunctionCall,
-    ResponseOutputMessage,
     ResponseOutputText,
     ResponsesRequest,
     ResponsesResponse,
-    ResponseStatus,
-    ResponseUsage,
 )
-from sglang.srt.entrypoints.openai.serving_base import (
-    Events,
-    collect_unless_disconnected,
-    describe_failure,
-    grammar_params,
-    prepend,
-    validation_error,
-)
+from sglang.srt.entrypoints.openai.responses_output import EventWriter, Turn, call_events
+from sglang.srt.entrypoints.openai.responses_store import MAX_STORED_RESPONSES, Message, ResponseStore, StoredResponse
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
+from sglang.srt.entrypoints.openai.serving_choices import Events, collect_unless_disconnected, prepend
+from sglang.srt.entrypoints.openai.serving_params import grammar_params
+from sglang.srt.entrypoints.openai.serving_wire import describe_failure, validation_error
 from sglang.srt.managers.io_struct import GenerateReqInput
-
-MAX_STORED_RESPONSES = 1024
-
-Message = dict[str, Any]
 
 
 # ----------------------------------------------------------------------------- errors
@@ -101,115 +85,11 @@ def _not_found(response_id: str, param: str = "response_id") -> ResponsesRequest
     return ResponsesRequestError(f"Response with id '{response_id}' not found.", param=param, status_code=404)
 
 
-# ----------------------------------------------------------------------------- storage
-
-
-@dataclass
-class StoredResponse:
-    response: ResponsesResponse
-    # The conversation that produced it, without instructions (OpenAI does not carry those over
-    # to a follow-up), ending with its output once it has finished.
-    history: list[Message]
-
-
-class ResponseStore:
-    """The most recent `capacity` responses; putting one again makes it the most recent."""
-
-    def __init__(self, capacity: int = MAX_STORED_RESPONSES) -> None:
-        self.capacity = capacity
-        self._items: OrderedDict[str, StoredResponse] = OrderedDict()
-
-    def get(self, response_id: str) -> Optional[StoredResponse]:
-        return self._items.get(response_id)
-
-    def put(self, stored: StoredResponse) -> None:
-        self._items[stored.response.id] = stored
-        self._items.move_to_end(stored.response.id)
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
-
-    def pop(self, response_id: str) -> Optional[StoredResponse]:
-        return self._items.pop(response_id, None)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-# ----------------------------------------------------------------------------- one request
-
-
-@dataclass
-class Turn:
-    """One create request: what its response objects are built from."""
-
-    req: ResponsesRequest
-    response_id: str
-    model: str
-    history: list[Message]  # previous conversation + this input, without instructions
-    # A fresh parser of the output (its tool calls); set once the chat request is built.
-    make_parser: Callable[[], ChatOutputParser] = lambda: ChatOutputParser(None, None)
-    message_id: str = field(default_factory=lambda: f"msg_{uuid.uuid4().hex}")
-    created_at: int = field(default_factory=lambda: int(time.time()))
-
-    def response(self, status: ResponseStatus, **fields: Any) -> ResponsesResponse:
-        req = self.req
-        return ResponsesResponse(
-            id=self.response_id, created_at=self.created_at, status=status, model=self.model,
-            instructions=req.instructions, max_output_tokens=req.max_output_tokens,
-            previous_response_id=req.previous_response_id, store=req.store, background=req.background,
-            temperature=req.effective_temperature, top_p=req.effective_top_p, tool_choice=req.tool_choice_echo(),
-            tools=[t.model_dump(exclude_none=True) for t in req.tools],
-            parallel_tool_calls=req.parallel_tool_calls, user=req.user, metadata=req.metadata,
-            text=req.text.echo(), **fields,
-        )
-
-    def message(self, text: str, status: str) -> ResponseOutputMessage:
-        return ResponseOutputMessage(id=self.message_id, status=status, content=[ResponseOutputText(text=text)])
-
-    def finished(self, final: dict[str, Any], parsed: Optional[ChatDelta] = None) -> ResponsesResponse:
-        """The response for the engine's last item: completed (also on reaching max_output_tokens:
-        SGLang's answer, which SGLang clients and the openai client's stream helper expect;
-        OpenAI's own API says incomplete there). `parsed` is the streamed parse of the output;
-        without it the text is parsed here. The message comes first, then the calls."""
-        if parsed is None:
-            parser = self.make_parser()
-            parsed = parser.feed(final["text"]).add(parser.finish())
-        meta = final["meta_info"]
-        usage = ResponseUsage.of(meta["prompt_tokens"], meta["completion_tokens"], meta.get("cached_tokens", 0))
-        finish = meta.get("finish_reason") or {}
-        status = "incomplete" if finish.get("type") == "abort" else "completed"
-        output = [self.message(parsed.content, status), *function_calls(parsed, status)]
-        if finish.get("type") == "abort":
-            error = {"code": "server_error", "message": finish.get("message", "the request was aborted")}
-            return self.response("failed", output=output, usage=usage, error=error)
-        return self.response("completed", output=output, usage=usage)
-
-    def failed(self, failure: ErrorResponse) -> ResponsesResponse:
-        return self.response("failed", error={"code": "server_error", "message": failure.message})
-
-    def stored(self, response: ResponsesResponse) -> StoredResponse:
-        answer: Message = {"role": "assistant", "content": response.output_text()}
-        calls = response.function_calls()
-        if calls:
-            answer["tool_calls"] = [
-                {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
-            ]
-        return StoredResponse(response, self.history + ([answer] if response.output else []))
-
-
 def _input_error(exc: RequestError, prefix: str) -> RequestError:
     """An error of the chat request built from the input: it names tools / tool_choice, else input."""
     if exc.param in ("tools", "tool_choice"):
         return exc
     return RequestError(f"{prefix}{exc}", param="input")
-
-
-def function_calls(parsed: ChatDelta, status: str) -> list[ResponseFunctionCall]:
-    return [
-        ResponseFunctionCall(id=f"fc_{call_id.removeprefix('call_')}", call_id=call_id, name=name, arguments=arguments,
-                             status=status)
-        for call_id, name, arguments in merge_calls(parsed.tool_calls)
-    ]
 
 
 async def _last_item(events: Events) -> dict[str, Any]:
@@ -219,34 +99,6 @@ async def _last_item(events: Events) -> dict[str, Any]:
     if final is None:
         raise RuntimeError("the engine ended a request without output")
     return final
-
-
-class _EventWriter:
-    """Server-sent Responses events: `event: <type>` + `data: <json>` with a sequence number."""
-
-    def __init__(self) -> None:
-        self.sequence = 0
-
-    def __call__(self, kind: str, **fields: Any) -> bytes:
-        body = {"type": kind, "sequence_number": self.sequence, **fields}
-        self.sequence += 1
-        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(body) + b"\n\n"
-
-
-def _call_events(event: _EventWriter, deltas: list[Any], item_ids: dict[int, str]) -> list[bytes]:
-    """A call's item (after the message, at output_index 1 + its index) opens with its first
-    delta; its argument text follows as deltas. `item_ids` keeps each call's item id."""
-    out = []
-    for delta in deltas:
-        if delta.id is not None:
-            item_ids[delta.index] = f"fc_{delta.id.removeprefix('call_')}"
-            item = ResponseFunctionCall(id=item_ids[delta.index], call_id=delta.id, name=delta.function.name,
-                                        arguments="", status="in_progress")
-            out.append(event("response.output_item.added", output_index=1 + delta.index, item=item.model_dump()))
-        if delta.function.arguments:
-            out.append(event("response.function_call_arguments.delta", output_index=1 + delta.index,
-                             item_id=item_ids[delta.index], delta=delta.function.arguments))
-    return out
 
 
 # ----------------------------------------------------------------------------- serving
@@ -395,7 +247,7 @@ class OpenAIServingResponses:
         return StreamingResponse(self._sse(turn, first, events), media_type="text/event-stream")
 
     async def _sse(self, turn: Turn, first: dict[str, Any], events: Events) -> AsyncIterator[bytes]:
-        event = _EventWriter()
+        event = EventWriter()
         started = turn.response("in_progress").model_dump()
         yield event("response.created", response=started)
         yield event("response.in_progress", response=started)
@@ -411,7 +263,7 @@ class OpenAIServingResponses:
                 parsed = parsed.add(ChatDelta(content=piece.text, tool_calls=piece.tool_calls))
                 if piece.text:
                     yield event("response.output_text.delta", **ids, delta=piece.text, logprobs=[])
-                for chunk in _call_events(event, piece.tool_calls, item_ids):
+                for chunk in call_events(event, piece.tool_calls, item_ids):
                     yield chunk
         except Exception as exc:
             response = turn.failed(describe_failure(exc))

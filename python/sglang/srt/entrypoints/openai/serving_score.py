@@ -28,9 +28,9 @@ from sglang.srt.entrypoints.openai.protocol import (
     ScoringResponse,
     UsageInfo,
 )
-from sglang.srt.entrypoints.openai.serving_base import (
+from sglang.srt.entrypoints.openai.serving_choices import collect_unless_disconnected
+from sglang.srt.entrypoints.openai.serving_wire import (
     client_closed_response,
-    collect_unless_disconnected,
     describe_failure,
     error_response,
     json_response,
