@@ -206,9 +206,6 @@ def test_streamed_beam_request_sends_the_final_answer(llama) -> None:
     [
         ({"beam_width": 0}, {}, "beam_width"),
         ({"beam_width": 2, "n": 3}, {}, "beam_width"),
-        ({"beam_width": 2, "stop": ["x"]}, {}, "beam_width"),
-        ({"beam_width": 2, "regex": "a+"}, {}, "beam_width"),
-        ({"beam_width": 2, "min_new_tokens": 2}, {}, "beam_width"),
         ({"beam_width": 2, "max_new_tokens": 0}, {}, "beam_width"),
         ({"beam_width": 2}, {"return_logprob": True}, "beam_width"),
         ({"beam_width": 64}, {}, "beam_width"),
