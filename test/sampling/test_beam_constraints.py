@@ -269,3 +269,23 @@ def test_detokenizer_cuts_each_beam_at_its_own_match(tokenizer):
     assert got.new_text == "The "  # the answer is cut as its (best) beam
     kept = DetokenizerManager(tokenizer).handle(BatchTokenOut(outs=[out(True)])).outs[0]
     assert all(b.text.startswith("The fox. The end") for b in kept.token.beam_results)
+
+
+def test_masked_out_candidates_keep_the_survivors_going():
+    """Fewer than k survivors ends a request when stops took the candidates (SGLang's rule), but
+    not when masks left fewer than 2k finite candidates; no survivor at all always ends it."""
+    inf = float("-inf")
+    width = 2
+    ranked = Ranked(
+        torch.tensor([[5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 8]]),
+        torch.zeros(4, 4, dtype=torch.int64),
+        torch.tensor([[-1.0, inf, inf, inf],  # one finite candidate: goes on with one live beam
+                      [-1.0, -2.0, -3.0, -4.0],  # three stops among four: ends
+                      [-1.0, -2.0, inf, inf],  # a stop and a survivor, masks: goes on
+                      [-1.0, inf, inf, inf]]),  # its only candidate stops: ends
+    )
+    stops = torch.tensor([[-1, -1, -1], [6, 7, 8], [5, -1, -1], [5, -1, -1]])
+    sel = walk_candidates(ranked, stops, width, torch.zeros(4, dtype=torch.bool))
+    assert sel.survives.sum(dim=1).tolist() == [1, 1, 1, 0]
+    assert sel.ends.tolist() == [False, True, False, True]
+    assert sel.finishes[2].tolist() == [True, False, False, False]

@@ -5,7 +5,10 @@ top 2k next-token log-probabilities; the candidates of a request are the k * 2k 
 cum_logprob + logprob, ranked best first, of which the first 2k are examined in order:
 a candidate whose token is a stop token, or whose text hits a stop string or stop_regex
 (stop_text.py), finishes (its beam joins the finished pool), any other survives, and the walk stops once k candidates survived. Fewer than k survivors ends the
-request. The global top 2k of the k x V sums is always among these k x 2k, so no row's full
+request (SGLang's early stop), unless masks (a grammar, allowed_token_ids) left fewer than 2k
+finite candidates: then the survivors go on and the request's other rows idle as dead beams
+(cumulative log-probability -inf, so none of their candidates is ever taken); no survivor at
+all ends it. The global top 2k of the k x V sums is always among these k x 2k, so no row's full
 vocabulary is ranked. On the last allowed step (max_new_tokens) the best k candidates all finish.
 """
 
@@ -29,6 +32,7 @@ class Selection(NamedTuple):
     scores: torch.Tensor  # [G, C] float32, new cumulative log-probabilities
     survives: torch.Tensor  # [G, C] bool, at most k per request, in rank order
     finishes: torch.Tensor  # [G, C] bool, examined stop-token candidates
+    ends: torch.Tensor  # [G] bool, the request ends at this step
 
 
 def row_candidates(logits: torch.Tensor, num_candidates: int) -> RowCandidates:
@@ -84,7 +88,9 @@ def walk_candidates(
     on_final = final.unsqueeze(1)
     survives = torch.where(on_final, torch.zeros_like(survives), survives)
     finishes = torch.where(on_final, top_k & valid, finishes)
-    return Selection(tokens, parents, scores, survives, finishes)
+    count = survives.sum(dim=1)  # [G]
+    ends = final | (count == 0) | ((count < width) & valid.all(dim=1))
+    return Selection(tokens, parents, scores, survives, finishes, ends)
 
 
 def joint_select(

@@ -179,13 +179,16 @@ class BeamCoordinator:
                 else:
                     group.finished.append(FinishedBeam(history, scores[j], toks[j] if matched else None))
             live = torch.nonzero(sel.survives[gi]).flatten().tolist()
-            if len(live) < width or bool(final[gi]):
+            if bool(sel.ends[gi]):
                 for j in live:
                     history = group.rows[parents[j]].output_ids + [toks[j]]
                     group.finished.append(FinishedBeam(history, scores[j], None))
                 self._finish(group)
                 continue
-            out.append((group, [parents[j] for j in live], [toks[j] for j in live], [scores[j] for j in live]))
+            # Rows past the survivors (masks left too few candidates) copy the first one, dead.
+            picks = live + [live[0]] * (width - len(live))
+            dead = [float("-inf")] * (width - len(live))
+            out.append((group, [parents[j] for j in picks], [toks[j] for j in picks], [scores[j] for j in live] + dead))
         return out
 
     # ------------------------------------------------------------------ forks
