@@ -75,19 +75,21 @@ def test_json_schema_beams_all_validate(server) -> None:
         jsonschema.validate(json.loads(beam["text"]), SCHEMA)
 
 
-def _stop_text(server, tokenizer) -> tuple[str, list[int]]:
-    """A stop string that the free search's best beam writes with its second token, and the
-    ids of that beam."""
+def _stop_text(server, tokenizer) -> tuple[str, int, list[int]]:
+    """A stop string the free search's best beam writes with one of its first tokens (a word),
+    that token's index, and the ids of that beam."""
     free = search(server, beam_width=3, n=3, max_new_tokens=8, ignore_eos=True, length_penalty=0.0)
     best = beams(free)[0]["output_ids"]
-    stop = tokenizer.decode(best[1:2]).strip()
-    assert len(stop) >= 2, stop
-    return stop, best
+    for i in range(1, min(len(best), 6)):
+        stop = tokenizer.decode(best[i : i + 1]).strip()
+        if len(stop) >= 2 and stop.isalpha():
+            return stop, i, best
+    raise AssertionError(f"no word among the best beam's tokens: {tokenizer.decode(best)!r}")
 
 
 @pytest.mark.parametrize("kind", ["stop", "stop_regex"])
 def test_stop_text_finishes_beams_and_trims_their_text(server, tokenizer, kind) -> None:
-    stop, _ = _stop_text(server, tokenizer)
+    stop, _, _ = _stop_text(server, tokenizer)
     pattern = stop if kind == "stop" else re.escape(stop)
     result = search(server, beam_width=3, n=3, max_new_tokens=8, ignore_eos=True, length_penalty=0.0,
                     **{kind: [pattern]})
@@ -111,15 +113,16 @@ def test_stop_text_finishes_beams_and_trims_their_text(server, tokenizer, kind) 
 
 
 def test_min_new_tokens_holds_every_beam(server, tokenizer) -> None:
-    stop, best = _stop_text(server, tokenizer)
+    stop, i, best = _stop_text(server, tokenizer)
     body = dict(beam_width=3, n=3, max_new_tokens=8, ignore_eos=True, length_penalty=0.0,
-                stop_token_ids=[best[1]], stop=[stop])
+                stop_token_ids=[best[i]], stop=[stop])
     short = beams(search(server, **body))
-    assert min(len(b["output_ids"]) for b in short) <= 2  # without min_new_tokens a beam ends early
-    held = beams(search(server, min_new_tokens=5, **body))
+    hold = i + 3
+    assert min(len(b["output_ids"]) for b in short) < hold  # without min_new_tokens a beam ends early
+    held = beams(search(server, min_new_tokens=hold, **body))
     for beam in held:
-        assert len(beam["output_ids"]) >= 5, beam
-        assert best[1] not in beam["output_ids"][:5]  # the stop id is masked until 5 tokens
+        assert len(beam["output_ids"]) >= hold, beam
+        assert best[i] not in beam["output_ids"][:hold]  # the stop id is masked until `hold` tokens
 
 
 def test_grammar_beams_beside_plain_requests(server) -> None:
