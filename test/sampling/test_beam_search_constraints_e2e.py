@@ -14,7 +14,7 @@ import re
 import jsonschema
 import pytest
 
-from engine_utils import generate_ok, running_server
+from engine_utils import generate, generate_ok, running_server
 from reliability_utils import wait_idle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -140,4 +140,14 @@ def test_grammar_beams_beside_plain_requests(server) -> None:
         assert [b["output_ids"] for b in a["meta_info"].get("beam_results", [])] == [
             b["output_ids"] for b in t["meta_info"].get("beam_results", [])
         ]
+    wait_idle(server)
+
+
+def test_a_beam_search_left_no_token_is_a_400(server, tokenizer) -> None:
+    """A grammar and allowed_token_ids that share no token: no beam can start."""
+    (no,) = tokenizer.encode("no", add_special_tokens=False)
+    response = generate(server, PROMPT, sampling_params={"beam_width": 2, "max_new_tokens": 4, "regex": "yes",
+                                                         "allowed_token_ids": [no]})
+    assert response.status_code == 400, response.text
+    assert "allow no next token" in response.text
     wait_idle(server)

@@ -4,8 +4,9 @@ A request of width k keeps k live beams (the frontier). Each step every beam row
 top 2k next-token log-probabilities; the candidates of a request are the k * 2k sums
 cum_logprob + logprob, ranked best first, of which the first 2k are examined in order:
 a candidate whose token is a stop token, or whose text hits a stop string or stop_regex
-(stop_text.py), finishes (its beam joins the finished pool), any other survives, and the walk stops once k candidates survived. Fewer than k survivors ends the
-request (SGLang's early stop), unless masks (a grammar, allowed_token_ids) left fewer than 2k
+(stop_text.py), finishes (its beam joins the finished pool), any other survives, and the walk
+stops once k candidates survived. Fewer than k survivors ends the request (SGLang's early
+stop), unless masks (a grammar, allowed_token_ids) left fewer than 2k
 finite candidates: then the survivors go on and the request's other rows idle as dead beams
 (cumulative log-probability -inf, so none of their candidates is ever taken); no survivor at
 all ends it. The global top 2k of the k x V sums is always among these k x 2k, so no row's full

@@ -10,9 +10,9 @@ here each request's survivors take over rows: a row whose survivor extends anoth
 that beam's output ids, K/V span (RadixCache.fork_rows: shared slots, the dropped tail freed),
 penalty state, grammar matcher (beam_search/grammar_rows.py) and next input id. A candidate whose
 text hits a stop string or stop_regex finishes as a stop token does (beam_search/stop_text.py).
-Finished beams go to the request's pool; when fewer than k
-survive, or max_new_tokens is reached, the leader finishes with the best beam and the members
-are dropped (never sent).
+Finished beams go to the request's pool; when the selection ends the search (too few
+survivors, or max_new_tokens), the leader finishes with the best beam and the members are
+dropped (never sent).
 
 The step is read before the next step with beam rows is submitted (Scheduler.event_loop), so
 under the overlap schedule beam rows run one step at a time while their batch-mates overlap.
@@ -272,9 +272,13 @@ class BeamCoordinator:
     def _finish(self, group: BeamGroup) -> None:
         group.done = True
         leader = group.leader
-        leader.beam_results = group.results()
-        leader.finished_reason = leader.beam_results[0].finish_reason
-        leader.matched_text = leader.beam_results[0].matched_text  # the answer's text is cut as its beam's
+        results = group.results()
+        if not results:  # masks left no candidate at all before any beam finished
+            leader.abort("No beam can go on: the request's grammar or allowed_token_ids allow no next token.")
+        else:
+            leader.beam_results = results
+            leader.finished_reason = results[0].finish_reason
+            leader.matched_text = results[0].matched_text  # the answer's text is cut as its beam's
         for member in group.rows[1:]:
             member.finished_reason = MEMBER_FINISH
 
