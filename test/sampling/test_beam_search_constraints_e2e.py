@@ -3,7 +3,7 @@ embedded SmolLM2: every beam of a regex / json_schema search matches it and the 
 distinct; a stop string or stop_regex finishes the beams that hit it with their text cut at the
 match (kept with no_stop_trim), and no beam that did not stop holds it; min_new_tokens holds
 stop ids and stop text back on every beam; grammar beams beside plain requests change nobody's
-tokens."""
+tokens; masks that leave no token fail that request alone."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import re
 import jsonschema
 import pytest
 
-from engine_utils import generate, generate_ok, running_server
+from engine_utils import generate_ok, running_server
 from reliability_utils import wait_idle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -143,11 +143,13 @@ def test_grammar_beams_beside_plain_requests(server) -> None:
     wait_idle(server)
 
 
-def test_a_beam_search_left_no_token_is_a_400(server, tokenizer) -> None:
-    """A grammar and allowed_token_ids that share no token: no beam can start."""
+def test_a_beam_search_left_no_token_aborts_with_a_400_reason(server, tokenizer) -> None:
+    """A grammar and allowed_token_ids that share no token: no beam can start (the request ends
+    as a sampled one whose grammar allows nothing does)."""
     (no,) = tokenizer.encode("no", add_special_tokens=False)
-    response = generate(server, PROMPT, sampling_params={"beam_width": 2, "max_new_tokens": 4, "regex": "yes",
-                                                         "allowed_token_ids": [no]})
-    assert response.status_code == 400, response.text
-    assert "allow no next token" in response.text
+    result = search(server, beam_width=2, max_new_tokens=4, regex="yes", allowed_token_ids=[no])
+    reason = result["meta_info"]["finish_reason"]
+    assert (reason["type"], reason["status_code"]) == ("abort", 400), reason
+    assert "allow no next token" in reason["message"]
+    assert result["output_ids"] == []
     wait_idle(server)
