@@ -1,7 +1,8 @@
 """Beam search end to end on a tiny random Llama served in float32: the returned beams equal a
 reference beam search (and, where the width covers every prefix, an exhaustive search) over
 transformers' logits; beam_width=1 is greedy; beams mixed with sampled requests change
-nobody's tokens; penalties, logit_bias and stop ids act per beam; bad inputs are 400s; no KV
+nobody's tokens; penalties, logit_bias, stop ids and regex grammars act per beam (a grammar
+search equals a reference search over the grammar-masked logits); bad inputs are 400s; no KV
 slot or request slot is left held."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sglang as sgl
 
 from beam_reference import beam_search, exhaustive, hf_step
 from engine_utils import generate, generate_ok
-from family_utils import prompts, save_tiny, serving
+from family_utils import FULL_VOCAB, prompts, save_tiny, serving
 from reliability_utils import wait_for_load, wait_idle
 
 pytestmark = pytest.mark.e2e
@@ -108,6 +109,41 @@ def test_stop_token_ids_finish_beams(llama) -> None:
     assert any(matched is not None for _, _, matched in expected)
     result = beam_request(server, prompt, beam_width=3, n=3, max_new_tokens=6, ignore_eos=True,
                           stop_token_ids=sorted(stops), length_penalty=0.0)
+    assert_beams(result, expected)
+
+
+def _grammar_mask(gguf_path: str, regex: str):
+    """allowed_after(history) of a regex: the ids the server's grammar backend allows next."""
+    from sglang.srt.constrained.base_grammar_backend import GrammarKey
+    from sglang.srt.constrained.bitmask import bitmask_width
+    from sglang.srt.constrained.grammar_backends import create_grammar_backend
+    from sglang.srt.utils.hf_transformers_utils import get_tokenizer
+
+    tokenizer = get_tokenizer(gguf_path)
+    backend = create_grammar_backend("xgrammar", tokenizer, FULL_VOCAB, [tokenizer.eos_token_id])
+    compiled = backend.compile_async(GrammarKey("regex", regex)).result()
+
+    def allowed_after(history: list[int]) -> list[int]:
+        matcher = backend.new_matcher(compiled, [tokenizer.eos_token_id])
+        assert all(matcher.accept_token(t) for t in history)
+        mask = torch.zeros(1, bitmask_width(FULL_VOCAB), dtype=torch.int32)
+        matcher.fill_vocab_mask(mask, 0)
+        bits = (mask[0].unsqueeze(1) >> torch.arange(32, dtype=torch.int32)) & 1  # [W, 32]
+        return torch.nonzero(bits.flatten()[:FULL_VOCAB]).flatten().tolist()
+
+    return allowed_after
+
+
+@pytest.mark.parametrize("regex", [r"[01]{40,50}", r"(yes|no)[a-z]{40,60}"])
+def test_grammar_beams_equal_a_masked_reference_search(llama, regex) -> None:
+    """Every beam row masked by its own (forked) matcher. [01] allows two tokens: the first steps
+    keep fewer than k beams going (the masks leave fewer than 2k candidates). No grammar can
+    end within max_new_tokens, so no stop is involved."""
+    server, model = llama
+    prompt = prompts(2)[1]
+    step = hf_step(model, prompt, allowed_after=_grammar_mask(server.checkpoint[1], regex))
+    expected = beam_search(step, width=4, max_new_tokens=6, stop_ids=set())
+    result = beam_request(server, prompt, beam_width=4, n=4, max_new_tokens=6, regex=regex)
     assert_beams(result, expected)
 
 
@@ -206,9 +242,6 @@ def test_streamed_beam_request_sends_the_final_answer(llama) -> None:
     [
         ({"beam_width": 0}, {}, "beam_width"),
         ({"beam_width": 2, "n": 3}, {}, "beam_width"),
-        ({"beam_width": 2, "stop": ["x"]}, {}, "beam_width"),
-        ({"beam_width": 2, "regex": "a+"}, {}, "beam_width"),
-        ({"beam_width": 2, "min_new_tokens": 2}, {}, "beam_width"),
         ({"beam_width": 2, "max_new_tokens": 0}, {}, "beam_width"),
         ({"beam_width": 2}, {"return_logprob": True}, "beam_width"),
         ({"beam_width": 64}, {}, "beam_width"),

@@ -8,7 +8,7 @@ history; a row re-pointed at another beam (a fork) takes that beam's history and
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from sglang.srt.beam_search.selection import beam_score
 from sglang.srt.beam_search.types import BeamSequence
@@ -18,7 +18,8 @@ from sglang.srt.beam_search.types import BeamSequence
 class FinishedBeam:
     output_ids: list[int]
     cum_logprob: float
-    matched: Optional[int]  # the stop token that ended it; None: it ended by length
+    matched: Union[int, str, None]  # the stop token, stop string or stop_regex that ended it; None: by length
+    matched_text: Optional[str] = None  # the text a stop string or stop_regex matched
 
 
 @dataclass
@@ -65,4 +66,5 @@ def _sequence(beam: FinishedBeam, length_penalty: float) -> BeamSequence:
         reason = {"type": "stop", "matched": beam.matched}
     else:
         reason = {"type": "length", "length": n}
-    return BeamSequence(beam.output_ids, reason, beam_score(beam.cum_logprob, n, length_penalty))
+    score = beam_score(beam.cum_logprob, n, length_penalty)
+    return BeamSequence(beam.output_ids, reason, score, matched_text=beam.matched_text)

@@ -1,11 +1,10 @@
-"""The request combinations beam search refuses (HTTP 400 naming beam_width): those SGLang
-refuses, checked on the params alone."""
+"""The request combinations beam search refuses (HTTP 400 naming beam_width), checked on the
+params alone: those SGLang refuses, except grammars, stop strings / stop_regex and
+min_new_tokens, which beams here honour (docs/sampling.md)."""
 
 from __future__ import annotations
 
 from typing import Any
-
-_GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
 def verify_beam_params(params: Any, vocab_size: int) -> None:
@@ -17,12 +16,6 @@ def verify_beam_params(params: Any, vocab_size: int) -> None:
         raise ValueError(f"beam_width ({k}) is too large for the vocabulary of {vocab_size} tokens.")
     if params.max_new_tokens is not None and params.max_new_tokens < 1:
         raise ValueError(f"beam_width ({k}) needs max_new_tokens of at least 1, got {params.max_new_tokens}.")
-    if params.stop_strs or params.stop_regex_strs:
-        raise ValueError("beam_width > 1 does not support stop strings or stop_regex; use stop_token_ids.")
-    if any(getattr(params, name) is not None for name in _GRAMMAR_FIELDS):
-        raise ValueError("beam_width > 1 does not support constrained decoding (json_schema, regex, ebnf, structural_tag).")
-    if params.min_new_tokens > 0:
-        raise ValueError("beam_width > 1 does not support min_new_tokens.")
     if getattr(params, "guidance", None) is not None:
         raise ValueError("beam_width > 1 does not support guidance.")
     if getattr(params, "watermark", None) is not None:

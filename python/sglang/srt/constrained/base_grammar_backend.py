@@ -75,6 +75,11 @@ class BaseGrammarObject(ABC):
     def fill_vocab_mask(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the allowed next tokens into row `row` of a host int32 bitmask [B, W]."""
 
+    def fork(self) -> "BaseGrammarObject":
+        """An independent matcher in this one's state (beam search forks a beam's grammar when
+        another row takes over its continuation); advancing either leaves the other unchanged."""
+        raise NotImplementedError(f"{type(self).__name__} cannot fork its grammar state.")
+
     @classmethod
     def fill_vocab_masks(cls, grammars: list["BaseGrammarObject"], bitmask: torch.Tensor, rows: list[int], parallel: bool) -> None:
         """Fill `rows` of a host bitmask from grammars of this class. `parallel`: the library may

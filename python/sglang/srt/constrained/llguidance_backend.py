@@ -57,6 +57,11 @@ class GuidanceObject(BaseGrammarObject):
     def fill_vocab_mask(self, bitmask: torch.Tensor, row: int) -> None:
         llguidance.torch.fill_next_token_bitmask(self.matcher, bitmask, row)
 
+    def fork(self) -> "GuidanceObject":
+        copy = GuidanceObject(self.matcher.deep_copy(), self.stop_token_ids)
+        copy.accepted_stop = self.accepted_stop
+        return copy
+
     @classmethod
     def fill_vocab_masks_threaded(cls, grammars: list["GuidanceObject"], bitmask: torch.Tensor, rows: list[int]) -> None:
         pairs = [(g.matcher, row) for g, row in zip(grammars, rows)]

@@ -41,6 +41,9 @@ class XGrammarObject(BaseGrammarObject):
     def fill_vocab_mask(self, bitmask: torch.Tensor, row: int) -> None:
         self.matcher.fill_next_token_bitmask(bitmask, row)
 
+    def fork(self) -> "XGrammarObject":
+        return XGrammarObject(self.matcher.fork())
+
     @classmethod
     def fill_vocab_masks_threaded(cls, grammars: list["XGrammarObject"], bitmask: torch.Tensor, rows: list[int]) -> None:
         # One row can take milliseconds (inside a string near its maxLength): rows fill in

@@ -8,9 +8,11 @@ other requests. Each step the sampler hands back every beam row's top-2k log-pro
 its fully processed logits (beam_search/selection.py ranks them for all requests at once);
 here each request's survivors take over rows: a row whose survivor extends another beam takes
 that beam's output ids, K/V span (RadixCache.fork_rows: shared slots, the dropped tail freed),
-penalty state and next input id. Finished beams go to the request's pool; when fewer than k
-survive, or max_new_tokens is reached, the leader finishes with the best beam and the members
-are dropped (never sent).
+penalty state, grammar matcher (beam_search/grammar_rows.py) and next input id. A candidate whose
+text hits a stop string or stop_regex finishes as a stop token does (beam_search/stop_text.py).
+Finished beams go to the request's pool; when the selection ends the search (too few
+survivors, or max_new_tokens), the leader finishes with the best beam and the members are
+dropped (never sent).
 
 The step is read before the next step with beam rows is submitted (Scheduler.event_loop), so
 under the overlap schedule beam rows run one step at a time while their batch-mates overlap.
@@ -23,8 +25,10 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from sglang.srt.beam_search.grammar_rows import GrammarRefused, fork_grammars, grammar_stop_ids
 from sglang.srt.beam_search.group import BeamGroup, FinishedBeam
-from sglang.srt.beam_search.selection import joint_select
+from sglang.srt.beam_search.selection import rank_candidates, walk_candidates
+from sglang.srt.beam_search.stop_text import ranked_text_stops
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.mem_cache.radix_cache import RadixCache
@@ -85,6 +89,7 @@ class BeamCoordinator:
         stops = set(params.stop_token_ids or ())
         if not params.ignore_eos:
             stops |= req.eos_ids()
+        stops |= grammar_stop_ids(req)
         req.beam = BeamGroup(
             width=k, num_return=params.n, length_penalty=params.length_penalty,
             max_new_tokens=params.max_new_tokens, stop_ids=sorted(stops), rows=[req],
@@ -158,7 +163,9 @@ class BeamCoordinator:
             logprobs[gi, :n] = values[rows, :c]
             tokens[gi, :n] = ids[rows, :c]
             stops[gi, : len(group.stop_ids)] = torch.tensor(group.stop_ids, dtype=torch.int64)
-        sel = joint_select(cum, logprobs, tokens, stops, width, final)
+        ranked = rank_candidates(cum, logprobs, tokens)
+        text_mask, text_matches = ranked_text_stops(groups, ranked.parents, ranked.token_ids, ranked.scores)
+        sel = walk_candidates(ranked, stops, width, final, text_mask)
         out = []
         for gi, group in enumerate(groups):
             parents, toks = sel.parents[gi].tolist(), sel.token_ids[gi].tolist()
@@ -166,15 +173,22 @@ class BeamCoordinator:
             matched = not bool(final[gi])
             for j in torch.nonzero(sel.finishes[gi]).flatten().tolist():
                 history = group.rows[parents[j]].output_ids + [toks[j]]
-                group.finished.append(FinishedBeam(history, scores[j], toks[j] if matched else None))
+                text = text_matches[gi][j]
+                if text is not None:  # stop text first, as check_finished orders them
+                    group.finished.append(FinishedBeam(history, scores[j], text.matched, text.text))
+                else:
+                    group.finished.append(FinishedBeam(history, scores[j], toks[j] if matched else None))
             live = torch.nonzero(sel.survives[gi]).flatten().tolist()
-            if len(live) < width or bool(final[gi]):
+            if bool(sel.ends[gi]):
                 for j in live:
                     history = group.rows[parents[j]].output_ids + [toks[j]]
                     group.finished.append(FinishedBeam(history, scores[j], None))
                 self._finish(group)
                 continue
-            out.append((group, [parents[j] for j in live], [toks[j] for j in live], [scores[j] for j in live]))
+            # Rows past the survivors (masks left too few candidates) copy the first one, dead.
+            picks = live + [live[0]] * (width - len(live))
+            dead = [float("-inf")] * (width - len(live))
+            out.append((group, [parents[j] for j in picks], [toks[j] for j in picks], [scores[j] for j in live] + dead))
         return out
 
     # ------------------------------------------------------------------ forks
@@ -189,11 +203,18 @@ class BeamCoordinator:
         new_ids = [-1] * len(batch.reqs)
         slots, next_tokens = [], []
         for group, parents, toks, scores in forks:
+            try:
+                grammars = fork_grammars([row.grammar for row in group.rows], parents, toks)
+            except GrammarRefused as err:
+                self._abort(group, str(err))
+                continue
             if not group.spawned():
-                self._spawn(group, toks)
+                self._spawn(group, toks, grammars)
                 new_ids[position[id(group.leader)]] = toks[0]
             else:
                 self._fork(group, parents, toks)
+                for row, grammar in zip(group.rows, grammars):
+                    row.grammar = grammar
                 for row, parent, tok in zip(group.rows, parents, toks):
                     gather[position[id(row)]] = position[id(group.rows[parent])]
                     new_ids[position[id(row)]] = tok
@@ -222,12 +243,14 @@ class BeamCoordinator:
         for row, history, tok in zip(group.rows, histories, toks):
             row.output_ids = history + [tok]
 
-    def _spawn(self, group: BeamGroup, toks: list[int]) -> None:
-        """After the prefill: the leader takes the best first token, k - 1 members the others."""
+    def _spawn(self, group: BeamGroup, toks: list[int], grammars: list[Any]) -> None:
+        """After the prefill: the leader takes the best first token, k - 1 members the others
+        (each with its grammar matcher, forked from the leader's)."""
         leader = group.leader
         leader.output_ids.append(toks[0])
+        leader.grammar = grammars[0]
         members = []
-        for tok in toks[1:]:
+        for tok, grammar in zip(toks[1:], grammars[1:]):
             member = Req(
                 f"{leader.rid}#beam{len(group.rows)}", leader.origin_input_ids, leader.sampling_params,
                 eos_token_ids=leader.eos_token_ids, custom_logit_processor=leader.custom_logit_processor,
@@ -239,6 +262,7 @@ class BeamCoordinator:
             member.kv_len = leader.kv_len
             self.tree_cache.share_prefix(member.req_pool_idx, leader.req_pool_idx, leader.kv_len)
             member.output_ids = [tok]
+            member.grammar = grammar
             group.rows.append(member)
             members.append(member)
         self.new_batches.append(self.make_batch(members))
@@ -248,12 +272,17 @@ class BeamCoordinator:
     def _finish(self, group: BeamGroup) -> None:
         group.done = True
         leader = group.leader
-        leader.beam_results = group.results()
-        leader.finished_reason = leader.beam_results[0].finish_reason
+        results = group.results()
+        if not results:  # masks left no candidate at all before any beam finished
+            leader.abort("No beam can go on: the request's grammar or allowed_token_ids allow no next token.")
+        else:
+            leader.beam_results = results
+            leader.finished_reason = results[0].finish_reason
+            leader.matched_text = results[0].matched_text  # the answer's text is cut as its beam's
         for member in group.rows[1:]:
             member.finished_reason = MEMBER_FINISH
 
-    def _abort(self, group: BeamGroup) -> None:
+    def _abort(self, group: BeamGroup, message: str = "A beam of this request was aborted.") -> None:
         group.done = True
         leader = group.leader
         reason = next((r.finished_reason for r in group.rows if r.finished()), None)
@@ -261,7 +290,7 @@ class BeamCoordinator:
             if reason is not None and reason.get("type") == "abort":
                 leader.finished_reason = dict(reason)
             else:
-                leader.abort("A beam of this request was aborted.", status_code=500, err_type="InternalServerError")
+                leader.abort(message, status_code=500, err_type="InternalServerError")
         for member in group.rows[1:]:
             if not member.finished():
                 member.finished_reason = MEMBER_FINISH

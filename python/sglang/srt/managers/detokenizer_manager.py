@@ -135,13 +135,16 @@ class DetokenizerManager:
         return StrOut(token=out, new_text=pending)
 
     def _decode_beams(self, out: TokenOut) -> None:
-        """Each returned beam's text, its stop token trimmed as the main text's is."""
+        """Each returned beam's text, its stop token dropped or its text cut where the matched
+        stop string / stop_regex text begins, as the main text's is (neither with no_stop_trim)."""
         for beam in out.beam_results:
             ids = beam.output_ids
             matched = beam.finish_reason.get("matched")
             if isinstance(matched, int) and not out.no_stop_trim and ids and ids[-1] == matched:
                 ids = ids[:-1]
             beam.text = self._decode(ids, out)
+            if isinstance(matched, str) and beam.matched_text and not out.no_stop_trim:
+                beam.text = cut_at_last(beam.text, beam.matched_text)
 
     def _trimmed(self, state: _DecodeState, out: TokenOut) -> StrOut:
         """The final message of a request that stopped on stop text: the whole output decoded at

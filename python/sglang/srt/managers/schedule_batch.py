@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import re
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 
+from sglang.srt.beam_search.stop_text import match_stop_text
 from sglang.srt.layers.sampling_report import ReportAsk
 from sglang.srt.managers.sampling_report_out import PendingReport
 from sglang.srt.model_executor.step import LogprobRequest
-from sglang.srt.sampling.sampling_params import MAX_LEN, SamplingParams
+from sglang.srt.sampling.sampling_params import SamplingParams
 
 
 def eos_ids(model_eos_ids: set[int], tokenizer: Any) -> set[int]:
@@ -132,30 +132,12 @@ class Req:
         return False
 
     def _check_stop_text(self) -> bool:
-        params = self.sampling_params
-        if self.tokenizer is None or not (params.stop_strs or params.stop_regex_strs):
+        match = match_stop_text(self.tokenizer, self.sampling_params, self.output_ids)
+        if match is None:
             return False
-        if params.stop_strs:
-            tail = self._decode_tail(params.stop_str_max_len)
-            for stop in params.stop_strs:
-                if stop and stop in tail:
-                    self.finished_reason = {"type": "stop", "matched": stop}
-                    self.matched_text = stop
-                    return True
-        if params.stop_regex_strs:
-            tail = self._decode_tail(params.stop_regex_max_len)
-            for pattern in params.stop_regex_strs:
-                match = re.search(pattern, tail)
-                if match:
-                    self.finished_reason = {"type": "stop", "matched": pattern}
-                    self.matched_text = match.group(0)
-                    return True
-        return False
-
-    def _decode_tail(self, max_len_tokens: int) -> str:
-        # One extra token: a stop string can start inside the token before its last one.
-        n = len(self.output_ids) if max_len_tokens >= MAX_LEN else max_len_tokens + 1
-        return self.tokenizer.decode(self.output_ids[-n:], skip_special_tokens=False)
+        self.finished_reason = {"type": "stop", "matched": match.matched}
+        self.matched_text = match.text
+        return True
 
 
 @dataclass
