@@ -15,6 +15,7 @@ equal the reference's. Nothing reads back to the host.
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -28,8 +29,31 @@ from sgl_kernel_ext.triton_launch import launch
 BLOCK = 1024  # tokens per block
 SPLIT_BLOCKS = 8  # blocks per program: 8192 tokens
 _HALF = tl.constexpr(1 << 31)
-_MASK32 = tl.constexpr(0xFFFFFFFF)
 _INV_TWO_32 = tl.constexpr(2.0**-32)  # exact: * 2**-32 equals / 2**32
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    # The interpreter has no libdevice: float64 forms rounded to float32 (log1p by Goldberg's
+    # log(u) * x / (u - 1)), equal to torch's float32 functions up to their last-ulp rounding.
+
+    @triton.jit
+    def _log(x):
+        return tl.log(x.to(tl.float64)).to(tl.float32)
+
+    @triton.jit
+    def _log1p(x):
+        x64 = x.to(tl.float64)
+        u = 1.0 + x64
+        return tl.where(u == 1.0, x64, tl.log(u) * x64 / (u - 1.0)).to(tl.float32)
+
+else:
+
+    @triton.jit
+    def _log(x):
+        return libdevice.log(x)  # __nv_logf: torch's CUDA log
+
+    @triton.jit
+    def _log1p(x):
+        return libdevice.log1p(x)  # __nv_log1pf: torch's CUDA log1p
 
 
 @triton.jit(do_not_specialize=["vocab", "width", "key_b", "threshold"])
@@ -64,10 +88,11 @@ def _watermark_select_kernel(
     ctx64 = ctx.to(tl.int64)
     key = tl.load(keys_ptr + row)
     if HAS_KEY_B:
+        key_b = key_b.to(tl.int64)  # a small key arrives as a 32-bit scalar
         coin = mix_word(mix_word(tl.zeros((), dtype=tl.uint32), key), key >> 32)
         coin = mix_word(mix_word(coin, key_b), key_b >> 32)
         coin = fmix32(mix_word(coin, ctx64), 20)
-        key = tl.where(coin.to(tl.int64) < threshold, key, key_b)
+        key = tl.where(coin.to(tl.int64) < threshold.to(tl.int64), key, key_b)
     state = row_hash_state(key, ctx64)
     if split == 0:
         tl.store(ctx_ptr + row, ctx64)
@@ -80,10 +105,11 @@ def _watermark_select_kernel(
         probs = tl.load(probs_ptr + row * vocab + cols, mask=cols < vocab, other=0.0)  # [BLOCK]
         if tl.max(probs, axis=0) > 0:
             hashed = column_hash(state, cols)  # [BLOCK] uint32
-            lower = libdevice.log((hashed.to(tl.float32) + 0.5) * _INV_TWO_32)
-            upper = libdevice.log1p(-(((_MASK32 - hashed).to(tl.float32) + 0.5) * _INV_TWO_32))
+            lower = _log((hashed.to(tl.float32) + 0.5) * _INV_TWO_32)
+            upper = _log1p(-(((~hashed).to(tl.float32) + 0.5) * _INV_TWO_32))  # ~h = 2**32 - 1 - h
             log_u = tl.where(hashed < _HALF, lower, upper)
-            scores = tl.where(probs > 0, tl.math.div_rn(log_u, probs), float("-inf"))  # [BLOCK]
+            kept = probs > 0
+            scores = tl.where(kept, tl.math.div_rn(log_u, tl.where(kept, probs, 1.0)), float("-inf"))  # [BLOCK]
             top = tl.max(scores, axis=0)
             top_id = tl.min(tl.where(scores == top, cols, vocab), axis=0)
             better = top > best

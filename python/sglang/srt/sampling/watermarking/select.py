@@ -75,13 +75,6 @@ def _mix_scrambled32(h: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return _rotl32(h ^ k, 13) * 5 + _signed32(0xE6546B64)
 
 
-def _fmix32(h: torch.Tensor) -> torch.Tensor:
-    h = h ^ 16
-    h = (h ^ _shr32(h, 16)) * _signed32(0x85EBCA6B)
-    h = (h ^ _shr32(h, 13)) * _signed32(0xC2B2AE35)
-    return h ^ _shr32(h, 16)
-
-
 def _hash_columns32_(h: torch.Tensor, state: torch.Tensor, col_block: torch.Tensor, scratch: torch.Tensor) -> None:
     """h ([r, V] int32) = the token hashes of rows with blocks 1-3 mixed into `state` ([r, 1]) and
     scrambled token blocks `col_block` ([V]), in place over preallocated buffers (a fresh
