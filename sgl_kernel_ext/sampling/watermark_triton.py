@@ -140,7 +140,7 @@ def watermark_select_triton(
     best_id = torch.empty((rows, splits), dtype=torch.int32, device=probs.device)  # [W, S]
     ctx = torch.empty(rows, dtype=torch.int64, device=probs.device)  # [W]
     if rows == 0:
-        return ctx, ctx
+        return torch.empty_like(ctx), ctx
     launch(
         _watermark_select_kernel, (rows, splits),
         probs, slots, tails, state_lengths, windows, keys, best_score, best_id, ctx,

@@ -148,7 +148,7 @@ def _filtered_probs(logits: torch.Tensor, info: SamplingBatchInfo, rows: torch.T
             need_top_p=info.need_top_p_sampling,
             need_min_p=info.need_min_p_sampling,
         )
-        scaled = torch.where(support.keeps(scaled), scaled, torch.full_like(scaled, float("-inf")))
+        scaled.masked_fill_(~support.keeps(scaled), float("-inf"))  # scaled is this function's own tensor
     return torch.softmax(scaled, dim=1), support
 
 
