@@ -1,5 +1,6 @@
-"""Keyed Aaronson-Gumbel watermark selection on CUDA: the function of the plain-torch reference
-sglang.srt.sampling.watermarking.select.select_reference, bit for bit.
+"""Keyed Aaronson-Gumbel watermarking on CUDA: the selection (the function of the plain-torch
+reference sglang.srt.sampling.watermarking.select.select_reference, bit for bit) and the state
+update around it (the torch code of WatermarkState.force's admission and WatermarkState.append).
 
 One program per (watermark row, split of the vocabulary). Each program hashes its row's context
 (the last `length` tokens of the row's request slot in the state's right-aligned tails), picks the
@@ -11,6 +12,11 @@ top-k / top-p support) are skipped after loading them. A second step over the sp
 argmax, first maximum: the lowest split) gives the token. libdevice log / log1p and
 round-to-nearest division are the functions torch's CUDA kernels use, so the float32 scores
 equal the reference's. Nothing reads back to the host.
+
+The admission kernel (one program per watermark row) checks the row's context hash against its
+slot's history, applies the empty-context / full-history / entropy gates, records an admitted
+context and writes the forced token; the append kernel shifts each slot's context tail by the
+sampled id. Each replaces about a dozen small torch launches.
 """
 
 from __future__ import annotations
@@ -80,7 +86,7 @@ def _watermark_select_kernel(
     splits = tl.num_programs(1)
     slot = tl.load(slots_ptr + row)
     length = tl.minimum(tl.load(state_lengths_ptr + slot), tl.load(windows_ptr + row))
-    ctx = tl.zeros((), dtype=tl.uint32)
+    ctx = tl.zeros([], dtype=tl.uint32)
     for col in range(0, width):
         word = tl.load(tails_ptr + slot * width + col)
         ctx = tl.where(length >= width - col, mix_word(ctx, word), ctx)
@@ -89,7 +95,7 @@ def _watermark_select_kernel(
     key = tl.load(keys_ptr + row)
     if HAS_KEY_B:
         key_b = key_b.to(tl.int64)  # a small key arrives as a 32-bit scalar
-        coin = mix_word(mix_word(tl.zeros((), dtype=tl.uint32), key), key >> 32)
+        coin = mix_word(mix_word(tl.zeros([], dtype=tl.uint32), key), key >> 32)
         coin = mix_word(mix_word(coin, key_b), key_b >> 32)
         coin = fmix32(mix_word(coin, ctx64), 20)
         key = tl.where(coin.to(tl.int64) < threshold.to(tl.int64), key, key_b)
@@ -97,8 +103,8 @@ def _watermark_select_kernel(
     if split == 0:
         tl.store(ctx_ptr + row, ctx64)
 
-    best = tl.full((), float("-inf"), dtype=tl.float32)
-    best_id = tl.zeros((), dtype=tl.int32)
+    best = tl.full([], float("-inf"), dtype=tl.float32)
+    best_id = tl.zeros([], dtype=tl.int32)
     start = split * (SPLIT_BLOCKS * BLOCK)
     for block in range(0, SPLIT_BLOCKS):
         cols = start + block * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] int32
@@ -150,3 +156,96 @@ def watermark_select_triton(
     # torch.argmax returns the first maximum: the lowest split, so the lowest id among ties.
     chosen = best_id.gather(1, best_score.argmax(dim=1, keepdim=True)).squeeze(1).to(torch.int64)  # [W]
     return chosen, ctx
+
+
+@triton.jit(do_not_specialize=["capacity", "max_probability"])
+def _watermark_admit_kernel(
+    rows_ptr,  # [W] int64: each watermark row's batch row
+    slots_ptr,  # [B] int64: each batch row's request slot
+    chosen_ptr,  # [W] int64: the selected token
+    ctx_ptr,  # [W] int64: the context hash in [0, 2**32)
+    row_max_ptr,  # [W] float32: the largest filtered probability
+    state_lengths_ptr,  # [R] int64
+    windows_ptr,  # [W] int64
+    history_ptr,  # [R, capacity] int32, contiguous: each slot's forced context hashes (their bits)
+    counts_ptr,  # [R] int64: each slot's recorded contexts
+    forced_ptr,  # [B] int64, -1 on entry: the forced token where the row is admitted
+    capacity,
+    max_probability,
+    BLOCK: tl.constexpr,
+):
+    w = tl.program_id(0)
+    row = tl.load(rows_ptr + w)
+    slot = tl.load(slots_ptr + row)
+    ctx = tl.load(ctx_ptr + w).to(tl.uint32).to(tl.int32, bitcast=True)
+    count = tl.load(counts_ptr + slot).to(tl.int32)  # <= capacity <= 4096
+    seen = tl.zeros([], dtype=tl.int32)
+    for start in range(0, count, BLOCK):
+        pos = start + tl.arange(0, BLOCK)
+        recorded = tl.load(history_ptr + slot * capacity + pos, mask=pos < count, other=0)  # [BLOCK]
+        seen += tl.sum(((recorded == ctx) & (pos < count)).to(tl.int32), axis=0)
+    length = tl.minimum(tl.load(state_lengths_ptr + slot), tl.load(windows_ptr + w))
+    admitted = (length > 0) & (seen == 0) & (count < capacity) & (tl.load(row_max_ptr + w) <= max_probability)
+    if admitted:
+        tl.store(history_ptr + slot * capacity + count, ctx)
+        tl.store(counts_ptr + slot, count + 1)
+        tl.store(forced_ptr + row, tl.load(chosen_ptr + w))
+
+
+def watermark_admit_triton(
+    rows: torch.Tensor,
+    slots: torch.Tensor,
+    chosen: torch.Tensor,
+    ctx: torch.Tensor,
+    row_max: torch.Tensor,
+    state_lengths: torch.Tensor,
+    windows: torch.Tensor,
+    history: torch.Tensor,
+    counts: torch.Tensor,
+    batch_size: int,
+    max_probability: float,
+) -> torch.Tensor:
+    """[B] int64: chosen[w] on each admitted watermark row, -1 elsewhere. A row is admitted when its
+    context is non-empty, not in its slot's history, the history has room, and row_max <=
+    max_probability; an admitted context is appended to history / counts in place (one row per slot)."""
+    forced = torch.full((batch_size,), -1, dtype=torch.int64, device=chosen.device)  # [B]
+    if rows.numel():
+        launch(
+            _watermark_admit_kernel, (rows.numel(),),
+            rows, slots, chosen, ctx, row_max, state_lengths, windows, history, counts, forced,
+            history.shape[1], max_probability, BLOCK=1024, num_warps=4,
+        )
+    return forced
+
+
+@triton.jit
+def _watermark_append_kernel(
+    rows_ptr,  # [W] int64: each watermark row's batch row
+    slots_ptr,  # [B] int64: each batch row's request slot
+    next_ids_ptr,  # [B] int64: each batch row's sampled token
+    tails_ptr,  # [R, WIDTH] int64, contiguous
+    state_lengths_ptr,  # [R] int64
+    WIDTH: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    row = tl.load(rows_ptr + tl.program_id(0))
+    slot = tl.load(slots_ptr + row)
+    cols = tl.arange(0, BLOCK_H)  # [BLOCK_H]
+    shifted = tl.load(tails_ptr + slot * WIDTH + cols + 1, mask=cols + 1 < WIDTH, other=0)
+    tl.debug_barrier()  # every thread's load of the old tail before any store over it
+    tail = tl.where(cols == WIDTH - 1, tl.load(next_ids_ptr + row), shifted)
+    tl.store(tails_ptr + slot * WIDTH + cols, tail, mask=cols < WIDTH)
+    tl.store(state_lengths_ptr + slot, tl.minimum(tl.load(state_lengths_ptr + slot) + 1, WIDTH))
+
+
+def watermark_append_triton(
+    rows: torch.Tensor, slots: torch.Tensor, next_ids: torch.Tensor, tails: torch.Tensor, state_lengths: torch.Tensor
+) -> None:
+    """Shift each watermark row's slot tail (tails [R, H] int64) left by one, put the row's sampled id
+    (next_ids [B]) last, and count it in state_lengths (at most H), in place."""
+    if rows.numel():
+        width = tails.shape[1]
+        launch(
+            _watermark_append_kernel, (rows.numel(),),
+            rows, slots, next_ids, tails, state_lengths, WIDTH=width, BLOCK_H=triton.next_power_of_2(width), num_warps=1,
+        )

@@ -122,40 +122,28 @@ def test_exact_tie_goes_to_the_lowest_id(where):
     assert got_ctx.item() == ctx.item() and chosen.item() == i
 
 
-class _KernelSelect:
-    """select_tokens through the kernel on any device (the interpreter on the CPU)."""
-
-    def __call__(self, probs, support, slots, tails, state_lengths, windows, keys, key_b, threshold):
-        return watermark_select_triton(probs.contiguous(), slots, tails, state_lengths, windows, keys, key_b, threshold)
-
-
-def _reference_select(probs, support, slots, tails, state_lengths, windows, keys, key_b, threshold):
-    return _reference(probs, slots, tails, state_lengths, windows, keys, key_b, threshold)
-
-
-def _run_steps(monkeypatch, select, params, logits_steps, prompts):
-    monkeypatch.setattr(state_mod, "select_tokens", select)
+def _run_steps(kernels, params, logits_steps, prompts, outputs):
+    """WatermarkState.force and .append over decode steps (forced ids, else token 0, appended);
+    returns the forced ids [steps, B] and the final state tensors."""
     vocab = logits_steps[0].shape[1]
-    settings = WatermarkSettings(max_probability=0.9)
-    state = state_mod.WatermarkState(settings, len(params), 64, torch.device(DEVICE))
+    settings = WatermarkSettings(key="5", key_b="fedcba9876543210", mixing_probability=0.4, max_probability=0.9)
+    state = state_mod.WatermarkState(settings, len(params) + 3, 64, torch.device(DEVICE), kernels=kernels)
     info = make_info(params, vocab, device=DEVICE)
-    slots = torch.arange(len(params), device=DEVICE)
+    slots = torch.arange(len(params), device=DEVICE) + 2  # [B]: rows live in slots 2 ..
     wm = info.watermark
     state.start(slots.index_select(0, wm.rows), [prompts[i] for i in wm.rows_host],
-                                  [[] for _ in wm.rows_host], wm.windows_host)
-    out, forced = [], []
+                [outputs[i] for i in wm.rows_host], wm.windows_host)
+    forced = []
     for logits in logits_steps:
         forced.append(state.force(logits.clone(), info, slots))
-        ids = torch.where(forced[-1] >= 0, forced[-1], torch.zeros_like(forced[-1]))
-        state.append(info, slots, ids)
-        out.append(ids)
-    return torch.stack(out), torch.stack(forced)
+        state.append(info, slots, torch.where(forced[-1] >= 0, forced[-1], torch.zeros_like(forced[-1])))
+    return torch.stack(forced), (state.tails, state.lengths, state.history, state.counts)
 
 
-def test_force_through_the_kernel_equals_the_reference(monkeypatch):
-    """WatermarkState.force over several steps: greedy rows are not watermark rows, a peaked row is
-    gated by max_probability, a row whose context repeats (ids forced to 0 keep it [0, 0, 0]) is
-    forced once and then samples normally; the forced tokens equal the reference's."""
+def test_force_and_append_through_the_kernels_equal_the_torch_state_update():
+    """Over decode steps: greedy rows are not watermark rows; a peaked row is gated by
+    max_probability; a window-1 row over two tokens meets a context again and samples normally; a retracted row starts with a history; the dual key's coin picks the key. The
+    forced tokens and the whole state equal the torch path's."""
     vocab = BLOCK + 100
     gen = torch.Generator().manual_seed(11)
     params = [
@@ -163,18 +151,22 @@ def test_force_through_the_kernel_equals_the_reference(monkeypatch):
         SamplingParams(temperature=0.0, watermark={"key": "2", "context_window": 3}),  # greedy
         SamplingParams(temperature=0.8, top_k=20, watermark={"key": "abc", "context_window": 2}),
         SamplingParams(temperature=1.0, watermark={"key": "ffffffffffffffff", "context_window": 3}),  # peaked
-        SamplingParams(temperature=1.0, top_p=0.8, watermark={"key": "42", "context_window": 1}),
+        SamplingParams(temperature=1.0, top_k=2, watermark={"key": "42", "context_window": 1}),  # 2 contexts
+        SamplingParams(temperature=1.0, top_p=0.8, watermark={"key": "7", "context_window": 4}),  # retracted
     ]
     steps = []
-    for _ in range(4):
+    for step in range(6):
         logits = torch.randn(len(params), vocab, generator=gen)
         logits[3, 7] = 40.0  # p > 0.9: the entropy gate
+        logits[4, :2] = 10.0  # row 4 only ever has context [0] or [1]: a context repeats by step 3
         steps.append(logits.to(DEVICE))
-    prompts = [[5, 6, 7], [1, 2], [9, 9, 9], [3], [0]]
-    _, forced = _run_steps(monkeypatch, _KernelSelect(), params, steps, prompts)
-    _, expected = _run_steps(monkeypatch, _reference_select, params, steps, prompts)
+    prompts = [[5, 6, 7], [1, 2], [9, 9, 9], [3], [0], [8, 8]]
+    outputs = [[], [], [], [], [], [4, 5, 6, 4, 5, 6]]
+    forced, state = _run_steps(True, params, steps, prompts, outputs)
+    expected, expected_state = _run_steps(False, params, steps, prompts, outputs)
     assert torch.equal(forced, expected)
+    for got, want in zip(state, expected_state):
+        assert torch.equal(got, want)
     assert (forced[:, 1] == -1).all() and (forced[:, 3] == -1).all()  # greedy, gated
-    assert (forced[0, [0, 2, 4]] >= 0).all()
-    # Row 4 (window 1) has context [0] after step 0 appended id 0 unless forced to another id.
-    assert (forced[:, 4] >= 0).sum() < len(steps) or len(set(forced[:, 4].tolist())) == len(steps)
+    assert (forced[0, [0, 2, 4, 5]] >= 0).all()
+    assert (forced[:, 4] == -1).any()  # a repeated context samples normally

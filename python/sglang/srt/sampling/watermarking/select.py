@@ -2,7 +2,7 @@
 probabilities, ties to the lowest id, u_t from hashing.token_hashes.
 
 select_reference is the plain definition (the whole vocabulary in int64). select_tokens is what the
-sampler runs, with the same result bit for bit: on CUDA the Triton kernel
+sampler runs, with the same result bit for bit: with kernels (CUDA) the Triton kernel
 (sgl_kernel_ext/sampling/watermark_triton.py, context hash and key choice fused in); on the CPU
 the hash of only the support's descending window when it holds every kept token (top-k / top-p
 rows), else the vocabulary's hash in int32 arithmetic over cache-sized row chunks.
@@ -134,11 +134,13 @@ def select_tokens(
     keys: torch.Tensor,
     key_b: Optional[int],
     threshold: int,
+    kernel: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(token [W] int64, context hash [W] int64) of each watermark row. probs [W, V] float32 after
     every filter; support the filter's window when one ran (None: the whole vocabulary); the row's
-    context is the last min(state_lengths[slot], windows[row]) columns of tails[slot] ([R, H])."""
-    if probs.is_cuda:
+    context is the last min(state_lengths[slot], windows[row]) columns of tails[slot] ([R, H]);
+    `kernel`: through the Triton kernel (CUDA, or the interpreter in tests)."""
+    if kernel:
         from sgl_kernel_ext.sampling.watermark_triton import watermark_select_triton
 
         return watermark_select_triton(probs.contiguous(), slots, tails, state_lengths, windows, keys, key_b, threshold)

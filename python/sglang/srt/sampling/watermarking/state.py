@@ -68,7 +68,11 @@ class WatermarkState:
     """Per request slot: the last `context_window` committed tokens (right-aligned) and the
     hashes of the contexts already forced (at most min(4096, context length))."""
 
-    def __init__(self, settings: WatermarkSettings, num_slots: int, context_len: int, device: torch.device) -> None:
+    def __init__(
+        self, settings: WatermarkSettings, num_slots: int, context_len: int, device: torch.device, kernels: Optional[bool] = None
+    ) -> None:
+        """`kernels`: select and update through the Triton kernels (default: on CUDA)."""
+        self.kernels = device.type == "cuda" if kernels is None else kernels
         self.settings = settings
         self.width = settings.context_window
         self.capacity = min(MAX_CONTEXTS_PER_REQUEST, context_len)
@@ -107,7 +111,12 @@ class WatermarkState:
         slot = slots.index_select(0, rows)  # [W]
         probs, support = _filtered_probs(logits.index_select(0, rows), info, rows)  # [W, V] float32
         key_b, threshold = self.key_b, self.settings.mixing_threshold
-        chosen, ctx = select_tokens(probs, support, slot, self.tails, self.lengths, wm.windows, wm.keys, key_b, threshold)
+        chosen, ctx = select_tokens(probs, support, slot, self.tails, self.lengths, wm.windows, wm.keys, key_b, threshold, self.kernels)
+        if self.kernels:
+            from sgl_kernel_ext.sampling.watermark_triton import watermark_admit_triton
+
+            return watermark_admit_triton(rows, slots, chosen, ctx, probs.amax(dim=1), self.lengths, wm.windows,
+                                          self.history, self.counts, logits.shape[0], self.settings.max_probability)
         lengths = torch.minimum(self.lengths.index_select(0, slot), wm.windows)  # [W]
         ctx32 = _as_int32(ctx)
         counts = self.counts.index_select(0, slot)
@@ -127,6 +136,11 @@ class WatermarkState:
     def append(self, info: SamplingBatchInfo, slots: torch.Tensor, next_ids: torch.Tensor) -> None:
         """Push each watermark row's sampled id ([B] int64) onto its slot's context tail."""
         rows = info.watermark.rows
+        if self.kernels:
+            from sgl_kernel_ext.sampling.watermark_triton import watermark_append_triton
+
+            watermark_append_triton(rows, slots, next_ids, self.tails, self.lengths)
+            return
         slot = slots.index_select(0, rows)
         tails = torch.cat([self.tails.index_select(0, slot)[:, 1:], next_ids.index_select(0, rows)[:, None]], dim=1)
         self.tails[slot] = tails
