@@ -35,7 +35,7 @@ from sglang.srt.sampling.watermarking.state import WatermarkState  # noqa: E402
 
 
 class _Row:
-    rid, origin_input_ids, output_ids, logprob, grammar = "r", [1, 2, 3], [], None, None
+    rid, origin_input_ids, output_ids, logprob, grammar, sampling_report = "r", [1, 2, 3], [], None, None, None
 
 
 def _contender(n: int, vocab: int, device: torch.device, watermark: bool, params: dict):

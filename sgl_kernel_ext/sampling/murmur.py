@@ -50,15 +50,32 @@ def row_hash_state(seed, position):
 
 
 @triton.jit
-def hash_gumbel(state, cols):
-    """Gumbel noise (float64) of each token id in `cols` for a row whose state is `state`."""
-    h = _mix_block(state, cols.to(tl.uint32))
-    h = h ^ _LENGTH
+def mix_word(h, word):
+    """One body step on a uint32 state `h` with an int64 word (its low 32 bits are mixed)."""
+    return _mix_block(h, (word & _MASK32).to(tl.uint32))
+
+
+@triton.jit
+def fmix32(h, length):
+    """The finaliser of a uint32 state `h` after `length` bytes (uint32)."""
+    h = h ^ length
     h = h ^ (h >> 16)
     h = h * _FMIX1
     h = h ^ (h >> 13)
     h = h * _FMIX2
-    h = h ^ (h >> 16)
+    return h ^ (h >> 16)
+
+
+@triton.jit
+def column_hash(state, cols):
+    """uint32 hash of each token id in `cols` for a row whose state is `state` (blocks 1-3 mixed)."""
+    return fmix32(_mix_block(state, cols.to(tl.uint32)), _LENGTH)
+
+
+@triton.jit
+def hash_gumbel(state, cols):
+    """Gumbel noise (float64) of each token id in `cols` for a row whose state is `state`."""
+    h = column_hash(state, cols)
     u = h.to(tl.float64) / _UINT32_MAX
     log_u = tl.minimum(tl.maximum(tl.log(u), _LOG_CLAMP_MIN), _LOG_CLAMP_MAX)
     return -tl.log(-log_u)

@@ -1,5 +1,6 @@
 """The sampler's watermark: per-batch rows (WatermarkRows, built with the SamplingBatchInfo) and the
-per-request device state (WatermarkState, one row per request slot), and the selection itself.
+per-request device state (WatermarkState, one row per request slot), which admits contexts and
+records them; the selection itself is select.select_tokens.
 
 For each watermarked row whose context is new to its request, the token is
   argmax_t log(u_t) / p_t
@@ -17,10 +18,10 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from sgl_kernel_ext.sampling.support import compute_support
+from sgl_kernel_ext.sampling.support import Support, compute_support
 from sglang.srt.sampling.watermarking.config import MAX_CONTEXTS_PER_REQUEST, WatermarkSettings, parse_key
 from sglang.srt.sampling.watermarking.detector import context_hash
-from sglang.srt.sampling.watermarking.hashing import context_hashes, key_coins, log_uniform, token_hashes
+from sglang.srt.sampling.watermarking.select import select_tokens
 
 # sampling_batch_info.SamplingBatchInfo, which builds WatermarkRows from this module (no import back).
 SamplingBatchInfo = Any
@@ -67,7 +68,11 @@ class WatermarkState:
     """Per request slot: the last `context_window` committed tokens (right-aligned) and the
     hashes of the contexts already forced (at most min(4096, context length))."""
 
-    def __init__(self, settings: WatermarkSettings, num_slots: int, context_len: int, device: torch.device) -> None:
+    def __init__(
+        self, settings: WatermarkSettings, num_slots: int, context_len: int, device: torch.device, kernels: Optional[bool] = None
+    ) -> None:
+        """`kernels`: select and update through the Triton kernels (default: on CUDA)."""
+        self.kernels = device.type == "cuda" if kernels is None else kernels
         self.settings = settings
         self.width = settings.context_window
         self.capacity = min(MAX_CONTEXTS_PER_REQUEST, context_len)
@@ -104,20 +109,20 @@ class WatermarkState:
         wm: WatermarkRows = info.watermark
         rows = wm.rows
         slot = slots.index_select(0, rows)  # [W]
-        lengths = torch.minimum(self.lengths.index_select(0, slot), wm.windows)
-        ctx = context_hashes(self.tails.index_select(0, slot), lengths)  # [W] int64
+        probs, support = _filtered_probs(logits.index_select(0, rows), info, rows)  # [W, V] float32
+        key_b, threshold = self.key_b, self.settings.mixing_threshold
+        chosen, ctx = select_tokens(probs, support, slot, self.tails, self.lengths, wm.windows, wm.keys, key_b, threshold, self.kernels)
+        if self.kernels:
+            from sgl_kernel_ext.sampling.watermark_triton import watermark_admit_triton
+
+            return watermark_admit_triton(rows, slots, chosen, ctx, probs.amax(dim=1), self.lengths, wm.windows,
+                                          self.history, self.counts, logits.shape[0], self.settings.max_probability)
+        lengths = torch.minimum(self.lengths.index_select(0, slot), wm.windows)  # [W]
         ctx32 = _as_int32(ctx)
         counts = self.counts.index_select(0, slot)
         seen = (self.history.index_select(0, slot) == ctx32[:, None]) & (self._positions[None, :] < counts[:, None])
-        probs = _filtered_probs(logits.index_select(0, rows), info, rows)  # [W, V] float32
         eligible = (lengths > 0) & ~seen.any(dim=1) & (counts < self.capacity)
         eligible &= probs.amax(dim=1) <= self.settings.max_probability
-        keys = wm.keys
-        if self.key_b is not None:
-            use_a = key_coins(keys, torch.full_like(keys, self.key_b), ctx) < self.settings.mixing_threshold
-            keys = torch.where(use_a, keys, torch.full_like(keys, self.key_b))
-        scores = log_uniform(token_hashes(keys, ctx, logits.shape[1])) / probs  # [W, V]; p = 0 -> -inf
-        chosen = torch.where(probs > 0, scores, torch.full_like(scores, float("-inf"))).argmax(dim=1)
         self._record(slot, counts, ctx32, eligible)
         forced = torch.full((logits.shape[0],), -1, dtype=torch.int64, device=logits.device)
         return forced.index_copy(0, rows, torch.where(eligible, chosen, torch.full_like(chosen, -1)))
@@ -131,15 +136,22 @@ class WatermarkState:
     def append(self, info: SamplingBatchInfo, slots: torch.Tensor, next_ids: torch.Tensor) -> None:
         """Push each watermark row's sampled id ([B] int64) onto its slot's context tail."""
         rows = info.watermark.rows
+        if self.kernels:
+            from sgl_kernel_ext.sampling.watermark_triton import watermark_append_triton
+
+            watermark_append_triton(rows, slots, next_ids, self.tails, self.lengths)
+            return
         slot = slots.index_select(0, rows)
         tails = torch.cat([self.tails.index_select(0, slot)[:, 1:], next_ids.index_select(0, rows)[:, None]], dim=1)
         self.tails[slot] = tails
         self.lengths[slot] = (self.lengths.index_select(0, slot) + 1).clamp(max=self.width)
 
 
-def _filtered_probs(logits: torch.Tensor, info: SamplingBatchInfo, rows: torch.Tensor) -> torch.Tensor:
-    """[W, V] float32 softmax of the rows' temperature-scaled logits over their sampling support."""
+def _filtered_probs(logits: torch.Tensor, info: SamplingBatchInfo, rows: torch.Tensor) -> tuple[torch.Tensor, Optional[Support]]:
+    """[W, V] float32 softmax of the rows' temperature-scaled logits over their sampling support,
+    and the support (None when no filter ran: the whole vocabulary)."""
     scaled = logits / info.temperatures.index_select(0, rows)
+    support = None
     if info.need_top_k_sampling or info.need_top_p_sampling or info.need_min_p_sampling:
         support = compute_support(
             scaled,
@@ -150,8 +162,8 @@ def _filtered_probs(logits: torch.Tensor, info: SamplingBatchInfo, rows: torch.T
             need_top_p=info.need_top_p_sampling,
             need_min_p=info.need_min_p_sampling,
         )
-        scaled = torch.where(support.keeps(scaled), scaled, torch.full_like(scaled, float("-inf")))
-    return torch.softmax(scaled, dim=1)
+        scaled.masked_fill_(~support.keeps(scaled), float("-inf"))  # scaled is this function's own tensor
+    return torch.softmax(scaled, dim=1), support
 
 
 def _output_history(prompt: Sequence[int], output: Sequence[int], window: int, capacity: int) -> list[int]:
