@@ -76,8 +76,7 @@ class Preemption:
         slots = policy.max_running - len(served)
         rows = policy.req_to_token_pool.available_size()
         kv = policy.tree_cache.available_size() - policy.reserved_tokens(served)
-        # Least urgent first: lowest priority, then the latest arrival.
-        candidates = sorted((r for r in running if preemptible(r)), key=lambda r: (r.priority * -self.sign, -r.arrival))
+        candidates: Optional[list[Req]] = None  # sorted when a waiting request first does not fit
         chosen: list[Req] = []
         policy.order(waiting)
         for req in waiting:
@@ -86,6 +85,8 @@ class Preemption:
             need_rows, need_kv = 1 + member_rows_needed(req), policy.budget(req)
             taken: list[Req] = []
             while not (slots >= 1 and rows >= need_rows and kv >= need_kv):
+                if candidates is None:  # least urgent first: lowest priority, then the latest arrival
+                    candidates = sorted((r for r in running if preemptible(r)), key=lambda r: (r.priority * -self.sign, -r.arrival))
                 if not candidates or not self.outranks(req, candidates[0]):
                     return chosen
                 victim = candidates.pop(0)
