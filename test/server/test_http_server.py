@@ -195,6 +195,7 @@ def test_generate_single_text(text_server: Server, tokenizer: Any) -> None:
         "prompt_tokens": len(prompt_ids),
         "completion_tokens": 4,
         "cached_tokens": 0,
+        "num_retractions": 0,
     }
 
 

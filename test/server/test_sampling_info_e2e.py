@@ -1,5 +1,6 @@
 """SGLang's returned sampling information and scheduling fields end to end, on one server (the
-embedded model) started with --enable-priority-scheduling --max-running-requests 1:
+embedded model) started with --enable-priority-scheduling --disable-priority-preemption
+--max-running-requests 1 (running requests are never retracted, so queued ones wait for them):
 return_sampling_mask / sampling_logprobs_mode / return_entropy / return_prompt_token_ids in
 SGLang's response shape (batches mixing askers and non-askers, n > 1, streaming), priority order
 in the queue, cache_salt isolation of the prefix cache, and the 400s naming each field."""
@@ -24,7 +25,10 @@ TIMEOUT = 300
 
 @pytest.fixture(scope="module")
 def server():
-    flags = ("--enable-priority-scheduling", "--max-running-requests", "1", "--sampling-mask-max-tokens", str(MASK_CAP))
+    flags = (
+        "--enable-priority-scheduling", "--disable-priority-preemption", "--max-running-requests", "1",
+        "--sampling-mask-max-tokens", str(MASK_CAP),
+    )
     with running_server(*flags) as proc:
         yield proc
 

@@ -208,7 +208,9 @@ def test_priority_scheduling_flags_are_ours() -> None:
     assert (args.enable_priority_scheduling, args.schedule_low_priority_values_first, args.default_priority_value) == (True, True, 3)
     assert (args.abort_on_priority_when_disabled, args.sampling_mask_max_tokens) == (True, 64)
     preempt = prepare_server_args(["--priority-scheduling-preemption-threshold", "5", "--disable-priority-preemption"])
-    assert preempt.ignored_flags == ["--disable-priority-preemption", "--priority-scheduling-preemption-threshold"]
+    assert preempt.ignored_flags == []
+    assert (preempt.priority_scheduling_preemption_threshold, preempt.disable_priority_preemption) == (5, True)
+    assert (args.priority_scheduling_preemption_threshold, args.disable_priority_preemption) == (10, False)  # SGLang's defaults
 
 
 @pytest.mark.parametrize("argv, match", [

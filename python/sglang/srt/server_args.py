@@ -82,6 +82,8 @@ class ServerArgs:
     schedule_low_priority_values_first: bool = False
     default_priority_value: Optional[int] = None
     abort_on_priority_when_disabled: bool = False
+    disable_priority_preemption: bool = False
+    priority_scheduling_preemption_threshold: int = 10  # SGLang's default
     disable_radix_cache: bool = False
     sampling_backend: Optional[str] = None
     grammar_backend: str = "xgrammar"
@@ -448,6 +450,10 @@ class ServerArgs:
             help="With --enable-priority-scheduling, the priority of requests that send none (default: the last admitted).")
         add("--abort-on-priority-when-disabled", action="store_true",
             help="Without --enable-priority-scheduling, refuse (503) requests that send a priority instead of ignoring it.")
+        add("--disable-priority-preemption", action="store_true",
+            help="With --enable-priority-scheduling, never retract running requests for a waiting one of higher priority.")
+        add("--priority-scheduling-preemption-threshold", type=int, default=d.priority_scheduling_preemption_threshold,
+            help="Priority difference a waiting request must exceed to retract running requests (default 10).")
         add("--disable-radix-cache", action="store_true",
             help="Do not reuse the KV cache of shared prompt prefixes across requests.")
         add("--disable-overlap-schedule", action="store_true",

@@ -189,6 +189,8 @@ class TokenOut(msgspec.Struct):
     spec_verify_ct: int = 0
     spec_accept_token_num: int = 0
     spec_draft_token_num: int = 0
+    # Times priority preemption retracted the request (SGLang's meta_info "num_retractions").
+    num_retractions: int = 0
 
 
 class BatchTokenOut(msgspec.Struct):

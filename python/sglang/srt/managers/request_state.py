@@ -44,6 +44,7 @@ class ReqState:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    num_retractions: int = 0  # times priority preemption retracted it
     spec_counts: tuple[int, int, int] = (0, 0, 0)  # speculative verify steps, accepted and proposed drafts
     sampling_seed: Optional[int] = None
     logprobs: dict[str, list[Any]] = field(default_factory=dict)
@@ -97,6 +98,7 @@ def snapshot(state: ReqState, indexed: bool, with_text: bool, delta_ids: bool) -
         "prompt_tokens": state.prompt_tokens,
         "completion_tokens": state.completion_tokens,
         "cached_tokens": state.cached_tokens,
+        "num_retractions": state.num_retractions,
     }
     meta.update(spec_meta(state.spec_counts, state.completion_tokens))
     if state.think_end_ids is not None:
@@ -167,6 +169,7 @@ def apply_token_out(state: ReqState, out: StrOut, token_text: TokenText) -> None
     state.prompt_tokens = token.prompt_tokens
     state.completion_tokens = token.completion_tokens
     state.cached_tokens = token.cached_tokens
+    state.num_retractions = token.num_retractions
     state.spec_counts = (token.spec_verify_ct, token.spec_accept_token_num, token.spec_draft_token_num)
     if state.return_logprob:
         append_logprobs(state, out, token_text)

@@ -276,6 +276,7 @@ def _token_out(req: Req) -> TokenOut:
         spec_verify_ct=req.spec_verify_ct,
         spec_accept_token_num=req.spec_accept_token_num,
         spec_draft_token_num=req.spec_draft_token_num,
+        num_retractions=req.retraction_count,
         stop_strs=params.stop_strs if first and req.stream and not params.no_stop_trim else None,
         beam_results=beam_results,
         guidance_alpha=new_alphas,

@@ -42,14 +42,26 @@ class RunningBatch:
         else:
             self.batch.merge(batch)
 
+    def remove(self, reqs: list[Req]) -> None:
+        """Take `reqs` out of the running batch (priority preemption retracts them). Call it after
+        update(), with no step in flight: nothing is waiting to merge, nothing reads the batch."""
+        gone = {id(r) for r in reqs}
+        self._keep_only(lambda r: id(r) not in gone)
+
     def _drop_finished(self) -> list[Req]:
         if self.batch is None:
             return []
         finished = [r for r in self.batch.reqs if r.finished()]
-        keep = [i for i, r in enumerate(self.batch.reqs) if not r.finished()]
+        if finished:
+            self._keep_only(lambda r: not r.finished())
+        return finished
+
+    def _keep_only(self, keep_req: Callable[[Req], bool]) -> None:
+        if self.batch is None:
+            return
+        keep = [i for i, r in enumerate(self.batch.reqs) if keep_req(r)]
         if not keep:
             self.batch = None
-        elif finished:
+        elif len(keep) < len(self.batch.reqs):
             self.batch.reqs = [self.batch.reqs[i] for i in keep]
             self.batch.sampling_info.filter_batch(keep)
-        return finished

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -24,6 +25,10 @@ def eos_ids(model_eos_ids: set[int], tokenizer: Any) -> set[int]:
         if eos is not None:
             ids.add(eos)
     return ids
+
+
+# Arrival order of requests (every TP rank creates the same requests in the same order).
+_ARRIVALS = itertools.count()
 
 
 class Req:
@@ -80,6 +85,8 @@ class Req:
         self.sampling_report: Optional[ReportAsk] = None  # support / behaviour logprobs / entropy asked for
         self.pending_report = PendingReport()
         self.priority = 0  # --enable-priority-scheduling orders the waiting queue by it
+        self.arrival = next(_ARRIVALS)  # priority preemption retracts the latest arrival among equals
+        self.retraction_count = 0  # times priority preemption retracted it (meta_info "num_retractions")
         # Speculative decoding (managers/spec_decode.py): verify steps, drafts proposed, drafts accepted.
         self.spec_verify_ct = self.spec_draft_token_num = self.spec_accept_token_num = 0
 
@@ -89,7 +96,8 @@ class Req:
 
     @property
     def fill_ids(self) -> list[int]:
-        return self.origin_input_ids + self.output_ids
+        """The tokens a prefill runs over: the prompt, and after a retraction the output so far."""
+        return self.origin_input_ids + self.output_ids if self.output_ids else self.origin_input_ids
 
     def finished(self) -> bool:
         return self.finished_reason is not None

@@ -30,13 +30,19 @@ LPM_MAX_QUEUE = 128
 
 
 def cacheable_len(req: Req) -> int:
-    """Most prompt tokens a request may take from the cache: never the last (its logits give
-    the first output token), nor any whose prompt logprobs it asked for (they come from the
-    logits of the position before)."""
-    limit = len(req.origin_input_ids) - 1
-    if req.logprob is not None and req.logprob.logprob_start_len < len(req.origin_input_ids):
+    """Most fill tokens (managers/schedule_batch.Req.fill_ids) a request may take from the cache:
+    never the last (its logits give the next output token), nor any whose prompt logprobs it asked
+    for (they come from the logits of the position before; a retracted request has them already)."""
+    limit = len(req.fill_ids) - 1
+    if wants_prompt_logprobs(req):
         limit = min(limit, req.logprob.logprob_start_len - 1)
     return limit
+
+
+def wants_prompt_logprobs(req: Req) -> bool:
+    """Whether the request's prefill computes prompt logprobs: asked for, and not yet computed (a
+    request re-prefilled after a retraction has sent them with its first prefill)."""
+    return req.logprob is not None and req.logprob.logprob_start_len < len(req.origin_input_ids) and not req.output_ids
 
 
 def order_waiting(waiting: deque[Req], policy: str, tree_cache: RadixCache) -> None:
@@ -59,11 +65,12 @@ def order_by_priority(waiting: deque[Req], sign: int) -> None:
 
 
 def chunk_len(req: Req, budget: int, fixed_chunk: Optional[int] = None) -> int:
-    """Prompt tokens of `req` to prefill in a step with `budget` prompt tokens left; 0 when its
-    next fixed chunk does not fit. With `fixed_chunk` (the deterministic mode) the prompt is split
-    at multiples of it from its start, never where the budget left by batch-mates ends: a prompt
-    gets the same chunks, so the same bits, in every batch."""
-    remaining = len(req.origin_input_ids) - req.kv_len
+    """Fill tokens of `req` (its prompt, after a retraction also its output so far) to prefill in
+    a step with `budget` prompt tokens left; 0 when its next fixed chunk does not fit. With
+    `fixed_chunk` (the deterministic mode) the prompt is split at multiples of it from its start,
+    never where the budget left by batch-mates ends: a prompt gets the same chunks, so the same
+    bits, in every batch."""
+    remaining = len(req.fill_ids) - req.kv_len
     if fixed_chunk is None:
         return min(remaining, budget)
     n = min(remaining, fixed_chunk - req.kv_len % fixed_chunk)

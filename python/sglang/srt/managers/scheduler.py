@@ -14,7 +14,7 @@ scheduler waits for each step before preparing the next; the device work is the 
 
 This module holds the event loop, the request intake and the state that ties the parts
 together (waiting queue, request mid-prefill, step in flight). The parts: request_intake,
-schedule_policy, step_builder, running_batch, result_processor, scheduler_stats,
+schedule_policy, step_builder, running_batch, preemption, result_processor, scheduler_stats,
 scheduler_parts (prefix cache, grammar queue), scheduler_process (the process).
 """
 
@@ -49,6 +49,7 @@ from sglang.srt.managers.io_struct import (
     TokenizedGenerateReqInput,
     decoder,
 )
+from sglang.srt.managers.preemption import Preemption
 from sglang.srt.managers.replica_load import ReplicaLoadReporter
 from sglang.srt.managers.request_intake import InvalidRequest, check_fits, kv_budget, req_from_message
 from sglang.srt.managers.result_processor import ResultProcessor
@@ -78,8 +79,7 @@ GRAMMAR_WAIT_S = 0.005  # how long an otherwise idle loop waits for a grammar co
 class Scheduler:
     def __init__(self, server_args: ServerArgs, port_args: PortArgs, tp_rank: int = 0, dp_rank: int = 0) -> None:
         self.server_args = server_args
-        self.tp_rank, self.tp_size = tp_rank, server_args.tp_size
-        self.dp_rank = dp_rank
+        self.tp_rank, self.tp_size, self.dp_rank = tp_rank, server_args.tp_size, dp_rank
         device = rank_device(server_args, dp_rank, tp_rank)
         if self.tp_size > 1:
             init_tp_groups(tp_rank, self.tp_size, device, port_args.dist_init_method, server_args.dist_timeout, not server_args.disable_custom_all_reduce)
@@ -120,6 +120,7 @@ class Scheduler:
         self.spec = SpecDecoding.from_server_args(server_args, self.builder, self.tree_cache, self.context_len, drafts)
         if self.spec is not None:
             self.overlap = False  # drafting reads each request's latest tokens on the host
+        self.preemption = Preemption.from_server_args(server_args, self.policy, self.spec is not None)
         self.flush_requested = False
         self.fault_hook = StepFaultHook.from_env(tp_rank)
         failures = StepFailureLimit(server_args.step_failure_limit, server_args.step_failure_window)
@@ -136,8 +137,7 @@ class Scheduler:
             sender = ResultsRouter.create(server_args, port_args, self.context)
             self.load_reporter = ReplicaLoadReporter(self.context, port_args.load_ipc, server_args.load_watch_interval)
         self.beams = BeamCoordinator(
-            self.tree_cache, pool, self.model_runner.future_tokens, self.builder.sampled_batch, self.max_running,
-            self.max_total_tokens,
+            self.tree_cache, pool, self.model_runner.future_tokens, self.builder.sampled_batch, self.max_running, self.max_total_tokens,
         )
         self.policy.reserve_rows = self.beams.reserve_rows
         self.results = ResultProcessor(
@@ -151,12 +151,8 @@ class Scheduler:
 
     def ready_message(self) -> SchedulerReady:
         return SchedulerReady(
-            vocab_size=self.vocab_size,
-            context_len=self.context_len,
-            max_total_num_tokens=self.max_total_tokens,
-            max_running_requests=self.max_running,
-            eos_token_ids=sorted(self.eos_token_ids),
-            model_path=self.server_args.model_path,
+            vocab_size=self.vocab_size, context_len=self.context_len, max_total_num_tokens=self.max_total_tokens,
+            max_running_requests=self.max_running, eos_token_ids=sorted(self.eos_token_ids), model_path=self.server_args.model_path,
         )
 
     # ------------------------------------------------------------------ event loop
@@ -169,8 +165,7 @@ class Scheduler:
                 # Custom processors read each request's output ids on the host: let them see the
                 # in-flight token first. Beam rows take their next input ids, K/V spans and penalty
                 # state from the in-flight step's selection (managers/beam_coordinator.py).
-                self.process_step_result(*self.in_flight)
-                self.in_flight = None
+                self._read_in_flight()
             if self.overlap and self.in_flight is not None and step is not None and (step.has_grammar_rows() or step.has_batch_logits_processors()):
                 # Delayed sampling: the forward starts now; the vocab mask and the batch processors
                 # wait until the in-flight step's tokens are in the grammars and output lists
@@ -224,8 +219,7 @@ class Scheduler:
             raise SystemExit("scheduler: the server process is gone")
 
     def _poll_frames(self, block: bool) -> list[bytes]:
-        frames = []
-        timeout_ms = 1000 if block else 0
+        frames, timeout_ms = [], 1000 if block else 0
         while self.recv_socket.poll(timeout_ms):
             frames.append(self.recv_socket.recv())
             timeout_ms = 0
@@ -332,6 +326,7 @@ class Scheduler:
             if self.guide_model is not None:
                 self.guide_model.tree_cache.flush()
             self.flush_requested = False
+        self.preemption.run(self.waiting, self.running, self._active_reqs, self._read_in_flight)
         step = self._prefill_step()
         if step is None and self.running.batch is not None and not self._running_ends_in_flight():
             step = self.builder.decode_step(self.running.batch) if self.spec is None else self.spec.next_step(self.running.batch)
@@ -358,6 +353,11 @@ class Scheduler:
         """Until the in-flight step's device work is over; a failure of it is read with its result."""
         if self.in_flight is not None:
             wait([self.in_flight[1]])
+
+    def _read_in_flight(self) -> None:
+        if self.in_flight is not None:
+            self.process_step_result(*self.in_flight)
+            self.in_flight = None
 
     def _release(self, req: Req) -> None:
         release_kv(self.tree_cache, req)

@@ -21,7 +21,7 @@ from sglang.srt.managers.guidance_pairs import (
     with_guides,
 )
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-from sglang.srt.managers.schedule_policy import SchedulePolicy
+from sglang.srt.managers.schedule_policy import SchedulePolicy, wants_prompt_logprobs
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
@@ -122,14 +122,17 @@ class StepBuilder:
         `guide_chunks`: guide contexts' prompts on the guide model, its forward in the same step."""
         reqs, input_ids, sample_rows, spans = [], [], [], []
         unfinished = None
+        fill_lens = []  # [rows] tokens each row's prefill runs over in all (the prompt; after a retraction, with the output)
         for row, (req, start, n, _) in enumerate(chunks):
             reqs.append(req)
-            input_ids.extend(req.origin_input_ids[start : start + n])
-            if start + n < len(req.origin_input_ids):
+            fill = req.fill_ids
+            fill_lens.append(len(fill))
+            input_ids.extend(fill[start : start + n])
+            if start + n < len(fill):
                 unfinished = req
             elif not req.is_guide:
                 sample_rows.append(row)
-            if req.logprob is not None and req.logprob.logprob_start_len < len(req.origin_input_ids):
+            if wants_prompt_logprobs(req):
                 spans.append((row, req.logprob.logprob_start_len, start, start + n))
         prefix_lens = [chunk.start for chunk in chunks]
         extend_lens = [chunk.length for chunk in chunks]
@@ -138,8 +141,8 @@ class StepBuilder:
         forward_batch.return_input_logits = bool(spans)
         sampled = [reqs[r] for r in sample_rows]
         sampled_batch = self.sampled_batch(sampled) if sampled else None
-        # [S] the position of each sampled row's last prompt token
-        sample_positions = host_to_device([len(r.origin_input_ids) - 1 for r in sampled], self.device)
+        # [S] the position of each sampled row's last fill token
+        sample_positions = host_to_device([fill_lens[r] - 1 for r in sample_rows], self.device)
         step = Step(ForwardMode.EXTEND, reqs, forward_batch, sample_rows, sampled_batch, sample_positions, spans, kv_slots=out_cache_loc)
         step.beam_rows, step.beam_candidates = beam_ask(sampled)
         guide_reqs = [chunk.req for chunk in guide_chunks]

@@ -38,14 +38,13 @@ from sglang.srt.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPoolAlloca
 class Req(Protocol):
     """What the cache reads and writes on a request (the scheduler's Req)."""
 
-    origin_input_ids: list[int]
     req_pool_idx: Optional[int]
     kv_len: int  # tokens whose K/V are in the cache
     last_node: Any  # the deepest node the request holds locked
     extra_key: Optional[str]  # its prefix-cache namespace
 
     @property
-    def fill_ids(self) -> list[int]: ...
+    def fill_ids(self) -> list[int]: ...  # the tokens its row holds K/V for, in order
 
 
 EVICT_BATCH_DIVISOR = 64  # an eviction frees at least 1/64 of the pool
@@ -269,10 +268,10 @@ class RadixCache:
     # ------------------------------------------------------------------ requests
 
     def match_len(self, req: Req, limit: int) -> int:
-        """How much of the request's first `limit` prompt tokens the tree holds, aligned."""
+        """How much of the request's first `limit` fill tokens the tree holds, aligned."""
         if self.disable:
             return 0
-        return self._aligned(self.prefix_len(req.origin_input_ids[:limit], req.extra_key))
+        return self._aligned(self.prefix_len(req.fill_ids[:limit], req.extra_key))
 
     def admit(self, req: Req, limit: int) -> int:
         """Point the start of the request's row at its longest cached prefix (at most `limit`
@@ -280,10 +279,11 @@ class RadixCache:
         req.last_node = None
         if self.disable or limit <= 0:
             return 0
-        slots, node = self.match_prefix(req.origin_input_ids[: self._aligned(limit)], req.extra_key)
+        fill = req.fill_ids  # the prompt, after a retraction also the output so far
+        slots, node = self.match_prefix(fill[: self._aligned(limit)], req.extra_key)
         m = self._aligned(slots.numel())
         if m < slots.numel():
-            slots, node = self.match_prefix(req.origin_input_ids[:m], req.extra_key)
+            slots, node = self.match_prefix(fill[:m], req.extra_key)
         if m == 0:
             return 0
         self.inc_lock_ref(node)
@@ -293,8 +293,8 @@ class RadixCache:
         return m
 
     def cache_prefill(self, req: Req) -> None:
-        """After a prompt chunk is scheduled: its prefix so far goes into the tree, locked by the request."""
-        self._insert_row(req, self._aligned(min(req.kv_len, len(req.origin_input_ids))))
+        """After a prefill chunk is scheduled: its prefix so far goes into the tree, locked by the request."""
+        self._insert_row(req, self._aligned(min(req.kv_len, len(req.fill_ids))))
 
     def release(self, req: Req) -> None:
         """The request is done: its computed sequence stays cached (prompt and outputs, except in
