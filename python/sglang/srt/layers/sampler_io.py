@@ -48,7 +48,11 @@ class GraphSampling(Protocol):
     def replay_sampling(
         self, info: SamplingBatchInfo, bs: int, generator: Optional[torch.Generator]
     ) -> Optional[torch.Tensor]:
-        """[bs] int64 next ids, or None when this batch must sample eagerly."""
+        """[len(info)] int64 next ids of the `bs` forward rows' sampled rows, or None when this
+        batch must sample eagerly."""
+
+    def replayed_alpha(self, info: SamplingBatchInfo) -> torch.Tensor:
+        """[G] float32 the alphas of `info`'s guided rows in the last replay."""
 
 
 @dataclass
