@@ -165,9 +165,10 @@ class StepBuilder:
         step.beam_rows, step.beam_candidates = beam_ask(sampled)
         guide_reqs = [chunk.req for chunk in guide_chunks]
         if guide_chunks:
+            step.guide_kv_slots = torch.cat([c.slots for c in guide_chunks])  # [Ng] int64, host
             step.guide_forward_batch = self._forward_batch(
                 ForwardMode.EXTEND, guide_reqs, [t for c in guide_chunks for t in c.req.origin_input_ids[c.start : c.start + c.length]],
-                [c.start for c in guide_chunks], [c.length for c in guide_chunks], torch.cat([c.slots for c in guide_chunks]),
+                [c.start for c in guide_chunks], [c.length for c in guide_chunks], step.guide_kv_slots,
             )
         step.guide_rows = guide_rows(reqs, guide_reqs, sampled)
         return step, unfinished
@@ -178,12 +179,12 @@ class StepBuilder:
         guided = with_guides(list(running.reqs))
         reqs, guide_reqs = on_served_model(guided), on_guide_model(guided)
         forward_batch, out_cache_loc = self._decode_batch(reqs, self.served)
-        guide_batch = self._decode_batch(guide_reqs, guide_reqs[0].side)[0] if guide_reqs else None
+        guide_batch, guide_slots = self._decode_batch(guide_reqs, guide_reqs[0].side) if guide_reqs else (None, None)
         # A decode row samples at the position of its one input token.
         sampled = len(running.reqs)
         positions = forward_batch.positions if sampled == len(reqs) else forward_batch.positions[:sampled]
         step = Step(ForwardMode.DECODE, reqs, forward_batch, list(range(sampled)), running, positions, kv_slots=out_cache_loc)
-        step.guide_forward_batch = guide_batch
+        step.guide_forward_batch, step.guide_kv_slots = guide_batch, guide_slots
         step.guide_rows = guide_rows(reqs, guide_reqs, running.reqs)
         step.beam_rows, step.beam_candidates = beam_ask(list(running.reqs))
         return step
