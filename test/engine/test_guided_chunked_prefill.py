@@ -6,10 +6,11 @@ nothing joins behind it. Token equality with unchunked prefill: test/sampling/te
 from __future__ import annotations
 
 from collections import deque
+from types import SimpleNamespace
 
 import torch
 
-from sglang.srt.managers.guidance_pairs import attach_guide, pair_chunk_lens
+from sglang.srt.managers.guidance_pairs import KVSide, attach_guide, pair_chunk_lens
 from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.schedule_policy import SchedulePolicy
 from sglang.srt.managers.step_builder import StepBuilder
@@ -24,20 +25,26 @@ MAX_NEW = 4
 CONTEXT = 128
 
 
-def _req(rid: str, prompt: list[int], guide: list[int] | None = None) -> Req:
-    guidance = None if guide is None else {"method": "cfg", "input_ids": guide, "weight": 2.0}
+def _req(rid: str, prompt: list[int], guide: list[int] | None = None, guide_model=None) -> Req:
+    model = "self" if guide_model is None else "guide"
+    guidance = None if guide is None else {"method": "cfg", "input_ids": guide, "weight": 2.0, "model": model}
     params = SamplingParams(max_new_tokens=MAX_NEW, guidance=guidance)
     params.normalize(None)
     params.verify(VOCAB)
     req = Req(rid, prompt, params)
-    attach_guide(req, CONTEXT, 512, None)
+    attach_guide(req, CONTEXT, 512, guide_model)
     return req
 
 
-def _builder(chunk: int, deterministic: bool = False) -> StepBuilder:
+def _policy(chunk: int, deterministic: bool = False) -> SchedulePolicy:
     cache = RadixCache(ReqToTokenPool(8, CONTEXT, "cpu"), TokenToKVPoolAllocator(512), disable=True)
     budget = lambda req: len(req.origin_input_ids) + MAX_NEW  # noqa: E731
-    policy = SchedulePolicy("fcfs", chunk, deterministic, cache, cache.req_to_token_pool, 6, budget)
+    return SchedulePolicy("fcfs", chunk, deterministic, cache, cache.req_to_token_pool, 6, budget)
+
+
+def _builder(chunk: int, deterministic: bool = False) -> StepBuilder:
+    policy = _policy(chunk, deterministic)
+    cache = policy.tree_cache
     args = ServerArgs(chunked_prefill_size=chunk)
     processors = LoadedLogitsProcessors.from_server_args(args, torch.device("cpu"))
     return StepBuilder(args, policy, cache, cache.req_to_token_pool, torch.device("cpu"), VOCAB, processors)
@@ -93,3 +100,18 @@ def test_deterministic_mode_splits_each_prompt_at_fixed_multiples_whatever_the_b
     assert _rows(step) == [("a", 8)]
     step, chunked = builder.prefill_step(chunked, deque(), [pair, pair.guide])
     assert _rows(step) == [("a:guide", 3), ("a", 4)] and chunked is None and step.sample_rows == [1]
+
+
+def test_guide_model_chunks_alone_leave_the_served_model_without_rows():
+    builder = _builder(chunk=8)
+    guide_policy = _policy(chunk=8)
+    guide_model = SimpleNamespace(side=KVSide(guide_policy.tree_cache, guide_policy.req_to_token_pool),
+                                  policy=guide_policy, max_total_tokens=512)
+    builder.guide_model = guide_model
+    pair = _req("a", list(range(10, 14)), guide=list(range(30, 42)), guide_model=guide_model)
+    step, chunked = builder.prefill_step(None, deque([pair]), [])
+    assert step.forward_batch.batch_size == 0 and step.sampled_batch is None and chunked is pair
+    assert step.guide_forward_batch.extend_seq_lens_cpu == [8] and step.guide_kv_slots.numel() == 8
+    step, chunked = builder.prefill_step(chunked, deque(), [pair, pair.guide])
+    assert step.guide_forward_batch.extend_seq_lens_cpu == [4] and _rows(step) == [("a", 4)] and chunked is None
+    assert step.sample_rows == [0] and step.guide_rows == [1]  # the guide model's row follows the served rows
