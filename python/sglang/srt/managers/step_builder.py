@@ -75,7 +75,7 @@ class StepBuilder:
         if chunked_req is not None and chunked_req.guide is not None:
             budget -= self.add_pair_chunks(chunks, guide_chunks, chunked_req, *pair_chunk_lens(self.policy, chunked_req, budget, True))
             if remaining(chunked_req) or remaining(chunked_req.guide):
-                budget = 0  # the pair stays mid-prefill, and a step leaves one request so
+                budget = 0  # the pair stays mid-prefill: nothing joins behind it (one such request per step)
         elif chunked_req is not None:
             budget -= self.add_chunk(chunks, chunked_req, self.policy.chunk_len(chunked_req, budget))
         served = on_served_model(active)
@@ -154,7 +154,8 @@ class StepBuilder:
                 spans.append((row, req.logprob.logprob_start_len, start, start + n))
         prefix_lens = [chunk.start for chunk in chunks]
         extend_lens = [chunk.length for chunk in chunks]
-        out_cache_loc = torch.cat([chunk.slots for chunk in chunks] or [torch.empty(0, dtype=torch.int64)])  # [sum extend_lens] int64, host
+        # [sum extend_lens] int64, host (empty when the step holds guide-model chunks alone)
+        out_cache_loc = torch.cat([chunk.slots for chunk in chunks] or [torch.empty(0, dtype=torch.int64)])
         forward_batch = self._forward_batch(ForwardMode.EXTEND, reqs, input_ids, prefix_lens, extend_lens, out_cache_loc)
         forward_batch.return_input_logits = bool(spans)
         sampled = [reqs[r] for r in sample_rows]
