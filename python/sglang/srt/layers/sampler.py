@@ -13,7 +13,8 @@ The stages before the guard are sampler_stages.py; from the guard on, a step str
   TorchStep (sampler_torch.py)     every other plain backend and device
 chosen once, when the sampler's device is known. A decode batch whose forward replayed a CUDA
 graph may instead replay a captured sampling graph (GraphSampling, model_executor/sampling_graph.py),
-which runs the penalties, the bias, the draw and the penalty update on the device; whether a batch
+which runs the guided rows' mix (guide contexts on the served model), the penalties, the bias, the
+draw and the penalty update on the device; whether a batch
 can is decided once per batch composition (cached on its SamplingBatchInfo, which drops the choice
 whenever its rows change).
 

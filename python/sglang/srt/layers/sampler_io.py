@@ -42,8 +42,8 @@ class SampledRow(Protocol):
 
 class GraphSampling(Protocol):
     """A sampling step captured in a CUDA graph over the decode graph's logits
-    (model_executor/sampling_graph.py): penalties, logit bias, draw, penalty update and the store
-    of the ids, all inside the graph."""
+    (model_executor/sampling_graph.py): the guided rows' mix, penalties, logit bias, draw, penalty
+    update and the store of the ids, all inside the graph."""
 
     def replay_sampling(
         self, info: SamplingBatchInfo, bs: int, generator: Optional[torch.Generator]
