@@ -224,6 +224,15 @@ def test_steps_that_need_host_work_sample_eagerly():
     assert needs_eager_sampling(processor, sampler, check_token_agreement=False)
 
 
+def test_guided_rows_sample_in_the_graph_unless_a_guide_context_runs_on_the_guide_model():
+    sampler = Sampler("triton")
+    served = {"method": "cfg", "input_ids": [1], "weight": 2.0}
+    guided = _decode_step([SamplingParams(guidance=served), SamplingParams()])
+    assert not needs_eager_sampling(guided, sampler, check_token_agreement=False)
+    on_guide_model = _decode_step([SamplingParams(guidance={**served, "model": "guide"}), SamplingParams(guidance=served)])
+    assert needs_eager_sampling(on_guide_model, sampler, check_token_agreement=False)
+
+
 def test_only_the_builtin_triton_sampler_is_captured():
     assert sampling_graph_supported(Sampler("triton"))
     assert not sampling_graph_supported(Sampler("pytorch"))
