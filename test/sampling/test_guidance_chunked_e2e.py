@@ -85,3 +85,14 @@ def test_chunked_guided_prefill_equals_whole_prefill_on_the_embedded_model(gguf_
         with running_server("--model-path", gguf_path, "--max-running-requests", "12", *chunking) as server:
             outputs.append(_run(server, items))
     _same(*outputs)
+
+
+def test_deterministic_chunked_guided_prefill_alone_equals_batched(tiny_paths, gguf_path):
+    """Fixed chunks (multiples of --chunked-prefill-size) whatever shares the step: a guided
+    seeded request gives the same tokens alone and among the others."""
+    flags = tiny_flags(tiny_paths[0], gguf_path, "--guide-model-path", tiny_paths[1], "--guide-max-total-tokens", "2048",
+                       "--enable-deterministic-inference", *CHUNKED)
+    items = _tiny_requests()
+    with running_server(*flags) as server:
+        solo = [_run(server, [item])[0] for item in items]
+        _same(_run(server, items), solo)
