@@ -6,8 +6,11 @@ compares every request's tokens: greedy, seeded with top-k / top-p / min-p and e
 min_new_tokens and logit_bias, unseeded (the same step noise in both runs when the scheduler
 forms the same steps), and a short request asking for logprobs, whose steps sample eagerly in
 both runs (the rest of the run replays). Exit status 1 on a difference in a comparable request.
+With --guidance every prompt also runs guided (sampling_params.guidance with a guide context on the
+served model: cfg, mixture with a fixed alpha and with kl_symmetry, contrastive, cfg with weight 1),
+greedy and seeded, whose decode steps mix inside the captured sampling graph.
 
-  python benchmark/gpu_sampling_graph_check.py --out-dir OUT
+  python benchmark/gpu_sampling_graph_check.py [--guidance] --out-dir OUT
 """
 
 from __future__ import annotations
@@ -25,7 +28,20 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_tp_check import SEEDED, SHAPES, serve_and_generate, write_checkpoint, write_tokenizer  # noqa: E402
 
 
-def build_requests(vocab_size: int, max_new_tokens: int) -> tuple[list[dict], list[str]]:
+def guided_variants(guide: list[int], i: int) -> dict[str, dict]:
+    """Guided sampling params of prompt `i` with the guide context `guide`."""
+    return {
+        "guided cfg greedy": {"temperature": 0.0, "guidance": {"method": "cfg", "input_ids": guide, "weight": 2.5}},
+        "guided cfg w=1 seeded": {**SEEDED, "sampling_seed": 4000 + i, "guidance": {"method": "cfg", "input_ids": guide, "weight": 1.0}},
+        "guided mixture seeded": {**SEEDED, "sampling_seed": 5000 + i, "guidance": {"method": "mixture", "input_ids": guide, "alpha": 0.3}},
+        "guided kl_symmetry seeded": {**SEEDED, "sampling_seed": 6000 + i,
+                                      "guidance": {"method": "mixture", "input_ids": guide, "alpha": "kl_symmetry"}},
+        "guided contrastive greedy+penalties": {"temperature": 0.0, "frequency_penalty": 0.5,
+                                                "guidance": {"method": "contrastive", "input_ids": guide, "weight": 0.5}},
+    }
+
+
+def build_requests(vocab_size: int, max_new_tokens: int, guidance: bool = False) -> tuple[list[dict], list[str]]:
     """(bodies, kind of each)."""
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, vocab_size - 1, (n,), generator=gen).tolist() for n in (5, 17, 40, 90, 130, 11)]
@@ -40,6 +56,8 @@ def build_requests(vocab_size: int, max_new_tokens: int) -> tuple[list[dict], li
                                                  "min_new_tokens": 4, "logit_bias": {str(7 + i): 4.0}},
             "unseeded": {"temperature": 1.0, "top_p": 0.9},
         }
+        if guidance:
+            variants.update(guided_variants(prompts[(i + 1) % len(prompts)][:24], i))
         for kind, params in variants.items():
             bodies.append({"input_ids": prompt, "sampling_params": {**params, **common}})
             kinds.append(kind)
@@ -54,6 +72,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--out-dir", default=None)
+    parser.add_argument("--guidance", action="store_true", help="add guided requests (mixed inside the sampling graph)")
     args = parser.parse_args()
     args.device, args.dtype = "cuda", "float32"
     out_dir = args.out_dir or tempfile.mkdtemp(prefix="gpu_sampling_graph_")
@@ -62,7 +81,7 @@ def main() -> int:
     shape = SHAPES["qwen3-0.6b"]
     write_checkpoint(model, shape, torch.bfloat16)
     write_tokenizer(model, shape["vocab_size"])
-    bodies, kinds = build_requests(shape["vocab_size"], args.max_new_tokens)
+    bodies, kinds = build_requests(shape["vocab_size"], args.max_new_tokens, args.guidance)
     flags = ["--sampling-backend", "triton", "--max-running-requests", "64"]
     runs = {}
     for name, extra in (("graphs", []), ("eager", ["--disable-cuda-graph"])):

@@ -152,6 +152,53 @@ def test_kl_symmetry_alpha_equalises_the_two_kls():
         assert torch.allclose(logits[i].double(), want, atol=1e-4)
 
 
+def test_tokens_ruled_out_by_both_contexts_stay_minus_inf_on_every_method():
+    guidance = [
+        {"method": "cfg", "input_ids": [1], "weight": 2.5},
+        {"method": "cfg", "input_ids": [1], "weight": 0.5},
+        {"method": "cfg", "input_ids": [1], "weight": 1.0},
+        {"method": "mixture", "input_ids": [1], "alpha": 0.3},
+        {"method": "mixture", "input_ids": [1], "alpha": "kl_symmetry"},
+        {"method": "contrastive", "input_ids": [1], "weight": 0.7},
+    ]
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(len(guidance), VOCAB, generator=gen) * 3
+    guide = torch.randn(len(guidance), VOCAB, generator=gen) * 3
+    masked = [3, 17, 40]  # e.g. grammar-masked in both contexts
+    logits[:, masked] = -math.inf
+    guide[:, masked] = -math.inf
+    original = logits.clone()
+    alpha = apply_guidance(logits, guide, GuidanceBatch.build(guidance, torch.device("cpu")))
+    assert not logits.isnan().any()
+    assert (logits[:, masked] == -math.inf).all()
+    open_tokens = [t for t in range(VOCAB) if t not in masked]
+    for i, g in enumerate(guidance):
+        spec = dict(g, alpha=alpha[i].item()) if g["method"] == "mixture" else g
+        want = _reference_row(original[i, open_tokens], guide[i, open_tokens], spec)
+        finite = torch.isfinite(want)
+        assert torch.equal(finite, torch.isfinite(logits[i, open_tokens]))
+        assert torch.allclose(logits[i, open_tokens][finite].double(), want[finite], atol=1e-4)
+    assert torch.equal(logits[2], original[2])  # cfg w = 1: still the main logits bit for bit
+
+
+def test_a_token_only_the_main_context_rules_out_is_minus_inf_unless_the_guide_alone_decides():
+    guidance = [
+        {"method": "cfg", "input_ids": [1], "weight": 0.5},
+        {"method": "contrastive", "input_ids": [1], "weight": 0.5},
+        {"method": "cfg", "input_ids": [1], "weight": 0.0},
+    ]
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, VOCAB, generator=gen)
+    guide = torch.randn(3, VOCAB, generator=gen)
+    logits[:, 7] = -math.inf
+    original = logits.clone()
+    apply_guidance(logits, guide, GuidanceBatch.build(guidance, torch.device("cpu")))
+    assert logits[0, 7] == -math.inf and logits[1, 7] == -math.inf
+    # w = 0 is the guide context alone: token 7 gets the guide's log-probability (main frame).
+    want = torch.log_softmax(guide[2].double(), -1) + torch.logsumexp(original[2].double(), -1)
+    assert torch.allclose(logits[2].double(), want, atol=1e-4)
+
+
 # --- the Sampler: the mix is its first stage -----------------------------------------------------
 
 

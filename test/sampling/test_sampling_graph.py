@@ -9,7 +9,9 @@ leave the same penalty state.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from typing import Optional
 
 import pytest
 import torch
@@ -26,6 +28,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E4
 from sglang.srt.model_executor.sampling_graph import (  # noqa: E402
     SamplingInputBuffers,
     finish_replay,
+    graph_variant,
     needs_eager_sampling,
     prepare_capture,
     prepare_replay,
@@ -33,6 +36,8 @@ from sglang.srt.model_executor.sampling_graph import (  # noqa: E402
     sampling_graph_supported,
 )
 from sglang.srt.sampling.fused_logits_bias import penalty_lists  # noqa: E402
+from sglang.srt.sampling.guidance import apply_guidance  # noqa: E402
+from sglang.srt.sampling.guidance_graph import GuidanceGraphInputs  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
@@ -72,9 +77,10 @@ def _state(info) -> list[torch.Tensor]:
 class _GraphPath:
     """sample_in_graph over a padded bucket: captured once on CUDA, called directly on a CPU."""
 
-    def __init__(self, bucket: int) -> None:
-        self.bucket = bucket
+    def __init__(self, bucket: int, variant: Optional[bool] = None) -> None:
+        self.bucket, self.variant = bucket, variant
         self.inputs = SamplingInputBuffers(bucket, VOCAB, torch.device(DEVICE))
+        self.guidance = GuidanceGraphInputs(bucket, torch.device(DEVICE))
         self.logits = torch.zeros(bucket, VOCAB, device=DEVICE)  # [bucket, V] the decode graph's output
         self.positions = torch.zeros(bucket, dtype=torch.int64, device=DEVICE)
         self.pool_rows = torch.full((bucket,), PAD_ROW, dtype=torch.int64, device=DEVICE)
@@ -88,14 +94,22 @@ class _GraphPath:
                 self.ids = self._run()
 
     def _run(self) -> torch.Tensor:
-        return sample_in_graph(self.logits, self.inputs, self.positions, self.pool_rows, self.future_tokens)
+        return sample_in_graph(
+            self.logits, self.inputs, self.positions, self.pool_rows, self.future_tokens, self.guidance, self.variant
+        )
 
-    def step(self, info, logits: torch.Tensor, positions: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    def step(
+        self, info, logits: torch.Tensor, positions: torch.Tensor, generator: torch.Generator,
+        guide_logits: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """The sampled rows' ids; `guide_logits` ([G, V]) follow the sampled rows in the bucket."""
         rows = logits.shape[0]
         self.logits[:rows].copy_(logits)
         self.positions[:rows].copy_(positions)
         self.pool_rows[:rows].copy_(torch.arange(rows))
-        assert prepare_replay(self.inputs, info, generator)
+        if guide_logits is not None:
+            self.logits[rows : rows + guide_logits.shape[0]].copy_(guide_logits)
+        assert prepare_replay(self.inputs, info, generator, self.guidance, self.bucket)
         if self.graph is not None:
             self.graph.replay()
             ids = self.ids
@@ -132,6 +146,40 @@ def test_graph_step_equals_eager_step_over_steps_and_a_filtered_batch():
         for a, b in zip(_state(graph_info), _state(eager_info)):
             assert torch.equal(a, b), step
         assert graph_info.penalizer_orchestrator.penalizers  # the lists are live, not torn down
+
+
+GUIDANCE = [
+    {"method": "cfg", "input_ids": [1], "weight": 2.5},
+    None,
+    {"method": "mixture", "input_ids": [1], "alpha": "kl_symmetry"},
+    {"method": "contrastive", "input_ids": [1], "weight": 0.7},
+    {"method": "mixture", "input_ids": [1], "alpha": 0.4},
+]
+
+
+@pytest.mark.parametrize("with_kl", [True, False])
+def test_guided_graph_step_equals_the_eager_mix_then_step(with_kl):
+    guidance = [g if with_kl or g is None or g.get("alpha") != "kl_symmetry" else None for g in GUIDANCE]
+    params = [dataclasses.replace(p, guidance=g) for p, g in zip(PARAMS, guidance)]
+    eager_info = make_info(params, VOCAB, prompts=PROMPTS, device=DEVICE)
+    graph_info = make_info(params, VOCAB, prompts=PROMPTS, device=DEVICE)
+    assert graph_variant(graph_info) is with_kl
+    graph = _GraphPath(bucket=12, variant=with_kl)
+    eager_gen, graph_gen = (torch.Generator(device=DEVICE) for _ in range(2))
+    rows, guided = len(params), len(graph_info.guidance)
+    for step in range(3):
+        logits, positions = _logits(step, rows), torch.arange(rows, device=DEVICE) + 20 + step
+        guide = _logits(50 + step, guided)
+        eager_gen.manual_seed(1000 + step)
+        graph_gen.manual_seed(1000 + step)
+        mixed = logits.clone()
+        want_alpha = apply_guidance(mixed, guide, eager_info.guidance)
+        want = _eager_step(eager_info, mixed, positions, eager_gen)
+        got = graph.step(graph_info, logits, positions, graph_gen, guide_logits=guide)
+        assert torch.equal(got.cpu(), want.cpu()), step
+        assert torch.equal(graph.guidance.alpha.index_select(0, graph_info.guidance.rows).cpu(), want_alpha.cpu()), step
+        for a, b in zip(_state(graph_info), _state(eager_info)):
+            assert torch.equal(a, b), step
 
 
 def test_unseeded_rows_follow_the_noise():
@@ -174,6 +222,15 @@ def test_steps_that_need_host_work_sample_eagerly():
     assert needs_eager_sampling(plain, sampler, check_token_agreement=False)
     processor = _decode_step([SamplingParams()], processors=["{}"], enable_processors=True)
     assert needs_eager_sampling(processor, sampler, check_token_agreement=False)
+
+
+def test_guided_rows_sample_in_the_graph_unless_a_guide_context_runs_on_the_guide_model():
+    sampler = Sampler("triton")
+    served = {"method": "cfg", "input_ids": [1], "weight": 2.0}
+    guided = _decode_step([SamplingParams(guidance=served), SamplingParams()])
+    assert not needs_eager_sampling(guided, sampler, check_token_agreement=False)
+    on_guide_model = _decode_step([SamplingParams(guidance={**served, "model": "guide"}), SamplingParams(guidance=served)])
+    assert needs_eager_sampling(on_guide_model, sampler, check_token_agreement=False)
 
 
 def test_only_the_builtin_triton_sampler_is_captured():

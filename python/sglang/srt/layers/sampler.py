@@ -13,7 +13,8 @@ The stages before the guard are sampler_stages.py; from the guard on, a step str
   TorchStep (sampler_torch.py)     every other plain backend and device
 chosen once, when the sampler's device is known. A decode batch whose forward replayed a CUDA
 graph may instead replay a captured sampling graph (GraphSampling, model_executor/sampling_graph.py),
-which runs the penalties, the bias, the draw and the penalty update on the device; whether a batch
+which runs the guided rows' mix (guide contexts on the served model), the penalties, the bias, the
+draw and the penalty update on the device; whether a batch
 can is decided once per batch composition (cached on its SamplingBatchInfo, which drops the choice
 whenever its rows change).
 
@@ -178,16 +179,18 @@ class Sampler(nn.Module):
         if report is None and self._samples_in_graph(inp, asks):
             next_ids = self._graph.replay_sampling(inp.info, inp.graph_rows, self.generator)
             if next_ids is not None:
-                return SamplerOutput(next_ids, {}, None, asks, GRAPH_STEP)
+                alpha = None if inp.info.guidance is None else self._graph.replayed_alpha(inp.info)
+                return SamplerOutput(next_ids, {}, None, asks, GRAPH_STEP, guidance_alpha=alpha)
         return self._sample_eagerly(inp, asks, report)
 
     def graph_step_applies(self, info: SamplingBatchInfo, wants_logprobs: bool) -> bool:
         """Whether a captured sampling graph can run this batch's step: it has no host stage
-        (grammar mask, processors), no guided rows, no logprobs, no TP token sync and no watermarked row."""
+        (grammar mask, processors), no guide context on the guide model, no logprobs, no TP token
+        sync and no watermarked row."""
         return not (
             info.watermark is not None
             or info.has_custom_logit_processor
-            or info.guidance is not None
+            or (info.guidance is not None and info.guidance.on_guide_model)
             or info.logits_processors is not None
             or info.grammars is not None
             or wants_logprobs

@@ -42,13 +42,17 @@ class SampledRow(Protocol):
 
 class GraphSampling(Protocol):
     """A sampling step captured in a CUDA graph over the decode graph's logits
-    (model_executor/sampling_graph.py): penalties, logit bias, draw, penalty update and the store
-    of the ids, all inside the graph."""
+    (model_executor/sampling_graph.py): the guided rows' mix, penalties, logit bias, draw, penalty
+    update and the store of the ids, all inside the graph."""
 
     def replay_sampling(
         self, info: SamplingBatchInfo, bs: int, generator: Optional[torch.Generator]
     ) -> Optional[torch.Tensor]:
-        """[bs] int64 next ids, or None when this batch must sample eagerly."""
+        """[len(info)] int64 next ids of the `bs` forward rows' sampled rows, or None when this
+        batch must sample eagerly."""
+
+    def replayed_alpha(self, info: SamplingBatchInfo) -> torch.Tensor:
+        """[G] float32 the alphas of `info`'s guided rows in the last replay."""
 
 
 @dataclass

@@ -4,8 +4,11 @@ scheduler, paired with its request.
 A GuideReq has its own request row, KV slots and prefix-cache use, and shares everything else
 with its main request: its output ids are the main request's list (both contexts continue with
 the same sampled tokens), its end is the main request's, and aborting it aborts the main
-request. The pair is admitted together (both prompts whole, in one prefill step), each of its
-prefill and decode steps runs both rows, and the pair is released together. The guide row
+request. The pair is admitted together and prefilled as one unit under --chunked-prefill-size:
+each of its prefill steps takes the guide prompt's next tokens, then the main prompt's, within
+the step's budget, and both prompts end in the same step, where the main row samples
+(pair_chunk_lens); meanwhile the pair is the scheduler's request mid-prefill. Each decode step
+runs both rows, and the pair is released together. The guide row
 never samples: the main row's step mixes its logits in (sampling/guidance.py), and the main
 row's sampled id is the guide row's next input (ModelRunner, via `Step.guide_rows`).
 """
@@ -54,10 +57,13 @@ class GuideReq(Req):
 
 
 class AdmissionPolicy(Protocol):
-    """What pair admission reads of a SchedulePolicy."""
+    """What pair admission and chunking read of a SchedulePolicy."""
 
     max_running: int
     tree_cache: RadixCache
+    fixed_chunk: Optional[int]  # the deterministic mode's fixed chunk size
+
+    def chunk_len(self, req: Req, budget: int) -> int: ...
 
     def try_admit(self, req: Req, token_budget: int, reserved: int) -> Optional[int]: ...
 
@@ -111,16 +117,43 @@ def remaining(req: Req) -> int:
     return len(req.origin_input_ids) - req.kv_len
 
 
+def final_chunk_len(req: Req, fixed_chunk: Optional[int]) -> int:
+    """The prompt tokens a pair member keeps for the pair's last prefill step: its last token, or
+    in the deterministic mode its last fixed chunk (so its chunks are the same in every batch)."""
+    left = remaining(req)
+    if fixed_chunk is None:
+        return min(1, left)
+    n = len(req.origin_input_ids)
+    return min(left, n - (n - 1) // fixed_chunk * fixed_chunk)
+
+
+def pair_chunk_lens(policy: AdmissionPolicy, req: Req, token_budget: int, first: bool) -> tuple[int, int]:
+    """(guide, main) prompt tokens of a guided pair's next prefill step within `token_budget`.
+    Both prompts end in the same step, the one where the main row samples (it needs the guide's
+    logits at the guide prompt's end): it takes both rests, when they fit the budget (or the pair
+    is the step's `first` entry and holds only what it kept for it). Until then a step takes the
+    guide prompt's next tokens, then the main prompt's, each short of the part it keeps
+    (final_chunk_len), so a step may carry the guide's tokens alone. (0, 0): nothing fits."""
+    guide = req.guide
+    rest_guide, rest_main = remaining(guide), remaining(req)
+    keep_guide, keep_main = final_chunk_len(guide, policy.fixed_chunk), final_chunk_len(req, policy.fixed_chunk)
+    ends = policy.chunk_len(guide, rest_guide) == rest_guide and policy.chunk_len(req, rest_main) == rest_main
+    if ends and (rest_guide + rest_main <= token_budget or (first and (rest_guide, rest_main) == (keep_guide, keep_main))):
+        return rest_guide, rest_main
+    g = min(policy.chunk_len(guide, token_budget), rest_guide - keep_guide)
+    return g, min(policy.chunk_len(req, token_budget - g), rest_main - keep_main)
+
+
 def admit_pair(
     policy: AdmissionPolicy, guide_policy: AdmissionPolicy, req: Req, token_budget: int, reserved: tuple[int, int],
     admitted: int, first: bool,
-) -> Optional[tuple[int, int]]:
+) -> Optional[tuple[int, int, int, int]]:
     """Admit a guided request and its guide context together, or neither: both rows, both KV
-    budgets, and both whole remaining prompts within `token_budget` (unless the pair is the
-    step's `first` entry, which takes them whole whatever the budget). `guide_policy` admits on
-    the guide context's model (`policy` itself for the served model); `reserved` is what the
-    admitted sequences may still claim on (the served model, the guide model). Returns the KV
-    tokens the request and its guide may still claim; None leaves both waiting, holding nothing."""
+    budgets, and the pair's first prefill chunks (pair_chunk_lens) within `token_budget`.
+    `guide_policy` admits on the guide context's model (`policy` itself for the served model);
+    `reserved` is what the admitted sequences may still claim on (the served model, the guide
+    model). Returns the KV tokens the request and its guide may still claim and the step's
+    (guide, main) prompt tokens; None leaves both waiting, holding nothing."""
     guide = req.guide
     if admitted + 2 > policy.max_running:
         return None
@@ -129,8 +162,10 @@ def admit_pair(
         return None
     same_pool = guide_policy is policy
     need_guide = guide_policy.try_admit(guide, token_budget, reserved[0] + need if same_pool else reserved[1])
-    if need_guide is not None and (first or remaining(req) + remaining(guide) <= token_budget):
-        return need, need_guide
+    if need_guide is not None:
+        lens = pair_chunk_lens(policy, req, token_budget, first)
+        if sum(lens) > 0:
+            return need, need_guide, *lens
     _unadmit(policy, req)
     if need_guide is not None:
         _unadmit(guide_policy, guide)

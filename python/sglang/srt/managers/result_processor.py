@@ -21,7 +21,7 @@ from sglang.srt.constrained.bitmask import allows_nothing
 from sglang.srt.distributed.communication import TokenDivergenceError
 from sglang.srt.distributed.parallel_state import tp_cpu_group
 from sglang.srt.managers.beam_coordinator import BeamCoordinator, beam_token_fields, is_hidden
-from sglang.srt.managers.guidance_pairs import guidance_alphas
+from sglang.srt.managers.guidance_pairs import GuideSide, guidance_alphas
 from sglang.srt.managers.io_struct import STEP_ERROR, SchedulerLoad, TokenOut
 from sglang.srt.managers.results_router import ResultsRouter
 from sglang.srt.managers.sampling_report_out import (
@@ -60,6 +60,7 @@ class ResultProcessor:
         step_time: Histogram,
         beams: Optional[BeamCoordinator] = None,
         sampling_mask_max_tokens: int = DEFAULT_SAMPLING_MASK_MAX_TOKENS,
+        guide_model: Optional[GuideSide] = None,
     ) -> None:
         self.sender = sender
         self.tp_size = tp_size
@@ -71,6 +72,7 @@ class ResultProcessor:
         self.step_time = step_time
         self.beams = beams
         self.sampling_mask_max_tokens = sampling_mask_max_tokens
+        self.guide_model = guide_model  # --guide-model-path: its KV holds the guide contexts routed to it
 
     # ------------------------------------------------------------------ reading a step
 
@@ -181,15 +183,18 @@ class ResultProcessor:
     def fail(self, step: Step, error: BaseException, in_flight: Optional[Future], active: list[Req]) -> None:
         """Abort every request whose KV row holds a slot the step was to write (its own rows, and
         those of `active` that matched its prompt chunks in the prefix cache since), cache none of
-        them, log the traceback once, and count the failure (too many end the server).
+        them, log the traceback once, and count the failure (too many end the server). A guide
+        context on the guide model is checked against that model's KV and the step's slots there.
         `in_flight` is the step submitted after it, which may still write into rows of these."""
         message = f"Step {step.index} failed ({type(error).__name__}: {error}); its requests were aborted."
         logger.error("%s", message, exc_info=error if error.__traceback__ is not None else None)
         wait([in_flight] if in_flight is not None else [])
         self.tree_cache.poison(step.kv_slots)
+        if step.guide_kv_slots is not None:
+            self.guide_model.side.tree_cache.poison(step.guide_kv_slots)
         victims = {id(r): r for r in step.reqs}
         for req in active:
-            if req.req_pool_idx is not None and self._writes_into(req, step.kv_slots):
+            if req.req_pool_idx is not None and self._writes_into(req, step):
                 victims[id(req)] = req
         for req in victims.values():
             req.kv_failed = True
@@ -198,9 +203,13 @@ class ResultProcessor:
         self.send(list(victims.values()))
         self.failures.record(step.index, message)
 
-    def _writes_into(self, req: Req, slots: torch.Tensor) -> bool:
-        """Whether the KV row of `req` holds any of `slots`."""
-        return bool(torch.isin(self.req_to_token_pool.slots_of(req.req_pool_idx, req.kv_len), slots).any())
+    def _writes_into(self, req: Req, step: Step) -> bool:
+        """Whether the KV row of `req` holds any slot `step` writes on the model `req` runs on."""
+        if req.is_guide and req.side is not None:
+            pool, slots = req.side.pool, step.guide_kv_slots
+        else:
+            pool, slots = self.req_to_token_pool, step.kv_slots
+        return slots is not None and bool(torch.isin(pool.slots_of(req.req_pool_idx, req.kv_len), slots).any())
 
     # ------------------------------------------------------------------ sending
 

@@ -142,7 +142,7 @@ class Scheduler:
         self.policy.reserve_rows = self.beams.reserve_rows
         self.results = ResultProcessor(
             sender, self.tp_size, self.vocab_size, server_args.stream_interval, self.tree_cache, pool,
-            failures, self.stats.step_time, self.beams, server_args.sampling_mask_max_tokens,
+            failures, self.stats.step_time, self.beams, server_args.sampling_mask_max_tokens, self.guide_model,
         )
         self.num_reqs_received = 0
         if self.tp_size > 1:

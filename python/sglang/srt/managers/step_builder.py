@@ -17,6 +17,7 @@ from sglang.srt.managers.guidance_pairs import (
     guide_rows,
     on_guide_model,
     on_served_model,
+    pair_chunk_lens,
     remaining,
     with_guides,
 )
@@ -66,11 +67,16 @@ class StepBuilder:
         leaves mid-prefill. It continues `chunked_req` (the request the last prefill step left
         unfinished), then takes requests from the front of `waiting` in policy order while the
         step's prompt-token budget, the KV budget and the request slots last. `active`: the
-        admitted requests not yet released (`chunked_req` among them)."""
+        admitted requests not yet released (`chunked_req` among them). A guided request and its
+        guide context are one entry (guidance_pairs.pair_chunk_lens)."""
         budget = self.policy.chunked_prefill_size
         chunks: list[PromptChunk] = []
         guide_chunks: list[PromptChunk] = []  # the guide model's
-        if chunked_req is not None:
+        if chunked_req is not None and chunked_req.guide is not None:
+            budget -= self.add_pair_chunks(chunks, guide_chunks, chunked_req, *pair_chunk_lens(self.policy, chunked_req, budget, True))
+            if remaining(chunked_req) or remaining(chunked_req.guide):
+                budget = 0  # the pair stays mid-prefill: nothing joins behind it (one such request per step)
+        elif chunked_req is not None:
             budget -= self.add_chunk(chunks, chunked_req, self.policy.chunk_len(chunked_req, budget))
         served = on_served_model(active)
         reserved = self.policy.reserved_tokens(served)
@@ -89,21 +95,34 @@ class StepBuilder:
                 continue
             same_model = req.guide.side is None
             guide_policy = self.policy if same_model else self.guide_model.policy
-            needs = admit_pair(self.policy, guide_policy, req, budget, (reserved, guide_reserved), admitted, first=not chunks)
-            if needs is None:
+            first = not chunks and not guide_chunks
+            admission = admit_pair(self.policy, guide_policy, req, budget, (reserved, guide_reserved), admitted, first)
+            if admission is None:
                 break
             waiting.popleft()
-            # Both prompts whole, the guide's row first.
-            g = self.add_chunk(chunks if same_model else guide_chunks, req.guide, remaining(req.guide))
-            n = self.add_chunk(chunks, req, remaining(req))
+            need, need_guide, g, n = admission
+            self.add_pair_chunks(chunks, guide_chunks, req, g, n)
             if same_model:
-                reserved, admitted = reserved + sum(needs) - n - g, admitted + 2
+                reserved, admitted = reserved + need + need_guide - n - g, admitted + 2
             else:
-                reserved, guide_reserved, admitted = reserved + needs[0] - n, guide_reserved + needs[1] - g, admitted + 1
+                reserved, guide_reserved, admitted = reserved + need - n, guide_reserved + need_guide - g, admitted + 1
             budget -= n + g
-        if not chunks:
+            if remaining(req) or remaining(req.guide):
+                break  # the pair continues in the next step, the one request a step leaves mid-prefill
+        if not chunks and not guide_chunks:
             return None, None
         return self.extend_step(chunks, guide_chunks)
+
+    def add_pair_chunks(
+        self, chunks: list[PromptChunk], guide_chunks: list[PromptChunk], req: Req, guide_len: int, main_len: int
+    ) -> int:
+        """Schedule a guided pair's next prompt tokens, the guide's row first (on the guide model:
+        in `guide_chunks`); returns their count."""
+        if guide_len:
+            self.add_chunk(chunks if req.guide.side is None else guide_chunks, req.guide, guide_len)
+        if main_len:
+            self.add_chunk(chunks, req, main_len)
+        return guide_len + main_len
 
     def add_chunk(self, chunks: list[PromptChunk], req: Req, length: int) -> int:
         """Schedule the next `length` prompt tokens of `req` and give them KV slots; returns
@@ -119,9 +138,11 @@ class StepBuilder:
     def extend_step(self, chunks: list[PromptChunk], guide_chunks: Sequence[PromptChunk] = ()) -> tuple[Step, Optional[Req]]:
         """The prefill step of `chunks`, and the request whose prompt it leaves unfinished (it
         continues in the next prefill step), if any. Rows whose prompt completes sample.
-        `guide_chunks`: guide contexts' prompts on the guide model, its forward in the same step."""
+        `guide_chunks`: guide contexts' prompts on the guide model, its forward in the same step.
+        A guide context's unfinished prompt leaves its request unfinished; a step may hold guide
+        chunks alone (on the guide model: no served-model rows, whose forward is then skipped)."""
         reqs, input_ids, sample_rows, spans = [], [], [], []
-        unfinished = None
+        unfinished = next((c.req.main for c in guide_chunks if c.start + c.length < len(c.req.origin_input_ids)), None)
         fill_lens = []  # [rows] tokens each row's prefill runs over in all (the prompt; after a retraction, with the output)
         for row, (req, start, n, _) in enumerate(chunks):
             reqs.append(req)
@@ -129,14 +150,15 @@ class StepBuilder:
             fill_lens.append(len(fill))
             input_ids.extend(fill[start : start + n])
             if start + n < len(fill):
-                unfinished = req
+                unfinished = req.main if req.is_guide else req
             elif not req.is_guide:
                 sample_rows.append(row)
             if wants_prompt_logprobs(req):
                 spans.append((row, req.logprob.logprob_start_len, start, start + n))
         prefix_lens = [chunk.start for chunk in chunks]
         extend_lens = [chunk.length for chunk in chunks]
-        out_cache_loc = torch.cat([chunk.slots for chunk in chunks])  # [sum extend_lens] int64, host
+        # [sum extend_lens] int64, host (empty when the step holds guide-model chunks alone)
+        out_cache_loc = torch.cat([chunk.slots for chunk in chunks] or [torch.empty(0, dtype=torch.int64)])
         forward_batch = self._forward_batch(ForwardMode.EXTEND, reqs, input_ids, prefix_lens, extend_lens, out_cache_loc)
         forward_batch.return_input_logits = bool(spans)
         sampled = [reqs[r] for r in sample_rows]
@@ -147,9 +169,10 @@ class StepBuilder:
         step.beam_rows, step.beam_candidates = beam_ask(sampled)
         guide_reqs = [chunk.req for chunk in guide_chunks]
         if guide_chunks:
+            step.guide_kv_slots = torch.cat([c.slots for c in guide_chunks])  # [Ng] int64, host
             step.guide_forward_batch = self._forward_batch(
                 ForwardMode.EXTEND, guide_reqs, [t for c in guide_chunks for t in c.req.origin_input_ids[c.start : c.start + c.length]],
-                [c.start for c in guide_chunks], [c.length for c in guide_chunks], torch.cat([c.slots for c in guide_chunks]),
+                [c.start for c in guide_chunks], [c.length for c in guide_chunks], step.guide_kv_slots,
             )
         step.guide_rows = guide_rows(reqs, guide_reqs, sampled)
         return step, unfinished
@@ -160,12 +183,12 @@ class StepBuilder:
         guided = with_guides(list(running.reqs))
         reqs, guide_reqs = on_served_model(guided), on_guide_model(guided)
         forward_batch, out_cache_loc = self._decode_batch(reqs, self.served)
-        guide_batch = self._decode_batch(guide_reqs, guide_reqs[0].side)[0] if guide_reqs else None
+        guide_batch, guide_slots = self._decode_batch(guide_reqs, guide_reqs[0].side) if guide_reqs else (None, None)
         # A decode row samples at the position of its one input token.
         sampled = len(running.reqs)
         positions = forward_batch.positions if sampled == len(reqs) else forward_batch.positions[:sampled]
         step = Step(ForwardMode.DECODE, reqs, forward_batch, list(range(sampled)), running, positions, kv_slots=out_cache_loc)
-        step.guide_forward_batch = guide_batch
+        step.guide_forward_batch, step.guide_kv_slots = guide_batch, guide_slots
         step.guide_rows = guide_rows(reqs, guide_reqs, running.reqs)
         step.beam_rows, step.beam_candidates = beam_ask(list(running.reqs))
         return step

@@ -10,7 +10,8 @@ small batch on a fast GPU. Padding rows never touch a real request's KV slots, a
 kernel in the graph is row-wise or attends per request, so they never change a real row.
 
 With the triton sampling backend each bucket also gets a sampling graph over the decode graph's
-logits (sampling_graph.py): a step that needs no host work in its sampling replays both.
+logits (sampling_graph.py), and its guided variants: a step that needs no host work in its
+sampling replays both.
 """
 
 from __future__ import annotations
@@ -27,12 +28,15 @@ from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.graph_host import GraphHost
 from sglang.srt.model_executor.sampling_graph import (
+    GRAPH_VARIANTS,
     SamplingInputBuffers,
     finish_replay,
+    graph_variant,
     prepare_capture,
     prepare_replay,
     sample_in_graph,
 )
+from sglang.srt.sampling.guidance_graph import GuidanceGraphInputs
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
 logger = logging.getLogger(__name__)
@@ -128,10 +132,13 @@ class CudaGraphRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}  # bucket -> [bucket, V] float32 graph output
         self.sampling: Optional[SamplingInputBuffers] = None
+        self.guidance: Optional[GuidanceGraphInputs] = None
         if capture_sampling:
             self.sampling = SamplingInputBuffers(self.max_bs, model_runner.vocab_size, model_runner.device)
-        self.sampling_graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.sampled_ids: dict[int, torch.Tensor] = {}  # bucket -> [bucket] int64 sampling graph output
+            self.guidance = GuidanceGraphInputs(self.max_bs, model_runner.device)
+        # (bucket, variant of GRAPH_VARIANTS) -> the sampling graph and its [bucket] int64 output
+        self.sampling_graphs: dict[tuple[int, Optional[bool]], torch.cuda.CUDAGraph] = {}
+        self.sampled_ids: dict[tuple[int, Optional[bool]], torch.Tensor] = {}
         model_runner.attn_backend.init_cuda_graph_state(self.max_bs)
         self.capture()
 
@@ -153,9 +160,12 @@ class CudaGraphRunner:
             )
             self.graphs[bs], self.logits[bs] = self._capture_one(lambda: self._forward(batch), pool)
             pool = self.graphs[bs].pool()
-            if self.sampling is not None:
+            if self.sampling is None:
+                continue
+            for variant in GRAPH_VARIANTS:
                 prepare_capture(self.model_runner.device)
-                self.sampling_graphs[bs], self.sampled_ids[bs] = self._capture_one(lambda: self._sample(bs), pool)
+                key = (bs, variant)
+                self.sampling_graphs[key], self.sampled_ids[key] = self._capture_one(lambda: self._sample(bs, variant), pool)
         torch.cuda.synchronize(self.model_runner.device)
         logger.info(
             "CUDA graphs: captured %d decode batch sizes (%s)%s in %.1f s.",
@@ -179,23 +189,29 @@ class CudaGraphRunner:
         with batch_invariant(runner.deterministic):
             return runner.model(batch).next_token_logits  # [bs, V] float32
 
-    def _sample(self, bs: int) -> torch.Tensor:
+    def _sample(self, bs: int, variant: Optional[bool]) -> torch.Tensor:
         return sample_in_graph(
             self.logits[bs], self.sampling, self.buffers.positions[:bs], self.buffers.req_pool_indices[:bs],
-            self.model_runner.future_tokens,
+            self.model_runner.future_tokens, self.guidance, variant,
         )
 
     def replay_sampling(
         self, info: SamplingBatchInfo, bs: int, generator: Optional[torch.Generator]
     ) -> Optional[torch.Tensor]:
-        """Sample the decode batch just replayed (`bs` rows of `info`) from its bucket's sampling
-        graph: [bs] int64 next ids, or None when the batch's penalties need the eager path."""
-        if self.sampling is None or not prepare_replay(self.sampling, info, generator):
-            return None
+        """Sample the decode batch just replayed (`bs` forward rows: the rows of `info`, then their
+        guide rows) from its bucket's sampling graph: [len(info)] int64 next ids, or None when the
+        batch's penalties need the eager path."""
         padded = padded_batch_size(bs, self.batch_sizes)
-        self.sampling_graphs[padded].replay()
+        if self.sampling is None or not prepare_replay(self.sampling, info, generator, self.guidance, padded):
+            return None
+        key = (padded, graph_variant(info))
+        self.sampling_graphs[key].replay()
         finish_replay(info)
-        return self.sampled_ids[padded][:bs]
+        return self.sampled_ids[key][: len(info)]
+
+    def replayed_alpha(self, info: SamplingBatchInfo) -> torch.Tensor:
+        """[G] float32 the alphas the last replay gave `info`'s guided rows (after replay_sampling)."""
+        return self.guidance.alpha.index_select(0, info.guidance.rows)
 
     def replay(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         bs = forward_batch.batch_size

@@ -271,7 +271,8 @@ class ModelRunner:
         if step.mode.is_decode():
             batch.input_ids = self.future_tokens.index_select(0, batch.req_pool_indices).clamp(min=0)
         replayed = self.cuda_graph_runner is not None and self.cuda_graph_runner.can_run(batch)
-        output = self.forward(batch)
+        # A prefill step may carry guide-model prompt chunks alone: the served model then has no row.
+        output = self.forward(batch) if batch.batch_size else None
         guide_output = run_guide_model(step, self.guide_runner)
         prompt_logprobs = input_logprobs(step, batch, output)
         if step.sampled_batch is None:

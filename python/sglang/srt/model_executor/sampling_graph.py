@@ -12,11 +12,17 @@ runner's `future_tokens`. Its inputs live at fixed addresses:
 - the penalty table (sgl_kernel_ext/sampling/penalties.py), rewritten when a penalty list moves.
 Padding rows sample garbage from stale parameters and are never read; the penalty kernels skip them.
 
+Guided rows (sampling_params.guidance) whose guide contexts run on the served model are mixed with
+their guide rows first (sampling/guidance_graph.py), in a graph variant of their own: one without
+and one with the kl_symmetry bisection, so a batch pays only for what its rows ask. The guide rows
+follow the sampled rows in the decode graph's logits and sample garbage like padding rows; the
+runner writes each one's next input (its main row's id) after the replay, as on the eager path.
+
 The Sampler replays it (the graph runner is its GraphSampling) for a decode batch that needs no host
 work and no output the graph does not produce (Sampler.graph_step_applies, decided once per batch
 composition): no custom logit processors, no batch-level logits processors (they run on the host's
 view of the batch between the penalties and the draw), no logprobs, no grammar's vocab mask, no
-TP token all-reduce. A custom penalizer (no fused representation) samples eagerly too, and the
+TP token all-reduce, no guide context on the guide model (its logits come from another forward). A custom penalizer (no fused representation) samples eagerly too, and the
 runner attaches no graph when the TP agreement check reads every step's ids.
 """
 
@@ -30,7 +36,17 @@ from sglang.srt.layers.sampler import Sampler
 from sglang.srt.layers.triton_sampling_backend import TritonBackend, draw_noise, row_seed_offsets, unseeded_seeds
 from sglang.srt.model_executor.step import Step
 from sglang.srt.sampling.fused_logits_bias import penalty_table, record_fused_update, write_penalty_table
+from sglang.srt.sampling.guidance_graph import GuidanceGraphInputs, mix_in_graph
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+# The sampling graph variants of a bucket: no guided row, guided rows, guided rows with kl_symmetry.
+GRAPH_VARIANTS: tuple[Optional[bool], ...] = (None, False, True)
+
+
+def graph_variant(info: SamplingBatchInfo) -> Optional[bool]:
+    """The variant that samples `info`'s batch: None without guided rows, else whether one picks
+    its alpha by kl_symmetry."""
+    return None if info.guidance is None else info.guidance.kl_rows is not None
 
 
 def sampling_graph_supported(sampler: Sampler) -> bool:
@@ -87,13 +103,18 @@ def sample_in_graph(
     positions: torch.Tensor,
     req_pool_indices: torch.Tensor,
     future_tokens: torch.Tensor,
+    guidance: Optional[GuidanceGraphInputs] = None,
+    variant: Optional[bool] = None,
 ) -> torch.Tensor:
     """What a sampling graph captures, over `logits` ([bs, V] float32, the decode graph's output):
-    [bs] int64 next ids, -1 on invalid rows."""
+    [bs] int64 next ids, -1 on invalid rows. `variant` (GRAPH_VARIANTS): mix the guided rows of
+    `guidance` first, with the kl_symmetry bisection when True."""
     from sgl_kernel_ext.sampling.penalties import apply_penalties_triton, update_penalties_triton
     from sgl_kernel_ext.sampling.sample import sample_triton
 
     bs = logits.shape[0]
+    if variant is not None:
+        mix_in_graph(logits, guidance, with_kl=variant)
     table = penalty_table(logits.device)
     apply_penalties_triton(logits, table)
     seeds = torch.where(inputs.seeded[:bs], inputs.request_seeds[:bs], unseeded_seeds(inputs.noise, inputs.seed_offsets[:bs]))
@@ -112,11 +133,17 @@ def prepare_capture(device: torch.device) -> None:
     penalty_table(device).clear()
 
 
-def prepare_replay(inputs: SamplingInputBuffers, info: SamplingBatchInfo, generator: torch.Generator) -> bool:
-    """Point the graph's inputs at this step's batch; False when its penalties need the torch path."""
+def prepare_replay(
+    inputs: SamplingInputBuffers, info: SamplingBatchInfo, generator: torch.Generator,
+    guidance: Optional[GuidanceGraphInputs] = None, padded: int = 0,
+) -> bool:
+    """Point the graph's inputs at this step's batch (its guided rows' at `guidance`, over the
+    `padded` rows of its bucket); False when its penalties need the torch path."""
     if not write_penalty_table(info, inputs.noise.device):
         return False
     inputs.load(info)
+    if info.guidance is not None:
+        guidance.load(info.guidance, len(info), padded)
     draw_noise(generator, inputs.noise.device, out=inputs.noise)
     return True
 

@@ -70,6 +70,7 @@ class Step:
     # contexts on the guide model (--guide-model-path), forwarded in the same step.
     guide_rows: list[int] = field(default_factory=list)
     guide_forward_batch: Optional[ForwardBatch] = None
+    guide_kv_slots: Optional[torch.Tensor] = None  # [Ng] int64 host: the KV slots it writes on the guide model
     submitted_at: float = 0.0  # time.perf_counter() when it went to the worker
     # Beam search: the positions of beam rows among the sampled rows, and the candidates
     # (top log-probabilities) each returns.

@@ -41,6 +41,7 @@ class GuidanceBatch:
     mixture_rows: list[int]  # positions among the G of the mixture rows (their alphas are returned)
     all_rows: bool  # every row of the batch is guided
     row_list: list[int]  # `rows` on the host
+    on_guide_model: bool  # some guide context runs on the guide model (--guide-model-path)
 
     @classmethod
     def build(cls, guidance: Sequence[Optional[dict]], device: torch.device) -> Optional["GuidanceBatch"]:
@@ -62,6 +63,7 @@ class GuidanceBatch:
             mixture_rows=[j for j, i in enumerate(rows) if guidance[i]["method"] == "mixture"],
             all_rows=len(rows) == len(guidance),
             row_list=rows,
+            on_guide_model=any(guidance[i].get("model", "self") == "guide" for i in rows),
         )
 
     def __len__(self) -> int:
@@ -80,9 +82,7 @@ def apply_guidance(logits: torch.Tensor, guide_logits: torch.Tensor, batch: Guid
     k = batch.k
     if batch.kl_rows is not None:
         k = k.index_copy(0, batch.kl_rows, 1.0 - kl_symmetric_alpha(lc.index_select(0, batch.kl_rows), diff.index_select(0, batch.kl_rows)))
-    mixed = main + k * diff - batch.b * lg  # [G, V]
-    implausible = lc < lc.max(dim=-1, keepdim=True).values + batch.log_plausibility  # [G, V]
-    mixed = mixed.masked_fill(implausible, -math.inf)
+    mixed = mix_logits(main, lc, lg, diff, k, batch.b, batch.log_plausibility)  # [G, V]
     if batch.all_rows:
         logits.copy_(mixed)
     else:
@@ -90,16 +90,41 @@ def apply_guidance(logits: torch.Tensor, guide_logits: torch.Tensor, batch: Guid
     return 1.0 - k.squeeze(1)
 
 
+def mix_logits(
+    main: torch.Tensor, lc: torch.Tensor, lg: torch.Tensor, diff: torch.Tensor, k: torch.Tensor, b: torch.Tensor,
+    log_plausibility: torch.Tensor,
+) -> torch.Tensor:
+    """[R, V] float32 `main + k diff - b lg` on plausible tokens, -inf elsewhere (`main`, `lc`,
+    `lg`, `diff` = lg - lc: [R, V] float32; `k`, `b`, `log_plausibility`: [R, 1] float32).
+    A term whose weight is 0 drops out, so a context's -inf logit never turns into 0 * inf = NaN;
+    a token the main context rules out (lc = -inf) stays -inf whenever its weight a = 1 - k is
+    positive (tokens both contexts rule out, e.g. masked ones, included), and with a = 0 (the
+    guide alone) takes the guide's log-probability in the main frame."""
+    mixed = main + _weighted(k, diff) - _weighted(b, lg)  # [R, V]
+    ruled_out = lc == -math.inf  # [R, V]
+    guide_only = torch.logsumexp(main, dim=-1, keepdim=True) + lg  # [R, V]: lg in the main frame
+    mixed = torch.where(ruled_out, torch.where(k == 1.0, guide_only, -math.inf), mixed)
+    implausible = lc < lc.max(dim=-1, keepdim=True).values + log_plausibility  # [R, V]
+    return mixed.masked_fill(implausible, -math.inf)
+
+
+def _weighted(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """weight * x ([R, 1] * [R, V]), with 0 where the weight is 0 (x may be infinite)."""
+    return torch.where(weight == 0.0, 0.0, weight * x)
+
+
 def kl_symmetric_alpha(lc: torch.Tensor, diff: torch.Tensor) -> torch.Tensor:
     """[K, 1] float32: per row the a in [0, 1] with E_q[diff] = 0, q = softmax(lc + (1 - a) diff)
     (`lc` [K, V] the main log-probs, `diff` [K, V] = lg - lc), by KL_BISECTION_STEPS batched
-    bisection steps."""
+    bisection steps. Tokens the main context rules out carry no mass in q, and tokens the guide
+    rules out none at any a < 1."""
     lo = torch.zeros(lc.shape[0], 1, dtype=torch.float32, device=lc.device)
     hi = torch.ones_like(lo)
+    ruled_out = lc == -math.inf  # [K, V]
     finite = torch.where(torch.isfinite(diff), diff, torch.zeros_like(diff))  # -inf tokens carry no mass in q
     for _ in range(KL_BISECTION_STEPS):
         mid = (lo + hi) * 0.5
-        q = torch.softmax(lc + (1.0 - mid) * diff, dim=-1)  # [K, V]
+        q = torch.softmax((lc + (1.0 - mid) * diff).masked_fill(ruled_out, -math.inf), dim=-1)  # [K, V]
         gap = (q * finite).sum(dim=-1, keepdim=True)  # KL(q||pc) - KL(q||pg)
         above = gap > 0  # the root lies at a larger a
         lo = torch.where(above, mid, lo)
