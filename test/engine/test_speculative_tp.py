@@ -2,7 +2,7 @@
 random Qwen3 (4 heads, 2 KV heads, 300-token vocabulary) served at TP=2 with STANDALONE, its
 draft sharded over the same two ranks, gives the tokens of TP=1 with the same draft and of
 TP=1 without speculation, for greedy, seeded, penalised and min_new_tokens / logit_bias rows in
-one batch. The rank agreement check is on, so every verify's emitted ids are compared across
+one batch; NGRAM at TP=2 too. The rank agreement check is on, so every verify's emitted ids are compared across
 ranks. The draft is the target itself: at greedy every draft is accepted, which holds only if
 the sharded draft computes the target's argmax (docs/speculative.md)."""
 
@@ -16,8 +16,10 @@ from typing import Iterator
 import pytest
 
 from engine_utils import generate_ok
-from guidance_utils import save_guidance_tiny, tiny_flags
+from family_utils import save_tiny
+from guidance_utils import TINY, save_guidance_tiny, tiny_flags
 from sglang.srt.distributed.communication import CHECK_TOKEN_AGREEMENT_ENV
+from sglang.srt.server_args import prepare_server_args
 from sglang.test.server_process import ServerProcess, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -36,8 +38,10 @@ REQUESTS = [
     (PROMPTS[2], {**PENALISED, "sampling_seed": 11}),
     (PROMPTS[0], {"temperature": 0.0, "frequency_penalty": 1.0, "repetition_penalty": 1.3}),
     (PROMPTS[1], {"temperature": 0.0, "min_new_tokens": 10, "logit_bias": {"7": 3.0}}),
-    (PROMPTS[2], {"temperature": 1.0}),  # unseeded: deterministic mode seeds it
+    # Unseeded: a fresh seed per request, so only the rank agreement check compares it.
+    (PROMPTS[2], {"temperature": 1.0}),
 ]
+COMPARED = range(len(REQUESTS) - 1)
 GREEDY_PLAIN = range(3)  # rows whose target argmax is the self-draft's: every draft accepted
 
 
@@ -72,7 +76,8 @@ def _batch(server: ServerProcess) -> list[dict]:
 def answers(target_path: str, gguf_path: str) -> dict[str, list[dict]]:
     standalone = ("--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", target_path,
                   "--speculative-num-steps", "3")
-    runs = {"off": (), "tp1": standalone, "tp2": (*standalone, "--tp-size", "2")}
+    ngram = ("--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "6", "--tp-size", "2")
+    runs = {"off": (), "tp1": standalone, "tp2": (*standalone, "--tp-size", "2"), "ngram_tp2": ngram}
     out = {}
     for name, flags in runs.items():
         with _server(target_path, gguf_path, *flags) as server:
@@ -80,11 +85,12 @@ def answers(target_path: str, gguf_path: str) -> dict[str, list[dict]]:
     return out
 
 
-@pytest.mark.parametrize("run", ["tp1", "tp2"])
-def test_standalone_tokens_equal_decoding_without_speculation(answers, run):
-    for i, (want, got) in enumerate(zip(answers["off"], answers[run])):
+@pytest.mark.parametrize("run", ["tp1", "tp2", "ngram_tp2"])
+def test_speculative_tokens_equal_decoding_without_speculation(answers, run):
+    for i in COMPARED:
+        want, got = answers["off"][i], answers[run][i]
         assert got["output_ids"] == want["output_ids"], f"request {i} {REQUESTS[i][1]}"
-        assert len(got["output_ids"]) == MAX_NEW
+    assert all(len(a["output_ids"]) == MAX_NEW for a in answers[run])
 
 
 def test_standalone_tp2_speculates_with_the_sharded_draft(answers):
@@ -98,4 +104,21 @@ def test_standalone_tp2_speculates_with_the_sharded_draft(answers):
     assert sum(m["spec_draft_token_num"] - m["spec_accept_token_num"] for m in metas) > 0
     # TP=1 with the same draft makes the same proposals and acceptances.
     keys = ("spec_verify_ct", "spec_accept_token_num", "spec_draft_token_num")
-    assert [[m[k] for k in keys] for m in metas] == [[a["meta_info"][k] for k in keys] for a in answers["tp1"]]
+    counts = [[answers[run][i]["meta_info"][k] for k in keys] for i in COMPARED for run in ("tp1", "tp2")]
+    assert counts[0::2] == counts[1::2]
+
+
+def test_ngram_tp2_found_drafts(answers):
+    """The repeating prompt's greedy row speculated under NGRAM at TP=2."""
+    meta = answers["ngram_tp2"][2]["meta_info"]
+    assert meta["spec_accept_token_num"] > 0 and meta["spec_verify_ct"] < MAX_NEW
+
+
+def test_a_draft_the_tp_size_cannot_split_is_refused_naming_the_draft_flag(target_path, tmp_path):
+    draft = str(tmp_path / "draft")
+    save_tiny(draft, "Qwen3Config", "Qwen3ForCausalLM", **{**TINY, "num_attention_heads": 3, "num_key_value_heads": 3})
+    args = prepare_server_args(["--model-path", target_path, "--tp-size", "2", "--speculative-algorithm", "STANDALONE",
+                                "--speculative-draft-model-path", draft])
+    with pytest.raises(ValueError, match=r"--speculative-draft-model-path .*--tp-size 2 cannot split this model: "
+                                         r"the 3 attention heads are not divisible by 2"):
+        args.resolve()
