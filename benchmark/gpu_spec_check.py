@@ -16,6 +16,7 @@ script prints each run's acceptance (spec_accept_length) so a run that never spe
 Exit status 1 on a difference.
 
   python benchmark/gpu_spec_check.py --out-dir OUT
+  python benchmark/gpu_spec_check.py --runs standalone_self_tp2 ngram_tp2   # two GPUs: the TP=2 runs only
   python benchmark/gpu_spec_check.py --device cpu --shape tiny   # the same flow on the CPU (gloo at TP=2)
 """
 
@@ -114,6 +115,8 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--shape", default="qwen3-0.6b", choices=["qwen3-0.6b", "tiny"])
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--runs", nargs="+", default=None,
+                        help="the speculative runs to make (default: all that the GPUs allow); spec off always runs")
     parser.add_argument("--out-dir", default=None)
     args = parser.parse_args()
     out_dir = args.out_dir or tempfile.mkdtemp(prefix="gpu_spec_check_")
@@ -128,7 +131,13 @@ def main() -> int:
     bodies, kinds = build_requests(shape["vocab_size"], args.max_new_tokens)
     results: dict[str, dict] = {}
     tp2 = args.device == "cpu" or torch.cuda.device_count() >= 2
-    for name, flags in runs_to_make(target, draft2, tp2).items():
+    runs = runs_to_make(target, draft2, tp2)
+    if args.runs:
+        unknown = set(args.runs) - set(runs)
+        if unknown:
+            parser.error(f"unknown or impossible runs {sorted(unknown)}; possible: {sorted(runs)}")
+        runs = {name: flags for name, flags in runs.items() if name == "off" or name in args.runs}
+    for name, flags in runs.items():
         started = time.perf_counter()
         try:
             results[name] = serve(args.device, target, flags, bodies, os.path.join(out_dir, f"server-{name}.log"))
