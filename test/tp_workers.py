@@ -46,8 +46,15 @@ def collectives_worker(rank: int, init_method: str, out_dir: str) -> None:
     empty = broadcast_frames([], tp_cpu_group())
     rids = ["a", "b", "c"]
     check_token_agreement(torch.tensor([5, 7, 9]), 3, rids, tp_device_group())  # agree: passes
+    check_token_agreement(torch.tensor([[5, 6, -1], [7, -1, -1]]), 6, rids, tp_device_group())  # a verify's [B, W]
     errors = []
-    for step, ids in ((4, torch.tensor([5, 7 + rank, 9 + rank])), (5, torch.tensor([1] * (1 + rank)))):
+    checks = (
+        (4, torch.tensor([5, 7 + rank, 9 + rank])),
+        (5, torch.tensor([1] * (1 + rank))),
+        (7, torch.tensor([[5, 6, -1], [7, 8, -1] if rank else [7, -1, -1]])),  # rank 1 accepted one more draft
+        (8, torch.tensor([[5] * (2 + rank)])),
+    )
+    for step, ids in checks:
         try:
             check_token_agreement(ids, step, rids, tp_device_group())
         except TokenDivergenceError as err:

@@ -31,6 +31,9 @@ KNOBS = {
     "stop_string": dict(temperature=0.0, stop=["figs"]),
     "regex": dict(temperature=0.7, regex=r"( [a-z]+,){3} [a-z]+\.", sampling_seed=5),
     "json": dict(temperature=0.0, json_schema='{"type":"object","properties":{"a":{"type":"string"}},"required":["a"]}'),
+    # Batch-level processors: the copy answer repeats the prompt's trigrams, which this bans.
+    "no_repeat_ngram": dict(temperature=0.0, no_repeat_ngram_size=3),
+    "bad_words": dict(temperature=0.0, bad_words=["plums"]),
 }
 
 

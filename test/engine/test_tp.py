@@ -78,12 +78,17 @@ def test_request_broadcast_and_token_agreement_check(tmp_path) -> None:
     for rank in range(2):
         result = json.loads((tmp_path / f"{rank}.json").read_text())
         assert result["frames"] == ["616263", "", "00ff"] and result["empty"] == []
-        diverged, resized = result["errors"]
+        diverged, resized, verify_diverged, widened = result["errors"]
         assert diverged == (
             "TP ranks sampled different tokens at step 4: first diverging row 1 (request 'b'), "
             "tokens by rank [7, 8]; 2 of 3 rows differ."
         )
         assert resized == "TP ranks scheduled different batches at step 5: batch sizes by rank [1, 2]."
+        assert verify_diverged == (
+            "TP ranks sampled different tokens at step 7: first diverging row 1 (request 'b'), "
+            "tokens by rank [[7, -1, -1], [7, 8, -1]]; 1 of 2 rows differ."
+        )
+        assert widened == "TP ranks verified different widths at step 8: widths by rank [2, 3]."
 
 
 def test_batch_invariant_reduction_adds_ranks_in_order(tmp_path) -> None:

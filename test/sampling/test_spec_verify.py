@@ -4,6 +4,8 @@ time gives, for every sampling knob, and unseeded draws keep the target's distri
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -13,6 +15,7 @@ from sglang.srt.layers.sampler import Sampler, SamplerInput
 from sglang.srt.layers.sampler_verify import VerifyInput
 from sglang.srt.model_executor.step import LogprobRequest
 from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor, register_custom_logit_processor
+from sglang.srt.sampling.logits_processor import BUILT_IN_LOGITS_PROCESSORS, LoadedLogitsProcessors
 from sglang.srt.sampling.penaltylib import BatchedPenalizerOrchestrator
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -76,7 +79,14 @@ KNOBS = {
     "top_k_top_p_min_p": dict(temperature=1.2, top_k=6, top_p=0.85, min_p=0.05, sampling_seed=21),
     "grammar": dict(temperature=1.0, sampling_seed=4),
     "custom_processor": dict(temperature=1.0, sampling_seed=9, custom_params={}),
+    # Batch-level processors: an incremental n-gram index (state that drafts must not leave
+    # behind) and a stateless allow-list.
+    "no_repeat_ngram": dict(temperature=0.0, no_repeat_ngram_size=1),
+    "no_repeat_ngram_seeded": dict(temperature=1.0, no_repeat_ngram_size=2, sampling_seed=13),
+    "allowed_token_ids": dict(temperature=1.0, allowed_token_ids=list(range(1, V, 3)), sampling_seed=6),
 }
+BUILT_INS = LoadedLogitsProcessors(BUILT_IN_LOGITS_PROCESSORS, SimpleNamespace(logits_processors=None,
+                                                                              skip_tokenizer_init=True), "cpu")
 
 
 def _batch(knobs: list[str]):
@@ -84,6 +94,7 @@ def _batch(knobs: list[str]):
     params = [SamplingParams(**KNOBS[k]) for k in knobs]
     processors = ['{"name": "test_ban_last"}' if k == "custom_processor" else None for k in knobs]
     batch = make_batch(params, prompts=[PROMPT] * len(knobs), processors=processors, enable_processors=True)
+    batch.loaded_logits_processors = BUILT_INS
     for k, req in zip(knobs, batch.reqs):
         req.logprob = LogprobRequest(top_logprobs_num=3)
         if k == "grammar":
@@ -173,6 +184,23 @@ def test_a_row_with_no_drafts_beside_long_ones_is_a_decode_step():
 
     got_tokens, _ = _speculate(knobs, STEPS, draft_for)
     assert got_tokens == [t[:STEPS] for t in want_tokens]
+
+
+@pytest.mark.parametrize("knob", ["no_repeat_ngram", "no_repeat_ngram_seeded"])
+def test_batch_processors_forget_rejected_drafts(knob):
+    """Every verify rejects its first draft; the drafts after it are the tokens the reference
+    emits next. A processor state that kept the rejected drafts (an n-gram index over them)
+    would ban exactly those tokens at the next steps."""
+    knobs = [knob, "greedy"]
+    want_tokens, want_lp = _decode(knobs, STEPS + 6)
+
+    def draft_for(row, req):
+        n = len(req.output_ids)
+        return [(want_tokens[row][n] + 1) % V] + list(want_tokens[row][n + 1 : n + 4])
+
+    got_tokens, got_lp = _speculate(knobs, STEPS, draft_for)
+    assert got_tokens == [t[:STEPS] for t in want_tokens]
+    assert got_lp == [lp[:STEPS] for lp in want_lp]
 
 
 def test_host_state_is_put_back_after_the_verify():

@@ -53,17 +53,21 @@ def min_across_ranks(value: int, group: dist.ProcessGroup) -> int:
 def check_token_agreement(next_ids: torch.Tensor, step: int, rids: Sequence[str], group: dist.ProcessGroup) -> None:
     """Raise TokenDivergenceError naming the step, the first diverging row and every rank's token.
 
-    next_ids [B] int64 on the group's device. Every rank sees the same gathered table, so every
-    rank raises the same error.
+    next_ids [B] int64 (a decode step's ids) or [B, W] int64 (a speculative verify step's emitted
+    ids, padded) on the group's device. Every rank sees the same gathered table, so every rank
+    raises the same error.
     """
     world = dist.get_world_size(group)
-    sizes = _all_gather(torch.tensor([next_ids.shape[0]], dtype=torch.int64, device=next_ids.device), world, group)
-    if len(set(sizes.view(-1).tolist())) > 1:
-        raise TokenDivergenceError(
-            f"TP ranks scheduled different batches at step {step}: batch sizes by rank {sizes.view(-1).tolist()}."
-        )
-    table = _all_gather(next_ids.contiguous(), world, group).cpu()  # [R, B]
-    differs = (table != table[0]).any(dim=0).nonzero().view(-1)  # rows where some rank disagrees
+    width = next_ids.shape[1] if next_ids.dim() == 2 else 0
+    shapes = _all_gather(torch.tensor([next_ids.shape[0], width], dtype=torch.int64, device=next_ids.device), world, group)
+    sizes, widths = shapes[:, 0].tolist(), shapes[:, 1].tolist()  # [R] each
+    if len(set(sizes)) > 1:
+        raise TokenDivergenceError(f"TP ranks scheduled different batches at step {step}: batch sizes by rank {sizes}.")
+    if len(set(widths)) > 1:
+        raise TokenDivergenceError(f"TP ranks verified different widths at step {step}: widths by rank {widths}.")
+    table = _all_gather(next_ids.contiguous(), world, group).cpu()  # [R, B] or [R, B, W]
+    disagree = (table != table[0]).view(world, table.shape[1], -1).any(dim=2)  # [R, B]
+    differs = disagree.any(dim=0).nonzero().view(-1)  # rows where some rank disagrees
     if differs.numel() == 0:
         return
     row = int(differs[0])

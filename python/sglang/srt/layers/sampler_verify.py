@@ -5,8 +5,9 @@ request. Position j's row is the decode step the request would run after out + d
 goes through the Sampler's whole pipeline with that prefix: the penalty state has d1..dj-1
 folded in (update_penalties with each draft column), the host prefix that grammars, the
 min_new_tokens hold-back and the processors read holds them (the request's output list and
-matcher are advanced over the drafts, then put back), and the seeded draw is keyed by the
-position of the row's input token there. Then draft dj is accepted iff it equals the token drawn
+matcher are advanced over the drafts, then put back; the batch-level processors' instances are
+rebuilt from the host state at the next step, since their interface has no way back), and the
+seeded draw is keyed by the position of the row's input token there. Then draft dj is accepted iff it equals the token drawn
 at position j-1; the tokens emitted are the drawn ones up to and including the first mismatch
 (or the bonus token after all k), so every emitted token is the target's own draw.
 
@@ -91,6 +92,8 @@ def verify(sampler: DrawingSampler, inp: VerifyInput) -> VerifyOutput:
     finally:
         if host_prefix is not None:
             host_prefix.restore()
+        if inp.info.logits_processors is not None:
+            inp.info.logits_processors.reset()
     return _accept(inp, torch.stack(drawn, dim=1), drafts, logprobs, errors)
 
 

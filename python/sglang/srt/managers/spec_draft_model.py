@@ -8,6 +8,12 @@ before drafting, one extend catches it up with the tokens accepted since (its wh
 first time), and its logits at the last token give the first draft; each further draft is one
 decode step. The K/V written for drafts is given back at once: the next catch-up rewrites those
 positions with the tokens the target actually emitted.
+
+Under tensor parallelism every rank runs its shard of the draft model (same TP size and groups
+as the target, its own tp_rank) on the same requests, so the draft forwards' collectives pair
+up across ranks. The drafts are the argmax of the all-gathered logits on every rank; rank 0's
+draft matrix is broadcast once per verify step, so all ranks verify the very same drafts even
+where their logits differ by the all-reduce's rounding.
 """
 
 from __future__ import annotations
@@ -17,8 +23,11 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 
+from sglang.srt.distributed.parallel_state import tp_device_group
 from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.managers.scheduler_process import runner_execution_args
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.server_args import ServerArgs
@@ -36,28 +45,26 @@ class _DraftRow:
 class DraftModel:
     """A DraftSource over a draft ModelRunner (managers/spec_decode.py)."""
 
-    def __init__(self, server_args: ServerArgs, worker: ThreadPoolExecutor, device: torch.device,
+    def __init__(self, server_args: ServerArgs, worker: ThreadPoolExecutor, device: torch.device, tp_rank: int,
                  max_total_tokens: int, max_running: int, context_len: int) -> None:
         self.worker = worker
         self.device = device
         args = server_args
+        execution = runner_execution_args(args, device, tp_rank)
+        # The draft's own positions bound it (a --context-length beyond them is the target's);
+        # its extends are catch-ups of a few tokens, outside the target's piecewise graphs.
+        execution.update(context_length=None, disable_piecewise_cuda_graph=True)
         self.runner: ModelRunner = worker.submit(
             ModelRunner,
             args.speculative_draft_model_path,
-            dtype=args.dtype,
-            device=str(device),
             # CPU: room for every confirmed token plus the drafts in flight. CUDA: a share of the
             # memory the target's pool left free.
             max_total_tokens=None if device.type == "cuda" else max_total_tokens + max_running * (args.speculative_num_steps + 1),
             mem_fraction_static=DRAFT_CUDA_KV_FRACTION if device.type == "cuda" else None,
             max_running_requests=max_running,
-            deterministic=args.enable_deterministic_inference,
-            attention_backend=args.attention_backend,
-            disable_cuda_graph=args.disable_cuda_graph,
-            cuda_graph_max_bs=args.cuda_graph_max_bs,
-            disable_piecewise_cuda_graph=True,
-            random_seed=args.random_seed,
+            **execution,
         ).result()
+        self.tp_group = tp_device_group() if args.tp_size > 1 else None
         # Requests longer than the draft's own context get no drafts.
         self.context_len = min(context_len, self.runner.model_config.context_len)
         self.rows: dict[str, _DraftRow] = {}
@@ -99,7 +106,10 @@ class DraftModel:
             logits = self._forward(ForwardMode.DECODE, rows, tokens[-1].tolist(), [1] * len(rows))
             tokens.append(logits.argmax(dim=-1))
         self._forget_drafts(rows, confirmed)
-        return torch.stack(tokens, dim=1).tolist()
+        drafts = torch.stack(tokens, dim=1)  # [B, width] int64 on the device
+        if self.tp_group is not None:
+            dist.broadcast(drafts, dist.get_global_rank(self.tp_group, 0), group=self.tp_group)
+        return drafts.tolist()
 
     def _row(self, req: Req) -> _DraftRow:
         row = self.rows.get(req.rid)
@@ -130,9 +140,10 @@ class DraftModel:
             row.kv_len = n
 
 
-def draft_source(server_args: ServerArgs, worker: ThreadPoolExecutor, device: torch.device, max_total_tokens: int,
-                 max_running: int, context_len: int) -> Optional[DraftModel]:
-    """The draft model of --speculative-algorithm STANDALONE; None for the other algorithms."""
+def draft_source(server_args: ServerArgs, worker: ThreadPoolExecutor, device: torch.device, tp_rank: int,
+                 max_total_tokens: int, max_running: int, context_len: int) -> Optional[DraftModel]:
+    """The draft model of --speculative-algorithm STANDALONE (this rank's shard); None for the
+    other algorithms."""
     if server_args.speculative_algorithm != "STANDALONE":
         return None
-    return DraftModel(server_args, worker, device, max_total_tokens, max_running, context_len)
+    return DraftModel(server_args, worker, device, tp_rank, max_total_tokens, max_running, context_len)

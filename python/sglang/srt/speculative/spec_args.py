@@ -62,7 +62,7 @@ def resolve_speculative_args(args: Any) -> None:
     if algorithm == "STANDALONE" and not args.speculative_draft_model_path:
         raise ValueError("--speculative-algorithm STANDALONE needs --speculative-draft-model-path.")
     if algorithm == "STANDALONE" and args.tp_size > 1:
-        raise ValueError("--speculative-algorithm STANDALONE runs with --tp-size 1 (the draft model is not sharded).")
+        _check_draft_tp_size(args.speculative_draft_model_path, args.tp_size)
     if algorithm == "NGRAM" and args.speculative_draft_model_path:
         raise ValueError("--speculative-algorithm NGRAM takes no --speculative-draft-model-path.")
     _resolve_widths(args, algorithm)
@@ -86,3 +86,15 @@ def _resolve_widths(args: Any, algorithm: str) -> None:
             "with --speculative-eagle-topk 1."
         )
     args.speculative_num_steps, args.speculative_num_draft_tokens = steps, steps + 1
+
+
+def _check_draft_tp_size(draft_path: str, tp_size: int) -> None:
+    """The draft model is sharded like the target (every rank runs its shard): refuse a TP size
+    its heads or MLP cannot split, naming the draft flag."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.distributed.tp_sizes import check_tp_size
+
+    try:
+        check_tp_size(ModelConfig.from_path(draft_path), tp_size)
+    except ValueError as err:
+        raise ValueError(f"--speculative-draft-model-path {draft_path}: {err}") from err

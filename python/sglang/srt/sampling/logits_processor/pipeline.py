@@ -44,6 +44,13 @@ class LogitsProcessorPipeline:
             if cls not in self.classes:
                 del self.instances[cls], self.seen[cls]
 
+    def reset(self) -> None:
+        """Forget every instance: the next run builds each from the rows' host state then. A
+        speculative verify grows the outputs by the drafts and takes them back, which a
+        BatchUpdate cannot express, and an incremental state (an n-gram index) would keep them."""
+        self.instances.clear()
+        self.seen.clear()
+
     def run(self, logits: torch.Tensor, rows: Sequence[Any], all_greedy: bool, truth: Optional[Sequence[Any]] = None) -> dict[int, str]:
         """Update every processor to `rows` and apply it to `logits` ([B, V] float32, in place);
         when every row is greedy, argmax-invariant processors are updated but not applied. `truth` (the
