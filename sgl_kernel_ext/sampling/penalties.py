@@ -216,10 +216,10 @@ def _record(table_ptr, base, row, tok, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _update_kernel(tokens_ptr, table_ptr, BLOCK: tl.constexpr):
+def _update_kernel(tokens_ptr, tokens_stride, table_ptr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     if row < tl.load(table_ptr + _N_ROWS):
-        tok = tl.load(tokens_ptr + row)
+        tok = tl.load(tokens_ptr + row.to(tl.int64) * tokens_stride)
         if tok >= 0:  # negative: a row the sampler flagged, nothing to record
             if tl.load(table_ptr + _FREQ) != 0:
                 _record(table_ptr, _FREQ, row, tok, BLOCK)
@@ -242,9 +242,10 @@ def apply_penalties_triton(logits: torch.Tensor, table: PenaltyTable) -> None:
 
 
 def update_penalties_triton(tokens: torch.Tensor, table: PenaltyTable) -> None:
-    """Record tokens[b] ([>= n_rows] int64, negative = none) in row b's histories and count it in
-    its output length, for rows [0, n_rows). Every history needs room for one more id per row."""
-    launch(_update_kernel, (tokens.shape[0],), tokens, table.table, BLOCK=BLOCK)
+    """Record tokens[b] ([>= n_rows] int64, any stride: a column of a [B, K] draft matrix too;
+    negative = none) in row b's histories and count it in its output length, for rows
+    [0, n_rows). Every history needs room for one more id per row."""
+    launch(_update_kernel, (tokens.shape[0],), tokens, tokens.stride(0), table.table, BLOCK=BLOCK)
 
 
 # ---------------------------------------------------------------------------------- references

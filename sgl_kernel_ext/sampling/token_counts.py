@@ -38,9 +38,9 @@ def add_token(ids_ptr, counts_ptr, length_ptr, tok, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _add_kernel(ids_ptr, counts_ptr, lengths_ptr, tokens_ptr, stride, BLOCK: tl.constexpr):
+def _add_kernel(ids_ptr, counts_ptr, lengths_ptr, tokens_ptr, tokens_stride, stride, BLOCK: tl.constexpr):
     row = tl.program_id(0)
-    tok = tl.load(tokens_ptr + row)
+    tok = tl.load(tokens_ptr + row.to(tl.int64) * tokens_stride)
     if tok >= 0:  # negative: a row the sampler flagged, nothing to record
         base = row.to(tl.int64) * stride
         add_token(ids_ptr + base, counts_ptr + base, lengths_ptr + row, tok, BLOCK)
@@ -48,6 +48,6 @@ def _add_kernel(ids_ptr, counts_ptr, lengths_ptr, tokens_ptr, stride, BLOCK: tl.
 
 def token_counts_add_triton(ids: torch.Tensor, counts: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor) -> None:
     """In place. ids [B, C] int64 (-1 past each row's length), counts [B, C] float32 (same
-    strides), lengths [B, 1] int64 with every length < C, tokens [B] int64."""
+    strides), lengths [B, 1] int64 with every length < C, tokens [B] int64 (any stride)."""
     assert ids.stride() == counts.stride() and ids.stride(1) == 1 and lengths.is_contiguous()
-    launch(_add_kernel, (ids.shape[0],), ids, counts, lengths, tokens, ids.stride(0), BLOCK=BLOCK)
+    launch(_add_kernel, (ids.shape[0],), ids, counts, lengths, tokens, tokens.stride(0), ids.stride(0), BLOCK=BLOCK)

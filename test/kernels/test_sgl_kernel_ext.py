@@ -25,7 +25,7 @@ from sgl_kernel_ext.sampling import sample as sample_kernels  # noqa: E402
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput  # noqa: E402
 from sglang.srt.layers.sampler import Sampler  # noqa: E402
 from sglang.srt.layers.sampler_fused import FusedStep  # noqa: E402
-from sglang.srt.sampling.fused_logits_bias import apply_logits_bias_fused  # noqa: E402
+from sglang.srt.sampling.fused_logits_bias import apply_logits_bias_fused, update_penalties_fused  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
@@ -241,11 +241,13 @@ def test_fused_logits_bias_equals_torch_path():
     ]
     prompts = [[1, 2, 3, 3], [7, 8], [4]]
     logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(4)) * 2
-    step_ids = torch.tensor([3, 7, 4])
+    # A speculative verify records a column of its [B, K] draft matrix: a strided view.
+    drafts = torch.tensor([[9, 3], [9, 7], [9, 4]])  # [B, 2]
+    step_ids = drafts[:, 1]
     torch_info = make_info(params, vocab, prompts=prompts)
     fused_info = make_info(params, vocab, prompts=prompts, device=DEVICE)
     torch_info.update_penalties(step_ids)
-    fused_info.update_penalties(step_ids.to(DEVICE))
+    assert update_penalties_fused(fused_info, drafts.to(DEVICE)[:, 1])
     want = logits.clone()
     torch_info.apply_logits_bias(want)
     got = logits.clone().to(DEVICE)
@@ -343,7 +345,8 @@ def test_token_counts_add_matches_reference(width: int) -> None:
     want = [t.clone() for t in (ids, counts, lengths)]
     token_counts_add_reference(*want, tokens, width)
     got = [t.clone().to(DEVICE) for t in (ids, counts, lengths)]
-    token_counts_add_triton(*got, tokens.to(DEVICE))
+    strided = torch.stack([torch.zeros_like(tokens), tokens], dim=1).to(DEVICE)[:, 1]  # [B] with stride 2
+    token_counts_add_triton(*got, strided)
     for g, w in zip(got, want):
         assert torch.equal(g.cpu(), w)
     assert int(want[2][2]) == int(lengths[2]) and int(want[2][1]) == int(lengths[1]) + 1
