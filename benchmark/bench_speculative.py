@@ -39,13 +39,20 @@ COPY_PROMPT = f"Repeat the following paragraph word for word.\n\nParagraph: {COP
 FREE_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
+def generate(llm: Any, prompts: list, params: dict) -> list[dict]:
+    """Text prompts, or token-id prompts (lists of ids)."""
+    if isinstance(prompts[0], str):
+        return llm.generate(prompts, params)
+    return llm.generate(input_ids=prompts, sampling_params=params)
+
+
 def run_case(llm: Any, prompts: list, params: dict, repeats: int) -> tuple[float, Optional[float]]:
     """tokens/s over `repeats` rounds of all prompts at once, and the mean accepted length."""
-    llm.generate(prompts[:1], {**params, "max_new_tokens": 4})  # warm-up
+    generate(llm, prompts[:1], {**params, "max_new_tokens": 4})  # warm-up
     tokens, elapsed, lengths = 0, 0.0, []
     for _ in range(repeats):
         start = time.perf_counter()
-        outs = llm.generate(prompts, params) if isinstance(prompts[0], str) else llm.generate(input_ids=prompts, sampling_params=params)
+        outs = generate(llm, prompts, params)
         elapsed += time.perf_counter() - start
         for out in outs:
             tokens += out["meta_info"]["completion_tokens"]

@@ -16,6 +16,7 @@ from sglang.srt.distributed.parallel_state import tp_group_lost
 from sglang.srt.distributed.placement import gpu_id, ranks_sharing_gpu, replica_cores, scheduler_name
 from sglang.srt.managers.io_struct import SchedulerReady, encode
 from sglang.srt.model_executor.model_runner import CUDA_KV_FREE_FRACTION, ModelRunner
+from sglang.srt.model_executor.verify_graph_runner import VerifyGraphShape
 from sglang.srt.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -80,8 +81,20 @@ def start_forward_worker(
         quantization=args.quantization,
         **runner_execution_args(args, device, tp_rank),
         watermark=args.watermark_settings(),
+        verify_graph=verify_graph_shape(args),
     ).result()
     return worker, model_runner
+
+
+def verify_graph_shape(args: ServerArgs) -> Optional[VerifyGraphShape]:
+    """The verify CUDA graphs of a speculating server: every batch that speculates (up to
+    --speculative-disable-batch-size requests, within --cuda-graph-max-bs), W tokens a request."""
+    if args.speculative_algorithm is None:
+        return None
+    max_bs = args.speculative_disable_batch_size
+    if args.cuda_graph_max_bs is not None:
+        max_bs = min(max_bs, args.cuda_graph_max_bs)
+    return VerifyGraphShape(args.speculative_num_draft_tokens, max_bs) if max_bs >= 1 else None
 
 
 def runner_execution_args(args: ServerArgs, device: torch.device, tp_rank: int) -> dict[str, Any]:

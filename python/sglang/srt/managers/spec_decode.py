@@ -26,10 +26,12 @@ from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.ngram import ngram_drafts
 from sglang.srt.utils import host_to_device
 
+PAD_TOKEN = 0  # what a padded verify forwards after a request's drafts
+
 
 class SpecDecoding:
     def __init__(self, server_args: ServerArgs, builder: StepBuilder, tree_cache: RadixCache, context_len: int,
-                 draft_source: Optional["DraftSource"] = None) -> None:
+                 draft_source: Optional["DraftSource"] = None, graph_width: Optional[int] = None) -> None:
         self.algorithm = server_args.speculative_algorithm
         self.num_drafts = server_args.speculative_num_steps
         self.max_window = server_args.speculative_ngram_max_trie_depth
@@ -38,6 +40,8 @@ class SpecDecoding:
         self.tree_cache = tree_cache
         self.context_len = context_len
         self.draft_source = draft_source
+        # The width the verify CUDA graphs take (model_executor/verify_graph_runner.py); None: none.
+        self.graph_width = graph_width
         self.penalties_stale = False  # a verify folded drafts into the running batch's penalty state
 
     @classmethod
@@ -64,17 +68,21 @@ class SpecDecoding:
 
     def _draft_cap(self, req: Req) -> int:
         """Drafts the request's KV budget leaves room for (the verify writes k + 1 positions)."""
-        limit = self.context_len
+        return max(0, min(self.num_drafts, self._kv_limit(req) - req.kv_len - 1))
+
+    def _kv_limit(self, req: Req) -> int:
+        """The KV positions the request may hold: its admission budget, within the context."""
         max_new = req.sampling_params.max_new_tokens
-        if max_new is not None:
-            limit = min(limit, len(req.origin_input_ids) + max_new)
-        return max(0, min(self.num_drafts, limit - req.kv_len - 1))
+        return self.context_len if max_new is None else min(self.context_len, len(req.origin_input_ids) + max_new)
 
     def _verify_step(self, batch: ScheduleBatch, drafts: list[list[int]]) -> Step:
         reqs = list(batch.reqs)
         prefix_lens = [req.kv_len for req in reqs]
-        extend_lens = [len(d) + 1 for d in drafts]
-        input_ids = [t for req, d in zip(reqs, drafts) for t in [req.output_ids[-1]] + d]
+        width = self._padded_width(reqs)
+        # A padded request forwards PAD_TOKEN after its drafts: never a draft, never emitted.
+        forwarded = [d + [PAD_TOKEN] * (width - 1 - len(d)) if width else d for d in drafts]
+        extend_lens = [len(d) + 1 for d in forwarded]
+        input_ids = [t for req, d in zip(reqs, forwarded) for t in [req.output_ids[-1]] + d]
         starts = [0]
         for n in extend_lens[:-1]:
             starts.append(starts[-1] + n)
@@ -83,11 +91,20 @@ class SpecDecoding:
             ForwardMode.EXTEND, input_ids, [r.req_pool_idx for r in reqs], prefix_lens, extend_lens, slots,
             self.builder.device, return_input_logits=True,
         )
+        forward_batch.verify_width = width
         positions = host_to_device(prefix_lens, self.builder.device)  # [B] position 0 of each request
         return Step(
             ForwardMode.DECODE, reqs, forward_batch, list(range(len(reqs))), batch, positions,
             kv_slots=slots, spec=SpecDrafts(drafts, starts),
         )
+
+    def _padded_width(self, reqs: list[Req]) -> Optional[int]:
+        """The graphs' width when every request's KV budget holds that many more tokens (the
+        padding's K/V slots are given back with the rejected drafts'); else None (eager)."""
+        width = self.graph_width
+        if width is None or any(req.kv_len + width > self._kv_limit(req) for req in reqs):
+            return None
+        return width
 
     def _refresh_penalties(self, batch: ScheduleBatch) -> None:
         info = batch.sampling_info

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -51,9 +51,12 @@ class DraftModel:
         self.device = device
         args = server_args
         execution = runner_execution_args(args, device, tp_rank)
-        # The draft's own positions bound it (a --context-length beyond them is the target's);
-        # its extends are catch-ups of a few tokens, outside the target's piecewise graphs.
-        execution.update(context_length=None, disable_piecewise_cuda_graph=True)
+        # The draft's own positions bound it (a --context-length beyond them is the target's). Its
+        # extends are catch-ups of the tokens accepted since the last step, up to k + 1 a request
+        # over a speculating batch: piecewise graphs up to that many tokens (a first catch-up over
+        # a whole prompt beyond them runs eagerly).
+        execution.update(context_length=None, piecewise_cuda_graph_tokens=None,
+                         piecewise_cuda_graph_max_tokens=args.speculative_disable_batch_size * (args.speculative_num_steps + 1))
         self.runner: ModelRunner = worker.submit(
             ModelRunner,
             args.speculative_draft_model_path,
@@ -103,7 +106,8 @@ class DraftModel:
             row.kv_len = len(history)
         confirmed = [row.kv_len for row in rows]
         for _ in range(width - 1):
-            logits = self._forward(ForwardMode.DECODE, rows, tokens[-1].tolist(), [1] * len(rows))
+            # The last draft stays on the device: the step is queued without waiting for it.
+            logits = self._forward(ForwardMode.DECODE, rows, tokens[-1], [1] * len(rows))
             tokens.append(logits.argmax(dim=-1))
         self._forget_drafts(rows, confirmed)
         drafts = torch.stack(tokens, dim=1)  # [B, width] int64 on the device
@@ -120,14 +124,20 @@ class DraftModel:
             row = self.rows[req.rid] = _DraftRow(pool_idx)
         return row
 
-    def _forward(self, mode: ForwardMode, rows: list[_DraftRow], input_ids: list[int], lens: list[int]) -> torch.Tensor:
-        """One draft forward of `lens[i]` new tokens per row after its cached ones: [B, V] logits."""
+    def _forward(self, mode: ForwardMode, rows: list[_DraftRow], input_ids: Union[list[int], torch.Tensor],
+                 lens: list[int]) -> torch.Tensor:
+        """One draft forward of `lens[i]` new tokens per row after its cached ones ([N] ids, a host
+        list or a device tensor): [B, V] logits."""
         slots = self.runner.token_to_kv_pool_allocator.alloc(sum(lens))
         if slots is None:
             raise RuntimeError("The draft model's KV cache is exhausted")
         prefix = [row.kv_len for row in rows]
         self.runner.req_to_token_pool.assign([r.pool_idx for r in rows], prefix, lens, slots)
-        batch = ForwardBatch.init_new(mode, input_ids, [r.pool_idx for r in rows], prefix, lens, slots, self.device)
+        on_device = isinstance(input_ids, torch.Tensor)
+        batch = ForwardBatch.init_new(mode, None if on_device else input_ids, [r.pool_idx for r in rows], prefix, lens,
+                                      slots, self.device)
+        if on_device:
+            batch.input_ids = input_ids
         for row, n in zip(rows, lens):
             row.kv_len += n
         return self.runner.forward(batch).next_token_logits

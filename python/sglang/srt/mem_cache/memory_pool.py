@@ -114,26 +114,40 @@ class ReqToTokenPool:
 
 class TokenToKVPoolAllocator:
     """Hands out KV slots 1..size, on the host (the scheduler decides with them; the device gets
-    them inside each step's one input copy)."""
+    them inside each step's one input copy). First freed, first handed out again: the free slots
+    are a ring over one buffer, so alloc and free cost O(slots moved), not O(pool)."""
 
     def __init__(self, size: int, device: Union[str, torch.device] = "cpu") -> None:
         self.size = size
         self.device = device
-        self.free_slots = torch.arange(1, size + 1, dtype=torch.int64)  # [F] int64, host
+        self._ring = torch.arange(1, size + 1, dtype=torch.int64)  # [size] int64, host
+        self._head = 0  # the next slot handed out; the free ones follow it, wrapping around
         self._num_free = size
 
     def alloc(self, n: int) -> Optional[torch.Tensor]:
         if n > self._num_free:
             return None
-        out, self.free_slots = self.free_slots[:n], self.free_slots[n:]
+        end = self._head + n
+        if end <= self.size:
+            out = self._ring[self._head : end].clone()
+        else:
+            out = torch.cat([self._ring[self._head :], self._ring[: end - self.size]])
+        self._head = end % self.size if self.size else 0
         self._num_free -= n
         return out
 
     def free(self, indices: torch.Tensor) -> None:
-        if indices.numel() == 0:
+        n = indices.numel()
+        if n == 0:
             return
-        self.free_slots = torch.cat([self.free_slots, indices.to("cpu", torch.int64)])
-        self._num_free += indices.numel()
+        if self._num_free + n > self.size:
+            raise RuntimeError(f"Freeing {n} KV slots with {self._num_free} of {self.size} already free.")
+        indices = indices.reshape(-1).to("cpu", torch.int64)
+        tail = (self._head + self._num_free) % self.size
+        first = min(n, self.size - tail)
+        self._ring[tail : tail + first] = indices[:first]
+        self._ring[: n - first] = indices[first:]
+        self._num_free += n
 
     def available_size(self) -> int:
         return self._num_free

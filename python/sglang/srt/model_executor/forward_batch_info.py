@@ -48,6 +48,9 @@ class ForwardBatch:
     extend_prefix_lens_cpu: list[int]
     # Also return the logits of every new token (prompt logprobs).
     return_input_logits: bool = False
+    # A speculative verify whose every request extends by exactly this many tokens (its last token
+    # and its drafts, padded): the shape the verify CUDA graphs are captured for.
+    verify_width: Optional[int] = None
 
     # Set by ModelRunner.forward. The attention backend (layers/attention) is typed there: the
     # layers read this batch, so this module does not import them.

@@ -29,6 +29,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.guided_rows import alpha_to_host, guide_logits, run_guide_model, store_guide_tokens
 from sglang.srt.model_executor.piecewise_cuda_graph_runner import PiecewiseCudaGraphRunner, capture_token_counts
 from sglang.srt.model_executor.sampling_graph import sampling_graph_supported
+from sglang.srt.model_executor.verify_graph_runner import VerifyGraphRunner, VerifyGraphShape
 from sglang.srt.model_executor.step import Step, StepResult
 from sglang.srt.model_executor.spec_runner import run_verify
 from sglang.srt.model_executor.step_output import copy_to_host, input_logprobs, output_logprobs
@@ -89,6 +90,7 @@ class ModelRunner:
         random_seed: int = 0,
         quantization: Optional[str] = None,
         watermark: Optional[WatermarkSettings] = None,
+        verify_graph: Optional[VerifyGraphShape] = None,
     ) -> None:
         self.device = torch.device(device)
         # --enable-deterministic-inference: batch-invariant forward passes.
@@ -124,12 +126,13 @@ class ModelRunner:
             self.sampler.watermark_state = WatermarkState(watermark, slots, self.model_config.context_len, self.device)
         self.cuda_graph_runner: Optional[CudaGraphRunner] = None
         self.piecewise_runner: Optional[PiecewiseCudaGraphRunner] = None
+        self.verify_graph_runner: Optional[VerifyGraphRunner] = None
         if self.device.type == "cuda" and not disable_cuda_graph:
             self._init_cuda_graphs(cuda_graph_max_bs, cuda_graph_bs)
-            if self.state_pool is not None and not disable_piecewise_cuda_graph:
-                logger.info("Piecewise CUDA graphs off: the linear-attention layers run extend steps eagerly.")
-            elif not disable_piecewise_cuda_graph:
+            if not disable_piecewise_cuda_graph:
                 self._init_piecewise_cuda_graphs(piecewise_cuda_graph_max_tokens, piecewise_cuda_graph_tokens)
+            if verify_graph is not None and self.cuda_graph_runner is not None:
+                self._init_verify_graphs(verify_graph)
 
     def _init_sampling(self, backend: str, random_seed: int) -> None:
         self.random_seed = random_seed
@@ -188,13 +191,32 @@ class ModelRunner:
         if self.cuda_graph_runner.sampling is not None and not self.check_token_agreement:
             self.sampler.attach_graph(self.cuda_graph_runner)
 
-    def _init_piecewise_cuda_graphs(self, max_tokens: Optional[int], explicit: Optional[list[int]]) -> None:
+    def _extend_graphs_apply(self, what: str) -> bool:
+        """Whether extend steps may be captured (piecewise or verify graphs); logs why not."""
         if self.deterministic:
             # Extend steps stay on the eager batch-invariant path that mode is checked on.
-            logger.info("Piecewise CUDA graphs off: --enable-deterministic-inference runs extend steps eagerly.")
-            return
+            logger.info("%s off: --enable-deterministic-inference runs extend steps eagerly.", what)
+            return False
         if not getattr(self.model.model, "extend_graphs_supported", True):
-            logger.info("Piecewise CUDA graphs off: this model's RoPE depends on each sequence's length.")
+            logger.info("%s off: this model's RoPE depends on each sequence's length.", what)
+            return False
+        if self.state_pool is not None:
+            logger.info("%s off: the linear-attention layers run extend steps eagerly.", what)
+            return False
+        return True
+
+    def _init_verify_graphs(self, shape: VerifyGraphShape) -> None:
+        if self._extend_graphs_apply("Speculative verify CUDA graphs"):
+            with torch.inference_mode():
+                self.verify_graph_runner = VerifyGraphRunner(self, shape)
+
+    @property
+    def verify_graph_width(self) -> Optional[int]:
+        """The width every verify step pads its requests to so that it replays a graph; None: no graphs."""
+        return None if self.verify_graph_runner is None else self.verify_graph_runner.width
+
+    def _init_piecewise_cuda_graphs(self, max_tokens: Optional[int], explicit: Optional[list[int]]) -> None:
+        if not self._extend_graphs_apply("Piecewise CUDA graphs"):
             return
         counts = capture_token_counts(max_tokens or DEFAULT_PIECEWISE_MAX_TOKENS, explicit)
         with torch.inference_mode():
@@ -245,6 +267,8 @@ class ModelRunner:
         )
         if self.cuda_graph_runner is not None and self.cuda_graph_runner.can_run(forward_batch):
             return self.cuda_graph_runner.replay(forward_batch)
+        if self.verify_graph_runner is not None and self.verify_graph_runner.can_run(forward_batch):
+            return self.verify_graph_runner.replay(forward_batch)
         if self.piecewise_runner is not None and self.piecewise_runner.can_run(forward_batch):
             self.attn_backend.init_forward_metadata(forward_batch)
             return self.model.compute_logits(self.piecewise_runner.replay(forward_batch), forward_batch)
