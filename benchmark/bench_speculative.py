@@ -10,8 +10,9 @@ GPU (a Qwen3-0.6B-shaped random checkpoint, benchmark/random_checkpoint.py): spe
 with the target itself as draft (every draft accepted at greedy: the verify path's cost), with a
 2-layer draft of the same shape, and NGRAM on repetitive text; N = 1, 16, 64. Random weights
 write no copy of the prompt by themselves, so the GPU prompts are repetitive token sequences
-whose continuation NGRAM's runs are steered to repeat (logit_bias on the sequence's tokens); the
-draft models' runs are unbiased, since a draft proposes its own argmax.
+whose continuation NGRAM's runs are steered to repeat (logit_bias on the sequence's tokens:
+"repetitive"; on one token: "constant", where every draft is accepted); the draft models' runs
+are unbiased, since a draft proposes its own argmax.
 
     bash -c 'pip install -q --no-index --no-deps --target /tmp/site .carry_engine/whl/*.whl; \
       PYTHONPATH=/tmp/site:python:. python3 benchmark/bench_speculative.py --gpu --tokenizer .carry_engine/tokenizer \
@@ -85,13 +86,15 @@ def gpu_cases(args) -> list[dict]:
     cycle = list(range(1000, 1016))
     tasks = {
         "repetitive": {"logit_bias": {str(t): 30.0 for t in cycle}},  # random weights: steered to repeat
+        # One token repeated: every NGRAM draft is accepted (the verify path at full acceptance).
+        "constant": {"logit_bias": {str(cycle[0]): 100.0}},
         "plain": {},  # the draft models' greedy tokens are the target's unbiased argmax
     }
     configs = [
-        (None, None, {}, ("repetitive", "plain")),
+        (None, None, {}, ("repetitive", "constant", "plain")),
         ("STANDALONE", "self", {"speculative_draft_model_path": target, "speculative_num_steps": 4}, ("plain",)),
         ("STANDALONE", "2-layer", {"speculative_draft_model_path": draft2, "speculative_num_steps": 4}, ("plain",)),
-        ("NGRAM", None, {"speculative_num_draft_tokens": 8}, ("repetitive",)),
+        ("NGRAM", None, {"speculative_num_draft_tokens": 8}, ("repetitive", "constant")),
     ]
     records = []
     for spec, draft, kw, names in configs:

@@ -33,11 +33,15 @@ from sglang.test.server_process import free_port  # noqa: E402
 CYCLE = list(range(1000, 1016))
 
 
-def keep_busy(url: str, n: int, max_new_tokens: int, bias: bool, stop: threading.Event) -> list[float]:
+def keep_busy(url: str, n: int, max_new_tokens: int, bias: str, stop: threading.Event) -> list[float]:
     """N clients each sending greedy requests until `stop`; tokens/s of each finished request."""
     params = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
-    if bias:  # random weights repeat a cycle only when steered to: NGRAM then finds drafts
+    # Random weights repeat text only when steered to (NGRAM then finds drafts): a token cycle,
+    # or one token (every draft accepted).
+    if bias == "cycle":
         params["logit_bias"] = {str(t): 30.0 for t in CYCLE}
+    elif bias == "constant":
+        params["logit_bias"] = {str(CYCLE[0]): 100.0}
     rates: list[float] = []
 
     def client() -> None:
@@ -121,7 +125,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--seconds", type=int, default=12)
     parser.add_argument("--top", type=int, default=45)
-    parser.add_argument("--bias", action="store_true", help="steer the greedy rows to repeat a token cycle")
+    parser.add_argument("--bias", choices=["none", "cycle", "constant"], default="none",
+                        help="steer the greedy rows to repeat a token cycle or one token")
     parser.add_argument("--out-dir", required=True)
     args = parser.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)

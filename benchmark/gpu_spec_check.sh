@@ -8,6 +8,8 @@
 #              off at TP=1, with the rank agreement check on.
 #   bench  benchmark/bench_speculative.py --gpu: tok/s and acceptance of spec off, STANDALONE
 #          (self-draft, 2-layer draft) and NGRAM at N = 1, 16, 64; records in $OUT/spec/gpu.json.
+#   profile  benchmark/gpu_profile_server.py: py-spy over the scheduler process at N=1, spec off
+#          and NGRAM on one repeated token (every draft accepted); summaries in the output.
 # Run through the device tool from the repo root with carry [".carry_engine"] (benchmark/make_engine_carry.sh):
 #   bash benchmark/gpu_spec_check.sh check
 #   bash benchmark/gpu_spec_check.sh check-tp2  (kind nvidia-h200-x2)
@@ -34,8 +36,13 @@ case "$STAGE" in
   bench)
     timeout 570 python3 benchmark/bench_speculative.py --gpu --tokenizer .carry_engine/tokenizer --out-dir "$OUT/spec"
     ;;
+  profile)
+    PATH=/tmp/site/bin:$PATH timeout 570 python3 benchmark/gpu_profile_server.py --out-dir "$OUT/profile" \
+      --tokenizer .carry_engine/tokenizer --bias constant --top 30 --run off= \
+      --run ngram="--speculative-algorithm NGRAM --speculative-num-draft-tokens 8"
+    ;;
   *)
-    echo "unknown stage $STAGE: check, check-tp2 or bench" >&2
+    echo "unknown stage $STAGE: check, check-tp2, bench or profile" >&2
     exit 2
     ;;
 esac

@@ -17,7 +17,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   pyzmq==27.3.0 msgspec==0.22.0 orjson==3.13.0 dill==0.4.1 \
   xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2 llguidance==1.9.1 \
   jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1 attrs==26.1.0 \
-  prometheus-client==0.26.0 fla-core==0.6.0 einops==0.8.2
+  prometheus-client==0.26.0 fla-core==0.6.0 einops==0.8.2 py-spy==0.4.3
 .venv/bin/python - <<PY
 from sglang.srt.utils.embedded_model import embedded_model_path
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer

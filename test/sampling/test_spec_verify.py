@@ -89,14 +89,14 @@ BUILT_INS = LoadedLogitsProcessors(BUILT_IN_LOGITS_PROCESSORS, SimpleNamespace(l
                                                                               skip_tokenizer_init=True), "cpu")
 
 
-def _batch(knobs: list[str]):
+def _batch(knobs: list[str], logprobs: bool = True):
     register_custom_logit_processor("test_ban_last", _BanLast)
     params = [SamplingParams(**KNOBS[k]) for k in knobs]
     processors = ['{"name": "test_ban_last"}' if k == "custom_processor" else None for k in knobs]
     batch = make_batch(params, prompts=[PROMPT] * len(knobs), processors=processors, enable_processors=True)
     batch.loaded_logits_processors = BUILT_INS
     for k, req in zip(knobs, batch.reqs):
-        req.logprob = LogprobRequest(top_logprobs_num=3)
+        req.logprob = LogprobRequest(top_logprobs_num=3) if logprobs else None
         if k == "grammar":
             req.grammar = _Parity()
     batch.sampling_info = SamplingBatchInfo.from_schedule_batch(batch, V)
@@ -109,9 +109,9 @@ def _append(req, token: int) -> None:
     req.output_ids.append(token)
 
 
-def _decode(knobs: list[str], steps: int):
+def _decode(knobs: list[str], steps: int, logprobs_on: bool = True):
     """The reference: one sample_step per token; (tokens, logprobs) per request."""
-    batch = _batch(knobs)
+    batch = _batch(knobs, logprobs_on)
     sampler = Sampler(generator=torch.Generator().manual_seed(0))
     logprobs = [[] for _ in knobs]
     for _ in range(steps):
@@ -121,13 +121,14 @@ def _decode(knobs: list[str], steps: int):
         out = sampler.sample_step(SamplerInput(logits, batch.sampling_info, positions, reqs))
         for i, (req, token) in enumerate(zip(reqs, out.next_ids.tolist())):
             _append(req, token)
-            logprobs[i].append((out.logprobs.next_token_logprobs[i].item(), out.logprobs.next_token_top_logprobs_idx[i].tolist()))
+            if logprobs_on:
+                logprobs[i].append((out.logprobs.next_token_logprobs[i].item(), out.logprobs.next_token_top_logprobs_idx[i].tolist()))
     return [r.output_ids for r in batch.reqs], logprobs
 
 
-def _speculate(knobs: list[str], steps: int, draft_for):
+def _speculate(knobs: list[str], steps: int, draft_for, logprobs_on: bool = True):
     """Verify steps whose drafts come from `draft_for(row, req)`, until every request has `steps` tokens."""
-    batch = _batch(knobs)
+    batch = _batch(knobs, logprobs_on)
     sampler = Sampler(generator=torch.Generator().manual_seed(0))
     logprobs = [[] for _ in knobs]
     while min(len(r.output_ids) for r in batch.reqs) < steps:
@@ -146,7 +147,8 @@ def _speculate(knobs: list[str], steps: int, draft_for):
             for j, token in enumerate(tokens):
                 _append(req, token)
                 lp = out.position_logprobs[j]
-                logprobs[i].append((lp.next_token_logprobs[i].item(), lp.next_token_top_logprobs_idx[i].tolist()))
+                if lp is not None:
+                    logprobs[i].append((lp.next_token_logprobs[i].item(), lp.next_token_top_logprobs_idx[i].tolist()))
         # The scheduler's rebuild of the penalty state from the host history after a verify.
         if batch.sampling_info.penalizer_orchestrator is not None:
             batch.sampling_info.penalizer_orchestrator = BatchedPenalizerOrchestrator(V, batch)
@@ -172,6 +174,30 @@ def test_verify_equals_decode_for_every_knob(knob):
     for row in range(len(knobs)):
         assert got_tokens[row] == want_tokens[row][:STEPS], knobs[row]
         assert got_lp[row] == want_lp[row][:STEPS], knobs[row]
+
+
+def test_positions_sampled_in_one_pass_equal_decode(monkeypatch):
+    """Without penalties, host-reading stages or logprobs, all positions are sampled in one pass
+    (each row keyed by its position): the same tokens as decoding."""
+    from sglang.srt.layers import sampler_verify
+
+    passes = []
+    one_pass = sampler_verify._sample_all_positions
+    monkeypatch.setattr(sampler_verify, "_sample_all_positions", lambda *a: passes.append(1) or one_pass(*a))
+    knobs = ["greedy", "logit_bias", "top_k_top_p_min_p"]
+    want_tokens, _ = _decode(knobs, STEPS + 6, logprobs_on=False)
+    rng = np.random.default_rng(8)
+
+    def draft_for(row, req):
+        n = len(req.output_ids)
+        d = list(want_tokens[row][n : n + int(rng.integers(0, 5))])
+        if d and rng.random() < 0.4:
+            d[int(rng.integers(0, len(d)))] = int(rng.integers(0, V))
+        return d
+
+    got_tokens, _ = _speculate(knobs, STEPS, draft_for, logprobs_on=False)
+    assert got_tokens == [t[:STEPS] for t in want_tokens]
+    assert passes
 
 
 def test_a_row_with_no_drafts_beside_long_ones_is_a_decode_step():

@@ -13,7 +13,10 @@ at position j-1; the tokens emitted are the drawn ones up to and including the f
 
 The positions run one after the other over the whole batch (a loop over positions, never over
 requests); a row with fewer drafts than the batch's widest repeats its last logits row, whose
-draws are never emitted. Nothing reads the device until the accepted lengths, which the host
+draws are never emitted. When no stage reads what came before a position (no penalty state, no
+min_new_tokens, no host prefix, watermark or guidance) and no row asks for logprobs, all
+positions are sampled in one pass instead, each (request, position) row keyed by its own
+position: the same draws. Nothing reads the device until the accepted lengths, which the host
 needs anyway: one copy per step.
 """
 
@@ -77,6 +80,9 @@ def verify(sampler: DrawingSampler, inp: VerifyInput) -> VerifyOutput:
     row_index = host_to_device(
         [[s + min(j, len(d)) for s, d in zip(inp.starts, inp.drafts)] for j in range(width + 1)], device
     ).view(width + 1, len(inp.drafts))
+    if _positions_independent(inp):
+        drawn, logprobs, errors = _sample_all_positions(sampler, inp, row_index)
+        return _accept(inp, drawn, drafts, logprobs, errors)
     host_prefix = _HostPrefix(inp) if _reads_host_prefix(inp.info) else None
     drawn, logprobs, errors = [], [], []
     try:
@@ -116,6 +122,39 @@ def _sample_position(
         row_errors=row_errors,
     )
     return ids, out if return_logprob else None, dict(out.row_errors)
+
+
+def _positions_independent(inp: VerifyInput) -> bool:
+    """Whether no stage reads the drafts before a position (penalty state, min_new_tokens, host
+    prefix, watermark context, guidance) and no row asks for logprobs: then every position of
+    every request is sampled in one pass, each row keyed by its own position."""
+    info = inp.info
+    return (
+        info.penalizer_orchestrator is None
+        and not _reads_host_prefix(info)
+        and info.watermark is None
+        and info.guidance is None
+        and all(a is None for a in inp.asks)
+    )
+
+
+def _sample_all_positions(
+    sampler: DrawingSampler, inp: VerifyInput, row_index: torch.Tensor
+) -> tuple[torch.Tensor, list[None], list[dict[int, str]]]:
+    """One sampler pass over the B x P (request, position) rows: drawn [B, P], no logprobs, each
+    position's errors."""
+    positions_n, batch = row_index.shape
+    logits = inp.logits.index_select(0, row_index.t().reshape(-1))  # [B * P, V], request-major
+    info = inp.info.repeated_rows(positions_n)
+    apply_penalties_bias_and_mask(logits, info, ())
+    offsets = torch.arange(positions_n, device=logits.device)  # [P]
+    positions = (inp.positions.unsqueeze(1) + offsets).reshape(-1)  # [B * P]
+    out = LogitsProcessorOutput(next_token_logits=logits)
+    ids = sampler.forward(out, info, positions=positions)
+    errors: list[dict[int, str]] = [{} for _ in range(positions_n)]
+    for row, message in out.row_errors.items():
+        errors[row % positions_n][row // positions_n] = message
+    return ids.view(batch, positions_n), [None] * positions_n, errors
 
 
 def _accept(

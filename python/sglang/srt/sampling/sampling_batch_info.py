@@ -118,6 +118,7 @@ class SamplingBatchInfo:
 
     def __post_init__(self) -> None:
         self._orchestrator_batch = None
+        self._repeated: Optional[tuple[int, SamplingBatchInfo]] = None  # repeated_rows' last result
         self._rebuild()
 
     def __len__(self) -> int:
@@ -127,7 +128,7 @@ class SamplingBatchInfo:
 
     def _rebuild(self) -> None:
         params = [row.params for row in self.rows]
-        self.cpu_sample_plan = self.graph_choice = None
+        self.cpu_sample_plan = self.graph_choice = self._repeated = None
         self._refresh_flags(params)
         self._build_param_tensors(params)
         self._build_seeds(params)
@@ -213,6 +214,15 @@ class SamplingBatchInfo:
         except ValueError as err:
             return ProcessorEntry(processor=None, error=str(err), rows=rows, indices=indices)
         return ProcessorEntry(processor=processor, error=None, rows=rows, indices=indices)
+
+    def repeated_rows(self, times: int) -> "SamplingBatchInfo":
+        """An info whose row i * times + j is row i (a verify's positions of one request), without
+        penalty state or batch-level processors; kept until this batch changes."""
+        if self._repeated is None or self._repeated[0] != times:
+            rows = [row for row in self.rows for _ in range(times)]
+            info = SamplingBatchInfo(rows, self.vocab_size, self.device, self.custom_logit_processor_allowlist)
+            self._repeated = (times, info)
+        return self._repeated[1]
 
     @property
     def has_custom_logit_processor(self) -> bool:
