@@ -80,7 +80,7 @@ def verify(sampler: DrawingSampler, inp: VerifyInput) -> VerifyOutput:
     row_index = host_to_device(
         [[s + min(j, len(d)) for s, d in zip(inp.starts, inp.drafts)] for j in range(width + 1)], device
     ).view(width + 1, len(inp.drafts))
-    if _positions_independent(inp):
+    if positions_independent(inp.info, inp.asks):
         drawn, logprobs, errors = _sample_all_positions(sampler, inp, row_index)
         return _accept(inp, drawn, drafts, logprobs, errors)
     host_prefix = _HostPrefix(inp) if _reads_host_prefix(inp.info) else None
@@ -124,17 +124,18 @@ def _sample_position(
     return ids, out if return_logprob else None, dict(out.row_errors)
 
 
-def _positions_independent(inp: VerifyInput) -> bool:
+def positions_independent(info: SamplingBatchInfo, asks: Sequence[Optional[LogprobAsk]]) -> bool:
     """Whether no stage reads the drafts before a position (penalty state, min_new_tokens, host
     prefix, watermark context, guidance) and no row asks for logprobs: then every position of
-    every request is sampled in one pass, each row keyed by its own position."""
-    info = inp.info
+    every request is sampled in one pass, each row keyed by its own position, over
+    `info.repeated_rows(positions)` (which the scheduler builds with the step, so that the
+    verify itself copies nothing from the host)."""
     return (
         info.penalizer_orchestrator is None
         and not _reads_host_prefix(info)
         and info.watermark is None
         and info.guidance is None
-        and all(a is None for a in inp.asks)
+        and all(a is None for a in asks)
     )
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Optional, Protocol
 
+from sglang.srt.layers.sampler_verify import positions_independent
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.step_builder import StepBuilder
 from sglang.srt.mem_cache.radix_cache import RadixCache
@@ -93,6 +94,9 @@ class SpecDecoding:
         )
         forward_batch.verify_width = width
         positions = host_to_device(prefix_lens, self.builder.device)  # [B] position 0 of each request
+        info = batch.sampling_info
+        if positions_independent(info, [req.logprob for req in reqs]):
+            info.repeated_rows(max(len(d) for d in drafts) + 1)  # built here, read by the verify
         return Step(
             ForwardMode.DECODE, reqs, forward_batch, list(range(len(reqs))), batch, positions,
             kv_slots=slots, spec=SpecDrafts(drafts, starts),
