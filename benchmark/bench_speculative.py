@@ -36,7 +36,8 @@ COPY_TEXT = (
     "The committee met on Tuesday to review the budget for the new library. After a long discussion, "
     "the members agreed to fund the reading room, the children's corner and a small café near the entrance."
 )
-COPY_PROMPT = f"Repeat the following paragraph word for word.\n\nParagraph: {COPY_TEXT}\n\nRepeated paragraph: {COPY_TEXT[:40]}"
+# SmolLM2's chat format: asked as a chat turn, the model copies the paragraph nearly verbatim.
+COPY_PROMPT = f"<|im_start|>user\nRepeat this paragraph word for word:\n\n{COPY_TEXT}<|im_end|>\n<|im_start|>assistant\n"
 FREE_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
@@ -127,7 +128,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--out-dir", default="benchmark/results/spec")
     args = parser.parse_args()
-    args.max_new_tokens = args.max_new_tokens or (256 if args.gpu else 64)
+    args.max_new_tokens = args.max_new_tokens or (256 if args.gpu else 48)  # CPU: about the paragraph's length
     args.repeats = args.repeats or (3 if args.gpu else 2)
     records = gpu_cases(args) if args.gpu else cpu_cases(args)
     add_speedups(records)

@@ -117,7 +117,7 @@ class Scheduler:
         self.builder = StepBuilder(server_args, self.policy, self.tree_cache, pool, self.device, self.vocab_size, logits_processors)
         self.builder.guide_model = self.guide_model
         drafts = draft_source(server_args, self.worker, self.device, tp_rank, self.max_total_tokens, self.max_running, self.context_len)
-        self.spec = SpecDecoding.from_server_args(server_args, self.builder, self.tree_cache, self.context_len, drafts, self.model_runner.verify_graph_width)
+        self.spec = SpecDecoding.from_server_args(server_args, self.builder, self.tree_cache, self.context_len, drafts, self.model_runner.verify_plan)
         if self.spec is not None:
             self.overlap = False  # drafting reads each request's latest tokens on the host
         self.preemption = Preemption.from_server_args(server_args, self.policy, self.spec is not None)

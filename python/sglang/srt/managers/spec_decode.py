@@ -21,7 +21,7 @@ from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.step_builder import StepBuilder
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-from sglang.srt.model_executor.step import SpecDrafts, Step, StepResult
+from sglang.srt.model_executor.step import SpecDrafts, Step, StepResult, VerifyPlan
 from sglang.srt.sampling.penaltylib import BatchedPenalizerOrchestrator
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.ngram import ngram_drafts
@@ -32,7 +32,7 @@ PAD_TOKEN = 0  # what a padded verify forwards after a request's drafts
 
 class SpecDecoding:
     def __init__(self, server_args: ServerArgs, builder: StepBuilder, tree_cache: RadixCache, context_len: int,
-                 draft_source: Optional["DraftSource"] = None, graph_width: Optional[int] = None) -> None:
+                 draft_source: Optional["DraftSource"] = None, plan: VerifyPlan = VerifyPlan()) -> None:
         self.algorithm = server_args.speculative_algorithm
         self.num_drafts = server_args.speculative_num_steps
         self.max_window = server_args.speculative_ngram_max_trie_depth
@@ -41,8 +41,7 @@ class SpecDecoding:
         self.tree_cache = tree_cache
         self.context_len = context_len
         self.draft_source = draft_source
-        # The width the verify CUDA graphs take (model_executor/verify_graph_runner.py); None: none.
-        self.graph_width = graph_width
+        self.plan = plan  # how the model runner forwards a verify step
         self.penalties_stale = False  # a verify folded drafts into the running batch's penalty state
 
     @classmethod
@@ -88,24 +87,34 @@ class SpecDecoding:
         for n in extend_lens[:-1]:
             starts.append(starts[-1] + n)
         slots = self.builder.allocate_slots(reqs, extend_lens)  # [sum extend_lens] int64, host
-        forward_batch = ForwardBatch.init_new(
-            ForwardMode.EXTEND, input_ids, [r.req_pool_idx for r in reqs], prefix_lens, extend_lens, slots,
-            self.builder.device, return_input_logits=True,
-        )
-        forward_batch.verify_width = width
-        positions = host_to_device(prefix_lens, self.builder.device)  # [B] position 0 of each request
+        device = self.builder.device
+        spec = SpecDrafts(drafts, starts, prefix_lens)
+        if width is None and self.plan.decode_rows:
+            # Token j of request i is a decode row at position prefix_i + j: all rows store their
+            # K/V before any row attends, so each sees its request's tokens up to its own.
+            rows = [(req.req_pool_idx, p + j) for req, p, n in zip(reqs, prefix_lens, extend_lens) for j in range(n)]
+            forward_batch = ForwardBatch.init_new(
+                ForwardMode.DECODE, input_ids, [r for r, _ in rows], [p for _, p in rows], [1] * len(rows), slots, device,
+            )
+            spec.req_slots = host_to_device([req.req_pool_idx for req in reqs], device)  # [B] int64
+        else:
+            forward_batch = ForwardBatch.init_new(
+                ForwardMode.EXTEND, input_ids, [r.req_pool_idx for r in reqs], prefix_lens, extend_lens, slots, device,
+                return_input_logits=True,
+            )
+            forward_batch.verify_width = width
+        positions = host_to_device(prefix_lens, device)  # [B] position 0 of each request
         info = batch.sampling_info
         if positions_independent(info, [req.logprob for req in reqs]):
             info.repeated_rows(max(len(d) for d in drafts) + 1)  # built here, read by the verify
         return Step(
-            ForwardMode.DECODE, reqs, forward_batch, list(range(len(reqs))), batch, positions,
-            kv_slots=slots, spec=SpecDrafts(drafts, starts),
+            ForwardMode.DECODE, reqs, forward_batch, list(range(len(reqs))), batch, positions, kv_slots=slots, spec=spec,
         )
 
     def _padded_width(self, reqs: list[Req]) -> Optional[int]:
         """The graphs' width when every request's KV budget holds that many more tokens (the
         padding's K/V slots are given back with the rejected drafts'); else None (eager)."""
-        width = self.graph_width
+        width = self.plan.graph_width
         if width is None or any(req.kv_len + width > self._kv_limit(req) for req in reqs):
             return None
         return width
@@ -122,7 +131,7 @@ class SpecDecoding:
 
 def trim_rejected_kv(tree_cache: RadixCache, step: Step, result: StepResult) -> None:
     """Each request keeps the KV of its last token and accepted drafts; the rest goes back."""
-    for req, prefix, accepted in zip(step.reqs, step.forward_batch.extend_prefix_lens_cpu, result.spec_accepted):
+    for req, prefix, accepted in zip(step.reqs, step.spec.prefix_lens, result.spec_accepted):
         if req.req_pool_idx is not None:
             tree_cache.free_tail(req, prefix + accepted + 1)
 

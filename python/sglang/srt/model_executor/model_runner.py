@@ -30,7 +30,7 @@ from sglang.srt.model_executor.guided_rows import alpha_to_host, guide_logits, r
 from sglang.srt.model_executor.piecewise_cuda_graph_runner import PiecewiseCudaGraphRunner, capture_token_counts
 from sglang.srt.model_executor.sampling_graph import sampling_graph_supported
 from sglang.srt.model_executor.verify_graph_runner import VerifyGraphRunner, VerifyGraphShape
-from sglang.srt.model_executor.step import Step, StepResult
+from sglang.srt.model_executor.step import Step, StepResult, VerifyPlan
 from sglang.srt.model_executor.spec_runner import run_verify
 from sglang.srt.model_executor.step_output import copy_to_host, input_logprobs, output_logprobs
 from sglang.srt.model_loader import load_model
@@ -211,9 +211,12 @@ class ModelRunner:
                 self.verify_graph_runner = VerifyGraphRunner(self, shape)
 
     @property
-    def verify_graph_width(self) -> Optional[int]:
-        """The width every verify step pads its requests to so that it replays a graph; None: no graphs."""
-        return None if self.verify_graph_runner is None else self.verify_graph_runner.width
+    def verify_plan(self) -> VerifyPlan:
+        """Verify steps replay the verify graphs where they exist; else each token is a decode row,
+        except for models with per-request recurrent state (rows of one request would share it)."""
+        if self.verify_graph_runner is not None:
+            return VerifyPlan(graph_width=self.verify_graph_runner.width)
+        return VerifyPlan(decode_rows=self.state_pool is None)
 
     def _init_piecewise_cuda_graphs(self, max_tokens: Optional[int], explicit: Optional[list[int]]) -> None:
         if not self._extend_graphs_apply("Piecewise CUDA graphs"):

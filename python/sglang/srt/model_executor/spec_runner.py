@@ -40,19 +40,23 @@ class VerifyRunner(Protocol):
 
 def run_verify(runner: VerifyRunner, step: Step) -> StepResult:
     batch = step.forward_batch
-    output = runner.forward(batch)  # input_token_logits: [N, V], every position of every request
+    output = runner.forward(batch)  # every position of every request: [N, V] logits
+    spec = step.spec
+    # An extend returns them as its input logits; decode rows (one a token) as their next ones.
+    logits = output.next_token_logits if output.input_token_logits is None else output.input_token_logits
+    slots = batch.req_pool_indices if spec.req_slots is None else spec.req_slots  # [B] int64
     runner.noise_generator.manual_seed(step_noise_seed(runner.random_seed, step.index))
     asks = [req.logprob for req in step.reqs]
     verified = runner.sampler.verify_step(
         VerifyInput(
-            logits=output.input_token_logits,
+            logits=logits,
             info=step.sampling_info,
             rows=step.reqs,
-            drafts=step.spec.drafts,
-            starts=step.spec.starts,
+            drafts=spec.drafts,
+            starts=spec.starts,
             positions=step.positions,
             asks=asks,
-            token_store=(runner.future_tokens, batch.req_pool_indices),
+            token_store=(runner.future_tokens, slots),
         )
     )
     if runner.check_token_agreement:

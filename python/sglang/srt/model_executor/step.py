@@ -102,7 +102,22 @@ class SpecDrafts:
     """A verify step's drafts: request i forwards [last token] + drafts[i] at rows starts[i]..."""
 
     drafts: list[list[int]]
-    starts: list[int]  # offset of each request's last token among the extend's N tokens
+    starts: list[int]  # offset of each request's last token among the forward's N tokens
+    prefix_lens: list[int]  # each request's KV length before the step
+    # [B] int64 request slots when the forward runs one decode row per token (VerifyPlan); else
+    # the forward batch's own req_pool_indices are the requests'.
+    req_slots: Optional[torch.Tensor] = None
+
+
+@dataclass(frozen=True)
+class VerifyPlan:
+    """How a model runner forwards a verify step: an extend padded to `graph_width` tokens a
+    request (its verify CUDA graphs), else one decode row per token when `decode_rows` (each
+    row attends to its request's KV up to its own position, as a decode step does), else a plain
+    extend."""
+
+    graph_width: Optional[int] = None
+    decode_rows: bool = False
 
 
 @dataclass

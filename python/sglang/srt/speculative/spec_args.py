@@ -14,8 +14,11 @@ from typing import Any
 IMPLEMENTED = ("NGRAM", "STANDALONE")
 # SGLang 0.5.23's built-in algorithms that need draft heads this server does not have.
 REFUSED = ("EAGLE", "EAGLE3", "NEXTN", "DFLASH", "DSPARK", "UNO", "FROZEN_KV_MTP", "MTP")
-# SGLang's NGRAM verify width when none is given.
+# SGLang's NGRAM verify width when none is given (CUDA).
 NGRAM_DEFAULT_DRAFT_TOKENS = 12
+# On the CPU a verify costs about one decode row per token, so wide verifies pay only for long
+# accepted runs: 3 drafts measured best (docs/speculative.md).
+NGRAM_CPU_DEFAULT_DRAFT_TOKENS = 4
 # A draft model's steps when none are given.
 STANDALONE_DEFAULT_STEPS = 3
 # Running requests above which the server decodes without speculation, when none is given.
@@ -38,7 +41,7 @@ def add_speculative_args(parser: argparse.ArgumentParser, defaults: Any) -> None
         help="Drafts per step: only 1 (one chain) is implemented.")
     add("--speculative-num-draft-tokens", type=int, default=defaults.speculative_num_draft_tokens,
         help=f"Verify width: the last token plus the drafts (= --speculative-num-steps + 1; NGRAM default "
-        f"{NGRAM_DEFAULT_DRAFT_TOKENS}).")
+        f"{NGRAM_DEFAULT_DRAFT_TOKENS}, on the CPU {NGRAM_CPU_DEFAULT_DRAFT_TOKENS}).")
     add("--speculative-ngram-max-trie-depth", type=int, default=defaults.speculative_ngram_max_trie_depth,
         help="NGRAM: the longest suffix of the request's tokens matched against its earlier tokens.")
     add("--speculative-disable-batch-size", type=int, default=defaults.speculative_disable_batch_size,
@@ -77,7 +80,8 @@ def _resolve_widths(args: Any, algorithm: str) -> None:
     """With one chain the verify width is the drafts plus one (SGLang's rule for topk 1)."""
     steps, width = args.speculative_num_steps, args.speculative_num_draft_tokens
     if steps is None and width is None:
-        steps = STANDALONE_DEFAULT_STEPS if algorithm == "STANDALONE" else NGRAM_DEFAULT_DRAFT_TOKENS - 1
+        ngram_width = NGRAM_CPU_DEFAULT_DRAFT_TOKENS if args.device == "cpu" else NGRAM_DEFAULT_DRAFT_TOKENS
+        steps = STANDALONE_DEFAULT_STEPS if algorithm == "STANDALONE" else ngram_width - 1
     if steps is None:
         steps = width - 1
     if width is not None and width != steps + 1:

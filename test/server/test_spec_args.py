@@ -1,0 +1,32 @@
+"""Speculative flags' defaults (speculative/spec_args.py): NGRAM's verify width follows the
+device, an explicit width or step count wins, and the two must agree."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from sglang.srt.speculative.spec_args import resolve_speculative_args
+
+
+def _args(device: str, **kw) -> SimpleNamespace:
+    fields = dict(speculative_algorithm="NGRAM", speculative_draft_model_path=None, speculative_eagle_topk=None,
+                  speculative_num_steps=None, speculative_num_draft_tokens=None, speculative_ngram_max_trie_depth=18,
+                  speculative_disable_batch_size=None, tp_size=1, device=device)
+    return SimpleNamespace(**{**fields, **kw})
+
+
+@pytest.mark.parametrize("device, width", [("cpu", 4), ("cuda", 12)])
+def test_ngram_default_width_follows_the_device(device: str, width: int) -> None:
+    args = _args(device)
+    resolve_speculative_args(args)
+    assert (args.speculative_num_draft_tokens, args.speculative_num_steps) == (width, width - 1)
+
+
+def test_an_explicit_width_wins_and_must_match_the_steps() -> None:
+    args = _args("cpu", speculative_num_draft_tokens=9)
+    resolve_speculative_args(args)
+    assert args.speculative_num_steps == 8
+    with pytest.raises(ValueError, match="--speculative-num-draft-tokens 9 must be"):
+        resolve_speculative_args(_args("cpu", speculative_num_draft_tokens=9, speculative_num_steps=3))
