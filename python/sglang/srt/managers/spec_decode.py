@@ -1,8 +1,10 @@
 """Speculative decoding in the scheduler: which decode steps verify drafts, the verify Step, and
 reading its result back into the requests' KV rows and counters.
 
-A verify step forwards [last token, d1..dk] of every running request as one extend (KV slots for
-all k + 1 positions), and the Sampler verifies every position (layers/sampler_verify.py). When
+A verify step forwards [last token, d1..dk] of every running request (KV slots for all k + 1
+positions) in the shape the model runner's VerifyPlan names: one extend padded to its verify
+graphs' width, one decode row per token, or a plain extend; the Sampler verifies every position
+(layers/sampler_verify.py). When
 its result is read, each request keeps the KV of its last token and its accepted drafts; the
 slots of the rejected drafts go back. The scheduler runs steps without the overlap schedule
 while speculation is on: drafting reads the requests' latest tokens on the host.
