@@ -1,7 +1,10 @@
 """NGRAM draft lookup (speculative/ngram.py): the longest, then most recent, earlier match of the
-request's suffix, and its continuation extended by the match's period past the sequence's end."""
+request's suffix, and its continuation extended by the match's period past the sequence's end;
+and when an NGRAM server's next step waits for the in-flight one (managers/spec_decode.py)."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 from sglang.srt.speculative.ngram import ngram_drafts
 
@@ -20,3 +23,31 @@ def test_a_match_near_the_end_repeats_its_period():
 def test_no_earlier_occurrence_of_the_last_token_gives_no_drafts():
     assert ngram_drafts([1, 2, 3], 4, 8) == []
     assert ngram_drafts([1, 1], 0, 8) == []
+
+
+def _spec(disable_batch_size: int = 4):
+    from sglang.srt.managers.spec_decode import SpecDecoding
+
+    args = SimpleNamespace(speculative_algorithm="NGRAM", speculative_num_steps=3, speculative_ngram_max_trie_depth=8,
+                           speculative_disable_batch_size=disable_batch_size)
+    return SpecDecoding(args, builder=None, tree_cache=None, context_len=4096)
+
+
+def _req(tokens: list[int]) -> SimpleNamespace:
+    return SimpleNamespace(fill_ids=tokens, origin_input_ids=tokens[:2], kv_len=len(tokens),
+                           sampling_params=SimpleNamespace(max_new_tokens=100))
+
+
+def test_ngram_steps_overlap_unless_the_next_one_may_verify():
+    """Under the overlap schedule the scheduler reads the in-flight step first only after a
+    verify, or when the history without the in-flight token already finds drafts."""
+    spec = _spec()
+    decode, verify = SimpleNamespace(spec=None), SimpleNamespace(spec=object())
+    no_match = SimpleNamespace(reqs=[_req([1, 2, 3]), _req([4, 5])])
+    match = SimpleNamespace(reqs=[_req([1, 2, 3]), _req([4, 5, 4])])
+    assert spec.overlaps
+    assert spec.must_settle(verify, no_match)
+    assert not spec.must_settle(decode, no_match)
+    assert spec.must_settle(decode, match)
+    assert not spec.must_settle(decode, None)
+    assert not _spec(disable_batch_size=1).must_settle(decode, match)  # decodes without speculation anyway

@@ -118,8 +118,8 @@ class Scheduler:
         self.builder.guide_model = self.guide_model
         drafts = draft_source(server_args, self.worker, self.device, tp_rank, self.max_total_tokens, self.max_running, self.context_len)
         self.spec = SpecDecoding.from_server_args(server_args, self.builder, self.tree_cache, self.context_len, drafts, self.model_runner.verify_plan)
-        if self.spec is not None:
-            self.overlap = False  # drafting reads each request's latest tokens on the host
+        if self.spec is not None and not self.spec.overlaps:
+            self.overlap = False  # a draft model's forwards read each request's latest tokens
         self.preemption = Preemption.from_server_args(server_args, self.policy, self.spec is not None)
         self.flush_requested = False
         self.fault_hook = StepFaultHook.from_env(tp_rank)
@@ -136,9 +136,7 @@ class Scheduler:
             self.recv_socket.bind(port_args.scheduler_input_ipc)
             sender = ResultsRouter.create(server_args, port_args, self.context)
             self.load_reporter = ReplicaLoadReporter(self.context, port_args.load_ipc, server_args.load_watch_interval)
-        self.beams = BeamCoordinator(
-            self.tree_cache, pool, self.model_runner.future_tokens, self.builder.sampled_batch, self.max_running, self.max_total_tokens,
-        )
+        self.beams = BeamCoordinator(self.tree_cache, pool, self.model_runner.future_tokens, self.builder.sampled_batch, self.max_running, self.max_total_tokens)
         self.policy.reserve_rows = self.beams.reserve_rows
         self.results = ResultProcessor(
             sender, self.tp_size, self.vocab_size, server_args.stream_interval, self.tree_cache, pool,
@@ -318,6 +316,8 @@ class Scheduler:
 
     def get_next_step(self) -> Optional[Step]:
         self._admit_compiled_grammars()
+        if self.spec is not None and self.in_flight is not None and self.spec.must_settle(self.in_flight[0], self.running.batch):
+            self._read_in_flight()
         for req in self.running.update(self._wait_in_flight):
             self._release(req)
         if self.flush_requested:

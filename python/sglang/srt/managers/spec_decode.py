@@ -6,8 +6,9 @@ positions) in the shape the model runner's VerifyPlan names: one extend padded t
 graphs' width, one decode row per token, or a plain extend; the Sampler verifies every position
 (layers/sampler_verify.py). When
 its result is read, each request keeps the KV of its last token and its accepted drafts; the
-slots of the rejected drafts go back. The scheduler runs steps without the overlap schedule
-while speculation is on: drafting reads the requests' latest tokens on the host.
+slots of the rejected drafts go back. With NGRAM the overlap schedule stays on: a decode step
+overlaps the next one's building as usual, and the scheduler reads the in-flight step's result
+first whenever the next step may verify (must_settle). A draft model's steps run without it.
 
 A step decodes without speculation when more requests run than --speculative-disable-batch-size
 or no request has a draft. Every step is exact either way: penalty state, once a verify has
@@ -49,6 +50,23 @@ class SpecDecoding:
     @classmethod
     def from_server_args(cls, server_args: ServerArgs, *args, **kwargs) -> Optional["SpecDecoding"]:
         return cls(server_args, *args, **kwargs) if server_args.speculative_algorithm is not None else None
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether steps may run under the overlap schedule: NGRAM's, whose drafts are a cheap
+        lookup in the host history (a draft model's forwards need the latest tokens)."""
+        return self.draft_source is None
+
+    def must_settle(self, in_flight: Step, batch: Optional[ScheduleBatch]) -> bool:
+        """Overlap: whether the in-flight step's result must be read before the next step is
+        built: after a verify (its accepted lengths place the next step), and where the history
+        without the in-flight token already finds drafts (the next step then likely verifies,
+        and its drafts must continue the latest token). Otherwise the next decode step overlaps."""
+        if in_flight.spec is not None:
+            return True
+        if batch is None or len(batch.reqs) > self.disable_batch_size:
+            return False
+        return any(self._drafts(batch.reqs))
 
     def next_step(self, batch: ScheduleBatch) -> Step:
         """The running batch's next decode step: a verify step when it speculates."""
