@@ -176,16 +176,17 @@ def test_verify_equals_decode_for_every_knob(knob):
         assert got_lp[row] == want_lp[row][:STEPS], knobs[row]
 
 
-def test_positions_sampled_in_one_pass_equal_decode(monkeypatch):
-    """Without penalties, host-reading stages or logprobs, all positions are sampled in one pass
-    (each row keyed by its position): the same tokens as decoding."""
+@pytest.mark.parametrize("logprobs_on", [False, True])
+def test_positions_sampled_in_one_pass_equal_decode(monkeypatch, logprobs_on):
+    """Without penalties or host-reading stages, all positions are sampled in one pass (each row
+    keyed by its position): the same tokens and logprobs as decoding."""
     from sglang.srt.layers import sampler_verify
 
     passes = []
     one_pass = sampler_verify._sample_all_positions
     monkeypatch.setattr(sampler_verify, "_sample_all_positions", lambda *a: passes.append(1) or one_pass(*a))
     knobs = ["greedy", "logit_bias", "top_k_top_p_min_p"]
-    want_tokens, _ = _decode(knobs, STEPS + 6, logprobs_on=False)
+    want_tokens, want_lp = _decode(knobs, STEPS + 6, logprobs_on=logprobs_on)
     rng = np.random.default_rng(8)
 
     def draft_for(row, req):
@@ -195,8 +196,9 @@ def test_positions_sampled_in_one_pass_equal_decode(monkeypatch):
             d[int(rng.integers(0, len(d)))] = int(rng.integers(0, V))
         return d
 
-    got_tokens, _ = _speculate(knobs, STEPS, draft_for, logprobs_on=False)
+    got_tokens, got_lp = _speculate(knobs, STEPS, draft_for, logprobs_on=logprobs_on)
     assert got_tokens == [t[:STEPS] for t in want_tokens]
+    assert got_lp == [lp[:STEPS] for lp in want_lp]
     assert passes
 
 

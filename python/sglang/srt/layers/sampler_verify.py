@@ -14,8 +14,8 @@ at position j-1; the tokens emitted are the drawn ones up to and including the f
 The positions run one after the other over the whole batch (a loop over positions, never over
 requests); a row with fewer drafts than the batch's widest repeats its last logits row, whose
 draws are never emitted. When no stage reads what came before a position (no penalty state, no
-min_new_tokens, no host prefix, watermark or guidance) and no row asks for logprobs, all
-positions are sampled in one pass instead, each (request, position) row keyed by its own
+min_new_tokens, no host prefix, watermark or guidance), all positions are sampled in one pass
+instead, each (request, position) row keyed by its own
 position: the same draws. Nothing reads the device until the accepted lengths, which the host
 needs anyway: one copy per step.
 """
@@ -80,7 +80,7 @@ def verify(sampler: DrawingSampler, inp: VerifyInput) -> VerifyOutput:
     row_index = host_to_device(
         [[s + min(j, len(d)) for s, d in zip(inp.starts, inp.drafts)] for j in range(width + 1)], device
     ).view(width + 1, len(inp.drafts))
-    if positions_independent(inp.info, inp.asks):
+    if positions_independent(inp.info):
         drawn, logprobs, errors = _sample_all_positions(sampler, inp, row_index)
         return _accept(inp, drawn, drafts, logprobs, errors)
     host_prefix = _HostPrefix(inp) if _reads_host_prefix(inp.info) else None
@@ -124,26 +124,24 @@ def _sample_position(
     return ids, out if return_logprob else None, dict(out.row_errors)
 
 
-def positions_independent(info: SamplingBatchInfo, asks: Sequence[Optional[LogprobAsk]]) -> bool:
+def positions_independent(info: SamplingBatchInfo) -> bool:
     """Whether no stage reads the drafts before a position (penalty state, min_new_tokens, host
-    prefix, watermark context, guidance) and no row asks for logprobs: then every position of
-    every request is sampled in one pass, each row keyed by its own position, over
-    `info.repeated_rows(positions)` (which the scheduler builds with the step, so that the
-    verify itself copies nothing from the host)."""
+    prefix, watermark context, guidance): then every position of every request is sampled in one
+    pass, each row keyed by its own position, over `info.repeated_rows(positions)` (which the
+    scheduler builds with the step, so that the verify itself copies nothing from the host)."""
     return (
         info.penalizer_orchestrator is None
         and not _reads_host_prefix(info)
         and info.watermark is None
         and info.guidance is None
-        and all(a is None for a in asks)
     )
 
 
 def _sample_all_positions(
     sampler: DrawingSampler, inp: VerifyInput, row_index: torch.Tensor
-) -> tuple[torch.Tensor, list[None], list[dict[int, str]]]:
-    """One sampler pass over the B x P (request, position) rows: drawn [B, P], no logprobs, each
-    position's errors."""
+) -> tuple[torch.Tensor, list[Optional[LogitsProcessorOutput]], list[dict[int, str]]]:
+    """One sampler pass over the B x P (request, position) rows: drawn [B, P], each position's
+    logprob output (None when no row asked) and errors."""
     positions_n, batch = row_index.shape
     logits = inp.logits.index_select(0, row_index.t().reshape(-1))  # [B * P, V], request-major
     info = inp.info.repeated_rows(positions_n)
@@ -151,11 +149,34 @@ def _sample_all_positions(
     offsets = torch.arange(positions_n, device=logits.device)  # [P]
     positions = (inp.positions.unsqueeze(1) + offsets).reshape(-1)  # [B * P]
     out = LogitsProcessorOutput(next_token_logits=logits)
-    ids = sampler.forward(out, info, positions=positions)
+    return_logprob = any(a is not None for a in inp.asks)
+    asks = [a for a in inp.asks for _ in range(positions_n)]
+    ids = sampler.forward(
+        out, info, return_logprob=return_logprob, top_logprobs_nums=[a.top_logprobs_num if a else 0 for a in asks],
+        token_ids_logprobs=[a.token_ids_logprob if a else None for a in asks], positions=positions,
+    )
     errors: list[dict[int, str]] = [{} for _ in range(positions_n)]
     for row, message in out.row_errors.items():
         errors[row % positions_n][row // positions_n] = message
-    return ids.view(batch, positions_n), [None] * positions_n, errors
+    logprobs = [_position_view(out, j, positions_n) if return_logprob else None for j in range(positions_n)]
+    return ids.view(batch, positions_n), logprobs, errors
+
+
+def _position_view(out: LogitsProcessorOutput, j: int, positions_n: int) -> LogitsProcessorOutput:
+    """Position j's rows (j, j + P, ...) of a one-pass output's logprobs, as that position's output."""
+
+    def rows(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        return None if t is None else t.reshape(-1, positions_n, *t.shape[1:])[:, j]
+
+    ids = out.next_token_token_ids_logprobs_idx
+    return LogitsProcessorOutput(
+        next_token_logits=rows(out.next_token_logits),
+        next_token_logprobs=rows(out.next_token_logprobs),
+        next_token_top_logprobs_val=rows(out.next_token_top_logprobs_val),
+        next_token_top_logprobs_idx=rows(out.next_token_top_logprobs_idx),
+        next_token_token_ids_logprobs_val=rows(out.next_token_token_ids_logprobs_val),
+        next_token_token_ids_logprobs_idx=None if ids is None else ids[j::positions_n],
+    )
 
 
 def _accept(

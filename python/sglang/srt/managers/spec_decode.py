@@ -125,7 +125,7 @@ class SpecDecoding:
             forward_batch.verify_width = width
         positions = host_to_device(prefix_lens, device)  # [B] position 0 of each request
         info = batch.sampling_info
-        if positions_independent(info, [req.logprob for req in reqs]):
+        if positions_independent(info):
             info.repeated_rows(max(len(d) for d in drafts) + 1)  # built here, read by the verify
         return Step(
             ForwardMode.DECODE, reqs, forward_batch, list(range(len(reqs))), batch, positions, kv_slots=slots, spec=spec,
