@@ -8,58 +8,41 @@ names the parameter and what it accepts, so the HTTP layer can return it verbati
 
 from __future__ import annotations
 
-import logging
-import math
-import numbers
 from dataclasses import InitVar, dataclass, field, fields
 from typing import Any, Optional, Union
 
 from sglang.srt.beam_search.params import verify_beam_params
-from sglang.srt.sampling.watermarking.config import check_request as check_watermark_request
-
-try:
-    import re._parser as _regex_parser
-    import re._constants as _regex_constants
-except ImportError:  # Python 3.10 keeps the parser under its old public names
-    import sre_constants as _regex_constants
-    import sre_parse as _regex_parser
-
 from sglang.srt.sampling.guidance_params import normalize_guidance, verify_guidance
-
-logger = logging.getLogger(__name__)
+from sglang.srt.sampling.param_types import (
+    FIELD_CHECKS,
+    as_str_list,
+    is_finite_real,
+    is_int,
+    is_real,
+    json_type,
+    parse_token_id_key,
+    to_token_id_set,
+    tokenize_bad_words,
+    verify_seed,
+)
+# Re-exported: the stop-regex bounds are part of this module's interface.
+from sglang.srt.sampling.stop_regex_bound import (  # noqa: F401
+    MAX_LEN,
+    MAX_STOP_REGEX_COUNT,
+    MAX_STOP_REGEX_LEN,
+    get_max_seq_length,
+    stop_regex_max_len,
+)
+from sglang.srt.sampling.watermarking.config import check_request as check_watermark_request
 
 _SAMPLING_EPS = 1e-6
 TOP_K_ALL = 1 << 30
 MAX_STOP_COUNT = 32
-MAX_STOP_REGEX_COUNT = 32
-MAX_STOP_REGEX_LEN = 256
-MAX_LEN = 2**30
 LOGIT_BIAS_MAX = 100.0
-MAX_BAD_WORD_SEQUENCES = 128  # vLLM's VLLM_MAX_NUM_BAD_WORDS
 
-_SEED_MIN = -(2**63)
-_SEED_MAX = 2**63 - 1
 _REASONING_END_IDS_KEY = "__sglang_reasoning_end_token_ids"
 _MAX_REASONING_END_IDS = 32
 _GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
-
-
-def _is_int(x: Any) -> bool:
-    # bool is an int subclass, but `true` is never a meaningful count, id or seed.
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
-
-
-def _is_real(x: Any) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
-
-
-def _is_finite_real(x: Any) -> bool:
-    if not _is_real(x):
-        return False
-    try:
-        return math.isfinite(x)
-    except OverflowError:  # an int too large for a float
-        return False
 
 
 @dataclass(kw_only=True)
@@ -118,18 +101,18 @@ class SamplingParams:
             return
         self.stop_strs = self.stop
         self.stop_regex_strs = self.stop_regex
-        self.stop_token_ids = _to_token_id_set(self.stop_token_ids)
+        self.stop_token_ids = to_token_id_set(self.stop_token_ids)
         self._fill_none_defaults()
         for name in _GRAMMAR_FIELDS:
             if getattr(self, name) == "":
                 setattr(self, name, None)
         t = self.temperature
-        if _is_real(t) and 0 <= t < _SAMPLING_EPS:
+        if is_real(t) and 0 <= t < _SAMPLING_EPS:
             self.temperature = 1.0
             self.top_k = 1
         if self.top_k == -1:
             self.top_k = TOP_K_ALL
-        if _is_int(self.thinking_token_budget) and self.thinking_token_budget == -1:
+        if is_int(self.thinking_token_budget) and self.thinking_token_budget == -1:
             self.thinking_token_budget = None  # vLLM's "no limit"
 
     def _merge_seed_alias(self, seed: Optional[int]) -> None:
@@ -161,11 +144,11 @@ class SamplingParams:
         """
         if self.is_normalized:
             return
-        stop_strs = _as_str_list(self.stop_strs, "stop")
+        stop_strs = as_str_list(self.stop_strs, "stop")
         if len(stop_strs) > MAX_STOP_COUNT:
             raise ValueError(f"at most {MAX_STOP_COUNT} stop strings are allowed, got {len(stop_strs)}")
-        stop_regex_strs = _as_str_list(self.stop_regex_strs, "stop_regex")
-        self.stop_regex_max_len = _stop_regex_max_len(stop_regex_strs)
+        stop_regex_strs = as_str_list(self.stop_regex_strs, "stop_regex")
+        self.stop_regex_max_len = stop_regex_max_len(stop_regex_strs)
         if tokenizer is None:
             self._check_tokenizer_free(stop_strs, stop_regex_strs)
         # Without a tokenizer the check above guarantees stop_strs is empty.
@@ -176,7 +159,7 @@ class SamplingParams:
         self.stop_regex_strs = stop_regex_strs
         self.stop = None
         self.stop_regex = None
-        self.bad_words_token_ids = _tokenize_bad_words(self.bad_words, tokenizer)
+        self.bad_words_token_ids = tokenize_bad_words(self.bad_words, tokenizer)
         self.guidance = normalize_guidance(self.guidance, tokenizer)
         self.is_normalized = True
 
@@ -191,7 +174,7 @@ class SamplingParams:
                 f"stop_regex={stop_regex_strs!r} {suffix} "
                 "(requires tokenizer to decode tokens to text for matching)."
             )
-        if _is_int(self.min_new_tokens) and self.min_new_tokens > 0:
+        if is_int(self.min_new_tokens) and self.min_new_tokens > 0:
             raise ValueError(
                 f"min_new_tokens={self.min_new_tokens} {suffix} (requires tokenizer for eos_token_id)."
             )
@@ -205,38 +188,38 @@ class SamplingParams:
 
     def _verify_sglang_rules(self, vocab_size: int) -> None:
         bw = self.beam_width
-        if bw is not None and not (_is_int(bw) and bw >= 1):
+        if bw is not None and not (is_int(bw) and bw >= 1):
             raise ValueError(f"beam_width must be at least 1, got {bw}.")
         t = self.temperature
-        if not (_is_finite_real(t) and t >= 0):
+        if not (is_finite_real(t) and t >= 0):
             raise ValueError(f"temperature must be a non-negative finite number, got {t}.")
-        if not (_is_real(self.top_p) and 0 < self.top_p <= 1):
+        if not (is_real(self.top_p) and 0 < self.top_p <= 1):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
-        if not (_is_real(self.min_p) and 0 <= self.min_p <= 1):
+        if not (is_real(self.min_p) and 0 <= self.min_p <= 1):
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
-        if not (_is_int(self.top_k) and self.top_k >= 1):
+        if not (is_int(self.top_k) and self.top_k >= 1):
             raise ValueError(f"top_k must be -1 (disable) or at least 1, got {self.top_k}.")
         for name in ("frequency_penalty", "presence_penalty"):
             value = getattr(self, name)
-            if not (_is_real(value) and -2 <= value <= 2):
+            if not (is_real(value) and -2 <= value <= 2):
                 raise ValueError(f"{name} must be in [-2, 2], got {value}.")
         rp = self.repetition_penalty
-        if not (_is_real(rp) and 0 < rp <= 2):
+        if not (is_real(rp) and 0 < rp <= 2):
             raise ValueError(f"repetition_penalty must be in (0, 2] (1.0 = no penalty), got {rp}.")
         self._verify_token_budget()
         self._verify_logit_bias(vocab_size)
-        _verify_seed(self.sampling_seed)
+        verify_seed(self.sampling_seed)
         self._verify_reasoning_end_ids(vocab_size)
         if sum(getattr(self, name) is not None for name in _GRAMMAR_FIELDS) > 1:
             raise ValueError("Only one of json_schema, regex, ebnf, or structural_tag can be set.")
 
     def _verify_token_budget(self) -> None:
         lo, hi = self.min_new_tokens, self.max_new_tokens
-        if not (_is_int(lo) and lo >= 0):
+        if not (is_int(lo) and lo >= 0):
             raise ValueError(f"min_new_tokens must be in [0, max_new_tokens], got {lo}.")
         if hi is None:  # "rest of the context": the scheduler bounds it
             return
-        if not (_is_int(hi) and hi >= 0):
+        if not (is_int(hi) and hi >= 0):
             raise ValueError(f"max_new_tokens must be at least 0, got {hi}.")
         if lo > hi:
             raise ValueError(f"min_new_tokens must be in [0, max_new_tokens({hi})], got {lo}.")
@@ -250,10 +233,10 @@ class SamplingParams:
                 f"[-{LOGIT_BIAS_MAX:g}, {LOGIT_BIAS_MAX:g}], got {type(self.logit_bias).__name__}."
             )
         for key, value in self.logit_bias.items():
-            token_id = _parse_token_id_key(key)
+            token_id = parse_token_id_key(key)
             if token_id is None or not 0 <= token_id < vocab_size:
                 raise ValueError(f"logit_bias must have keys in [0, {vocab_size - 1}], got {key}.")
-            if not (_is_finite_real(value) and -LOGIT_BIAS_MAX <= value <= LOGIT_BIAS_MAX):
+            if not (is_finite_real(value) and -LOGIT_BIAS_MAX <= value <= LOGIT_BIAS_MAX):
                 raise ValueError(
                     f"logit_bias must have values in [-{LOGIT_BIAS_MAX:g}, {LOGIT_BIAS_MAX:g}], "
                     f"got {value} for key {key}."
@@ -266,7 +249,7 @@ class SamplingParams:
         valid = (
             isinstance(ids, list)
             and 1 <= len(ids) <= _MAX_REASONING_END_IDS
-            and all(_is_int(t) and 0 <= t < vocab_size for t in ids)
+            and all(is_int(t) and 0 <= t < vocab_size for t in ids)
         )
         if not valid:
             raise ValueError(
@@ -275,16 +258,16 @@ class SamplingParams:
             )
 
     def _verify_product_rules(self, vocab_size: int) -> None:
-        if not (_is_int(self.n) and self.n >= 1):
+        if not (is_int(self.n) and self.n >= 1):
             raise ValueError(f"n must be at least 1, got {self.n}.")
         if self.stop_token_ids:
             # An id outside the vocabulary can never be produced: it is dropped, as SGLang ignores it.
-            self.stop_token_ids = {t for t in self.stop_token_ids if _is_int(t) and 0 <= t < vocab_size} or None
+            self.stop_token_ids = {t for t in self.stop_token_ids if is_int(t) and 0 <= t < vocab_size} or None
         si = self.stream_interval
-        if si is not None and not (_is_int(si) and si >= 1):
+        if si is not None and not (is_int(si) and si >= 1):
             raise ValueError(f"stream_interval must be at least 1, got {si}.")
         lp = self.length_penalty
-        if not _is_finite_real(lp):
+        if not is_finite_real(lp):
             raise ValueError(f"length_penalty must be a finite number, got {lp}.")
         if self.beam_width is not None and self.beam_width > 1:
             verify_beam_params(self, vocab_size)
@@ -302,7 +285,7 @@ class SamplingParams:
             if not isinstance(allowed, list) or not allowed:
                 raise ValueError("allowed_token_ids must be a non-empty list of token ids (or null).")
             for token_id in allowed:
-                if not (_is_int(token_id) and 0 <= token_id < vocab_size):
+                if not (is_int(token_id) and 0 <= token_id < vocab_size):
                     raise ValueError(
                         f"allowed_token_ids contains out-of-vocab token id {token_id}; valid range is [0, {vocab_size})."
                     )
@@ -311,10 +294,10 @@ class SamplingParams:
                 if not 0 <= token_id < vocab_size:
                     raise ValueError(f"bad_words tokenize to token id {token_id}, outside the model's vocabulary [0, {vocab_size}).")
         size = self.no_repeat_ngram_size
-        if not (_is_int(size) and size >= 0):
+        if not (is_int(size) and size >= 0):
             raise ValueError(f"no_repeat_ngram_size must be a non-negative integer (0 = off), got {size}.")
         budget = self.thinking_token_budget
-        if budget is not None and not (_is_int(budget) and budget >= 0):
+        if budget is not None and not (is_int(budget) and budget >= 0):
             raise ValueError(f"thinking_token_budget must be a non-negative integer, or -1 for no limit, got {budget}.")
 
     # ------------------------------------------------------------------ wire format
@@ -326,11 +309,11 @@ class SamplingParams:
         `null` means "use the default". Value ranges are left to `verify`.
         """
         if not isinstance(d, dict):
-            raise ValueError(f"sampling_params must be an object, got {_json_type(d)}.")
+            raise ValueError(f"sampling_params must be an object, got {json_type(d)}.")
         for key, value in d.items():
-            check = _FIELD_CHECKS.get(key)
+            check = FIELD_CHECKS.get(key)
             if check is None:
-                expected = ", ".join(f"`{k}`" for k in _FIELD_CHECKS)
+                expected = ", ".join(f"`{k}`" for k in FIELD_CHECKS)
                 raise ValueError(f"unknown field `{key}`, expected one of {expected}")
             if value is not None:
                 check(key, value)
@@ -371,7 +354,7 @@ class SamplingParams:
         if d.get("is_normalized") is not True:
             raise ValueError("sampling_params must be SamplingParams.to_message() of normalized params.")
         params = cls(**d)
-        params.stop_token_ids = _to_token_id_set(params.stop_token_ids)
+        params.stop_token_ids = to_token_id_set(params.stop_token_ids)
         return params
 
 
@@ -405,239 +388,3 @@ def _public_stop(raw: Any, normalized: Optional[list[str]]) -> Any:
     # After normalize the stop conditions live only in the internal list.
     value = raw if raw is not None else (normalized or None)
     return list(value) if isinstance(value, list) else value
-
-
-def _to_token_id_set(ids: Any) -> Optional[set[int]]:
-    if not ids:
-        return None
-    try:
-        out = {int(t) for t in ids if t is not None}
-    except (TypeError, ValueError):
-        raise ValueError(f"stop_token_ids must be a list of integer token ids, got {ids!r}.") from None
-    return out or None
-
-
-def _as_str_list(value: Any, name: str) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, (list, tuple)) and all(isinstance(s, str) for s in value):
-        return list(value)
-    raise ValueError(f"{name} must be a string or a list of strings, got {value!r}.")
-
-
-def _tokenize_bad_words(words: Any, tokenizer: Any) -> Optional[list[list[int]]]:
-    """Each word's token ids as written and after a leading space (the two differ in BPE
-    vocabularies, and a word inside a sentence usually follows a space), without duplicates."""
-    if words is None:
-        return None
-    words = _as_str_list(words, "bad_words")
-    if any(not w.strip() for w in words):
-        raise ValueError("bad_words must not contain empty strings.")
-    if tokenizer is None:
-        raise ValueError("bad_words is unavailable when skip_tokenizer_init=True (the words must be tokenized).")
-    sequences: list[list[int]] = []
-    for word in words:
-        for text in (word.lstrip(), " " + word.lstrip()):
-            ids = list(tokenizer.encode(text, add_special_tokens=False))
-            if not ids:
-                raise ValueError(f"bad_words: {word!r} tokenizes to no token.")
-            if ids not in sequences:
-                sequences.append(ids)
-    if len(sequences) > MAX_BAD_WORD_SEQUENCES:
-        raise ValueError(
-            f"bad_words tokenize to {len(sequences)} token sequences (each word with and without a leading space); "
-            f"at most {MAX_BAD_WORD_SEQUENCES} are allowed."
-        )
-    return sequences
-
-
-def _stop_regex_max_len(patterns: list[str]) -> int:
-    if len(patterns) > MAX_STOP_REGEX_COUNT:
-        raise ValueError(
-            f"at most {MAX_STOP_REGEX_COUNT} stop_regex patterns are allowed, got {len(patterns)}"
-        )
-    longest = 0
-    for pattern in patterns:
-        size = len(pattern.encode("utf-8"))
-        if size > MAX_STOP_REGEX_LEN:
-            raise ValueError(f"stop_regex is {size} bytes, over the {MAX_STOP_REGEX_LEN}-byte limit")
-        try:
-            longest = max(longest, get_max_seq_length(pattern))
-        except _regex_constants.error as e:
-            raise ValueError(f"stop_regex {pattern!r} is not a valid regular expression: {e}") from None
-    return longest
-
-
-def _parse_token_id_key(key: Any) -> Optional[int]:
-    """Token id from a logit_bias key (JSON object keys are strings), or None if it is not one."""
-    if _is_int(key):
-        return int(key)
-    if isinstance(key, str):
-        try:
-            return int(key)
-        except ValueError:
-            return None
-    return None
-
-
-def _verify_seed(seed: Any) -> None:
-    if seed is None:
-        return
-    if not _is_int(seed):
-        raise ValueError(f"sampling_seed must be an integer, got {type(seed).__name__}.")
-    if not _SEED_MIN <= seed <= _SEED_MAX:
-        raise ValueError(f"sampling_seed must be in [-2**63, 2**63 - 1], got {seed}.")
-
-
-# ---------------------------------------------------------------------- regex length bound
-
-_C = _regex_constants
-_SINGLE_CHAR_OPS = {_C.LITERAL, _C.NOT_LITERAL, _C.IN, _C.ANY}
-# Possessive repeats and atomic groups only exist from Python 3.11 on.
-_REPEAT_OPS = {_C.MAX_REPEAT, _C.MIN_REPEAT, getattr(_C, "POSSESSIVE_REPEAT", _C.MAX_REPEAT)}
-
-
-def get_max_seq_length(regex: str) -> int:
-    """Upper bound on the characters a match of `regex` spans; MAX_LEN stands for unbounded.
-
-    The stop-regex matcher uses it to decide how much decoded tail it must keep.
-    """
-    return _seq_max_len(_regex_parser.parse(regex))
-
-
-def _seq_max_len(items: Any) -> int:
-    return sum(_item_max_len(op, av) for op, av in items)
-
-
-def _item_max_len(op: Any, av: Any) -> int:
-    if op in _SINGLE_CHAR_OPS:
-        return 1
-    if op == _C.AT:
-        return 0
-    if op == _C.SUBPATTERN:
-        return _seq_max_len(av[-1])
-    if op == getattr(_C, "ATOMIC_GROUP", None):
-        return _seq_max_len(av)
-    if op == _C.BRANCH:
-        return max((_seq_max_len(branch) for branch in av[1]), default=0)
-    if op in _REPEAT_OPS:
-        _, hi, inner = av
-        if hi == _C.MAXREPEAT:
-            return MAX_LEN
-        return hi * _seq_max_len(inner)
-    # Lookarounds, backreferences, conditionals: no cheap bound, so assume unbounded.
-    logger.warning("stop_regex construct %s has no length bound; treating it as unbounded", op)
-    return MAX_LEN
-
-
-# ---------------------------------------------------------------------- from_dict type gate
-
-# bool before int: bool is an int subclass.
-_JSON_TYPE_NAMES = {
-    bool: "boolean",
-    int: "integer",
-    float: "number",
-    str: "string",
-    list: "array",
-    dict: "object",
-}
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    for py_type, name in _JSON_TYPE_NAMES.items():
-        if isinstance(value, py_type):
-            return name
-    return type(value).__name__
-
-
-def _type_error(key: str, expected: str, value: Any) -> ValueError:
-    return ValueError(f"invalid type for `{key}`: expected {expected}, got {_json_type(value)}.")
-
-
-def _check_int(key: str, value: Any) -> None:
-    if not _is_int(value):
-        raise _type_error(key, "an integer", value)
-
-
-def _check_float(key: str, value: Any) -> None:
-    if not _is_real(value):
-        raise _type_error(key, "a number", value)
-
-
-def _check_bool(key: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise _type_error(key, "a boolean", value)
-
-
-def _check_str(key: str, value: Any) -> None:
-    if not isinstance(value, str):
-        raise _type_error(key, "a string", value)
-
-
-def _check_str_or_str_list(key: str, value: Any) -> None:
-    if isinstance(value, str):
-        return
-    if not (isinstance(value, list) and all(isinstance(s, str) for s in value)):
-        raise _type_error(key, "a string or an array of strings", value)
-
-
-def _check_int_list(key: str, value: Any) -> None:
-    if not (isinstance(value, list) and all(_is_int(t) for t in value)):
-        raise _type_error(key, "an array of integers", value)
-
-
-def _check_object(key: str, value: Any) -> None:
-    if not isinstance(value, dict):
-        raise _type_error(key, "an object", value)
-
-
-def _check_logit_bias(key: str, value: Any) -> None:
-    if not (isinstance(value, dict) and all(_is_real(v) for v in value.values())):
-        raise _type_error(key, "an object mapping token id strings to numbers", value)
-
-
-def _reject_choice(key: str, value: Any) -> None:
-    raise ValueError(f"`{key}` is not supported by this server yet; it must be null or absent.")
-
-
-_FIELD_CHECKS = {
-    "max_new_tokens": _check_int,
-    "stop": _check_str_or_str_list,
-    "stop_token_ids": _check_int_list,
-    "stop_regex": _check_str_or_str_list,
-    "temperature": _check_float,
-    "top_p": _check_float,
-    "top_k": _check_int,
-    "min_p": _check_float,
-    "frequency_penalty": _check_float,
-    "presence_penalty": _check_float,
-    "repetition_penalty": _check_float,
-    "min_new_tokens": _check_int,
-    "n": _check_int,
-    "json_schema": _check_str,
-    "regex": _check_str,
-    "ebnf": _check_str,
-    "structural_tag": _check_str,
-    "ignore_eos": _check_bool,
-    "skip_special_tokens": _check_bool,
-    "spaces_between_special_tokens": _check_bool,
-    "no_stop_trim": _check_bool,
-    "stream_interval": _check_int,
-    "logit_bias": _check_logit_bias,
-    "sampling_seed": _check_int,
-    "custom_params": _check_object,
-    "beam_width": _check_int,
-    "watermark": _check_object,
-    "guidance": _check_object,
-    "allowed_token_ids": _check_int_list,
-    "bad_words": _check_str_or_str_list,
-    "no_repeat_ngram_size": _check_int,
-    "thinking_token_budget": _check_int,
-    "length_penalty": _check_float,
-    "choice": _reject_choice,
-    "seed": _check_int,
-}
