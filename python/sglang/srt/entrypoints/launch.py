@@ -30,7 +30,8 @@ import msgspec
 from sglang.srt.distributed.placement import node_tp_ranks, replica_dist_init_method, scheduler_name
 from sglang.srt.managers.data_parallel_controller import replica_port_args
 from sglang.srt.managers.io_struct import SchedulerReady, decoder, replicas_ready
-from sglang.srt.server_args import PortArgs, ServerArgs, _free_local_port
+from sglang.srt.port_args import PortArgs, free_local_port
+from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.hf_transformers_utils import get_tokenizer, load_chat_template
 
 logger = logging.getLogger(__name__)
@@ -112,7 +113,7 @@ class ChildProcesses:
         """Where replica dp_rank's TP group meets: --dist-init-addr's port + dp_rank, else a free local port."""
         if self.server_args.dist_init_addr is not None:
             return replica_dist_init_method(self.server_args.dist_init_addr, dp_rank)
-        return self.port_args.dist_init_method if dp_rank == 0 else f"tcp://127.0.0.1:{_free_local_port()}"
+        return self.port_args.dist_init_method if dp_rank == 0 else f"tcp://127.0.0.1:{free_local_port()}"
 
     def _spawn_scheduler(self, ctx: Any, ports: PortArgs, dp_rank: int, rank: int) -> None:
         name = scheduler_name(dp_rank, rank, self.server_args.dp_size)
