@@ -34,7 +34,7 @@ def _spec(disable_batch_size: int = 4):
 
 
 def _req(tokens: list[int]) -> SimpleNamespace:
-    return SimpleNamespace(fill_ids=tokens, origin_input_ids=tokens[:2], kv_len=len(tokens),
+    return SimpleNamespace(fill_ids=tokens, origin_input_ids=tokens[:2], output_ids=tokens[2:], kv_len=len(tokens),
                            sampling_params=SimpleNamespace(max_new_tokens=100))
 
 
@@ -51,3 +51,22 @@ def test_ngram_steps_overlap_unless_the_next_one_may_verify():
     assert spec.must_settle(decode, match)
     assert not spec.must_settle(decode, None)
     assert not _spec(disable_batch_size=1).must_settle(decode, match)  # decodes without speculation anyway
+
+
+def test_a_draftless_finding_is_reused_only_for_unchanged_histories():
+    """must_settle's lookup that found no drafts stands for next_step while no request gained a
+    token; a request that did is looked up again."""
+    spec = _spec()
+    decoded = []
+    spec.builder = SimpleNamespace(decode_step=lambda batch: decoded.append(batch) or "decode")
+    spec._refresh_penalties = lambda batch: None
+    looked_up = []
+    lookup = spec._drafts
+    spec._drafts = lambda reqs: looked_up.append(len(reqs)) or lookup(reqs)
+    batch = SimpleNamespace(reqs=[_req([1, 2, 3]), _req([4, 5])])
+    assert not spec.must_settle(SimpleNamespace(spec=None), batch)
+    assert spec.next_step(batch) == "decode" and looked_up == [2]
+    batch.reqs[1].output_ids.append(9)  # its history changed: the finding no longer holds
+    assert not spec.must_settle(SimpleNamespace(spec=None), batch)
+    batch.reqs[0].output_ids.append(7)
+    assert spec.next_step(batch) == "decode" and looked_up == [2, 2, 2]

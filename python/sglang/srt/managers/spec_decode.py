@@ -46,6 +46,8 @@ class SpecDecoding:
         self.draft_source = draft_source
         self.plan = plan  # how the model runner forwards a verify step
         self.penalties_stale = False  # a verify folded drafts into the running batch's penalty state
+        # must_settle's finding that these requests' histories, unchanged since, have no drafts.
+        self._draftless: Optional[list[tuple[int, int]]] = None
 
     @classmethod
     def from_server_args(cls, server_args: ServerArgs, *args, **kwargs) -> Optional["SpecDecoding"]:
@@ -66,13 +68,17 @@ class SpecDecoding:
             return True
         if batch is None or len(batch.reqs) > self.disable_batch_size:
             return False
-        return any(self._drafts(batch.reqs))
+        if any(self._drafts(batch.reqs)):
+            return True
+        self._draftless = _history_marks(batch.reqs)  # next_step need not look them up again
+        return False
 
     def next_step(self, batch: ScheduleBatch) -> Step:
         """The running batch's next decode step: a verify step when it speculates."""
         self._refresh_penalties(batch)
         reqs = batch.reqs
-        if len(reqs) > self.disable_batch_size:
+        draftless, self._draftless = self._draftless, None
+        if len(reqs) > self.disable_batch_size or draftless == _history_marks(reqs):
             return self.builder.decode_step(batch)
         drafts = self._drafts(reqs)
         if not any(drafts):
@@ -147,6 +153,11 @@ class SpecDecoding:
         info.penalizer_orchestrator.release()
         info.penalizer_orchestrator = BatchedPenalizerOrchestrator(info.vocab_size, batch)
         self.penalties_stale = False
+
+
+def _history_marks(reqs: list[Req]) -> list[tuple[int, int]]:
+    """Which requests, with how many output tokens: equal marks, equal histories."""
+    return [(id(req), len(req.output_ids)) for req in reqs]
 
 
 def trim_rejected_kv(tree_cache: RadixCache, step: Step, result: StepResult) -> None:
