@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from engine_utils import generate_ok, running_server
 from test_model_runner import PROMPTS, Driver, _save_tiny
-from sglang.srt.layers.batch_invariant import ROW_BLOCK, batch_invariant, row_blocked
+from sglang.srt.layers.batch_invariant import ROW_BLOCK, batch_invariant, pointwise, row_blocked
 from sglang.srt.layers.linear import cpu_pack_supported, dense_matmul
 from sglang.srt.model_executor.model_runner import ModelRunner
 
@@ -51,6 +51,23 @@ SUFFIXES = ["Why is salt added to pasta water?", "Who built the pyramids?", "Wha
 
 
 # --- the model's rows -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fn", [torch.sigmoid, F.softplus, F.silu, torch.tanh], ids=lambda fn: fn.__name__)
+@pytest.mark.parametrize("shape", [(8,), (1,), (3, 5), (40000,)], ids=str)
+def test_pointwise_rows_do_not_depend_on_the_batch(fn, shape: tuple[int, ...]) -> None:
+    """A router's [N, 8] scores or a [N, 1] gate: ATen's vector and scalar loops round some
+    sigmoids differently, and which one a row meets depends on N outside the mode."""
+    torch.manual_seed(0)
+    x = torch.randn(70, *shape) * 4
+    with batch_invariant(True):
+        alone = [pointwise(fn, x[at : at + 1])[0] for at in range(x.shape[0])]
+        for rows in (2, 5, 33, 70):
+            batched = pointwise(fn, x[:rows])
+            assert batched.shape == x[:rows].shape
+            for at in range(rows):
+                assert torch.equal(batched[at], alone[at]), (rows, at)
+    torch.testing.assert_close(torch.stack(alone), fn(x), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("packed", [False, True])

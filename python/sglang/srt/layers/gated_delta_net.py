@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.srt.layers.batch_invariant import pointwise
 from sglang.srt.layers.gated_delta_rule import (
     causal_conv1d,
     causal_conv1d_step,
@@ -86,8 +87,8 @@ class GatedDeltaNet(nn.Module):
         q, k, v = mixed.split([key_dim, key_dim, s.num_v_heads * s.head_v_dim], dim=-1)
         q, k = q.view(n, s.num_k_heads, s.head_k_dim), k.view(n, s.num_k_heads, s.head_k_dim)
         v = v.view(n, s.num_v_heads, s.head_v_dim)
-        beta = b.sigmoid()  # [N, Hv]
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # [N, Hv] float32, log decay
+        beta = pointwise(torch.sigmoid, b)  # [N, Hv]
+        g = -self.A_log.float().exp() * pointwise(F.softplus, a.float() + self.dt_bias)  # [N, Hv] float32, log decay
         out = self._delta_rule(q, k, v, g, beta, pool, rows, forward_batch, decode)  # [N, Hv, Dv]
         out = self.norm(out.to(x.dtype), z)  # [N, Hv, Dv]
         return self.out_proj(out.reshape(n, -1))

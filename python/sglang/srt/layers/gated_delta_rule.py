@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from sglang.srt.layers.batch_invariant import pointwise
+
 CHUNK_SIZE = 64
 L2NORM_EPS = 1e-6
 
@@ -114,4 +116,4 @@ def causal_conv1d_step(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.
     -> (output [B, C], new conv state [B, C, K-1])."""
     window = torch.cat([conv_state.to(x.dtype), x.unsqueeze(-1)], dim=-1)  # [B, C, K]
     out = (window.float() * weight.float()).sum(dim=-1)  # [B, C], accumulated in float32 as a conv kernel does
-    return F.silu(out).to(x.dtype), window[..., 1:]
+    return pointwise(F.silu, out).to(x.dtype), window[..., 1:]

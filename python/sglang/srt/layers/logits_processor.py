@@ -11,6 +11,7 @@ from typing import Callable, Optional, Protocol, Union
 import torch
 from torch import nn
 
+from sglang.srt.layers.batch_invariant import pointwise
 from sglang.srt.layers.linear import dense_matmul
 
 
@@ -86,7 +87,7 @@ class LogitsHead(nn.Module):
             logits = logits * self.logit_scale
         if self.final_logit_softcapping is not None:
             cap = self.final_logit_softcapping
-            logits = torch.tanh(logits / cap) * cap
+            logits = pointwise(torch.tanh, logits / cap) * cap
         return LogitsProcessorOutput(
             next_token_logits=logits.contiguous(),
             hidden_states=hidden_states if keep_hidden_states else None,

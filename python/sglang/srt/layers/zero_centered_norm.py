@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang.srt.layers.batch_invariant import pointwise
 from sglang.srt.layers.linear import default_weight_loader, make_param
 
 
@@ -43,4 +44,4 @@ class GatedRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         """x, gate [..., D] -> [..., D] in x's dtype."""
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype) * self.weight
-        return (normed.float() * F.silu(gate.float())).to(x.dtype)
+        return (normed.float() * pointwise(F.silu, gate.float())).to(x.dtype)

@@ -5,6 +5,7 @@ sqrt(hidden) in the model dtype. Also the base of Gemma3 (gemma3.py)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -14,6 +15,7 @@ from torch import nn
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.configs.sliding_window import FULL, SLIDING, layer_types
 from sglang.srt.layers.attention import Attention
+from sglang.srt.layers.batch_invariant import pointwise
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from sglang.srt.layers.rotary import RotaryEmbedding, apply_rotary_emb
@@ -35,7 +37,7 @@ class GemmaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [N, I / tp] each
-        return self.down_proj(F.gelu(gate, approximate="tanh").mul_(up))
+        return self.down_proj(pointwise(functools.partial(F.gelu, approximate="tanh"), gate).mul_(up))
 
 
 class GemmaAttention(nn.Module):

@@ -16,6 +16,7 @@ from sgl_kernel_ext.layer.decode_layer_cpu import DecodeLayerWeights, decode_lay
 from sgl_kernel_ext.rotary.rope_store_cpu import rope_store_cpu, rope_store_cpu_applies
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.attention import Attention
+from sglang.srt.layers.batch_invariant import pointwise
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from sglang.srt.layers.rotary import RotaryEmbedding, apply_rotary_emb
@@ -57,7 +58,7 @@ class LlamaMLP(nn.Module):
             # gives the op-by-op path's bits.
             return self.down_proj(silu_mul_cpu(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)  # [N, I / tp] each
-        return self.down_proj(F.silu(gate).mul_(up))
+        return self.down_proj(pointwise(F.silu, gate).mul_(up))
 
     def c_silu(self) -> bool:
         """Whether SiLU runs in silu_mul_cpu.c: with projections packed for int8 activations."""

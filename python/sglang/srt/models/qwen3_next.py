@@ -20,6 +20,7 @@ from torch import nn
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.attention import Attention
+from sglang.srt.layers.batch_invariant import pointwise
 from sglang.srt.layers.gated_delta_net import GatedDeltaNet, GatedDeltaNetShape
 from sglang.srt.layers.linear import ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from sglang.srt.layers.logits_processor import LogitsHead, LogitsProcessorOutput
@@ -70,7 +71,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [N, I] each
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(pointwise(F.silu, gate) * up)
 
 
 class SparseMoeBlock(nn.Module):
@@ -88,7 +89,7 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, H] -> [N, H]."""
         weights, ids = select_experts(self.gate(x), self.topk)  # [N, k] each
-        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        shared = pointwise(torch.sigmoid, self.shared_expert_gate(x)) * self.shared_expert(x)
         return self.experts(x, weights, ids) + shared
 
 
@@ -116,7 +117,7 @@ class GatedAttention(nn.Module):
         q = self._rotate(self.q_norm(q.contiguous()), rope)
         k = self._rotate(self.k_norm(k.reshape(n, kv_heads, d)), rope)
         out = self.attn(q, k, v.reshape(n, kv_heads, d), forward_batch)  # [N, Hq * D]
-        return self.o_proj(out * torch.sigmoid(gate.reshape(n, heads * d)))
+        return self.o_proj(out * pointwise(torch.sigmoid, gate.reshape(n, heads * d)))
 
     def _rotate(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """RoPE on the first rotary_dim of each head [N, heads, D]; the rest passes."""

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sglang.srt.layers.batch_invariant import is_batch_invariant, row_blocked
+from sglang.srt.layers.batch_invariant import is_batch_invariant, pointwise, row_blocked
 from sglang.srt.layers.linear import make_param, tp_all_reduce_sum
 
 # Checkpoint projection name -> FusedMoE shard id: gate (w1) and up (w3) fill w13, down (w2) fills w2.
@@ -175,7 +175,7 @@ def _expert_mlp(h: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.T
     """One expert: h [M, H], w13 [2I, H], w2 [H, I] -> down(silu(gate) * up) [M, H]."""
     gate_up = _linear(h, w13)  # [M, 2I]
     gate, up = gate_up.chunk(2, dim=-1)
-    return _linear(F.silu(gate) * up, w2)
+    return _linear(pointwise(F.silu, gate) * up, w2)
 
 
 def _linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

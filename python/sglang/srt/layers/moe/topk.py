@@ -22,6 +22,8 @@ from typing import Optional
 
 import torch
 
+from sglang.srt.layers.batch_invariant import pointwise
+
 
 @dataclass(frozen=True)
 class TopKConfig:
@@ -56,7 +58,7 @@ def select_experts(
         if config.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
     else:
-        scores = logits.sigmoid()  # [N, E]
+        scores = pointwise(torch.sigmoid, logits)  # [N, E]
         choice = scores if correction_bias is None else scores + correction_bias.float()
         if config.num_expert_group is not None:
             choice = _limit_to_groups(choice, config.num_expert_group, config.topk_group)
