@@ -20,6 +20,13 @@ def test_a_match_near_the_end_repeats_its_period():
     assert ngram_drafts([9, 9, 4, 4, 4], 4, 8) == [4, 4, 4, 4]
 
 
+def test_a_match_shorter_than_the_minimum_drafts_nothing():
+    tokens = [5, 1, 2, 3, 7, 2]  # suffix [2] matches at 2 only; [7, 2] nowhere
+    assert ngram_drafts(tokens, 2, 8, min_match=1) == [3, 7]
+    assert ngram_drafts(tokens, 2, 8, min_match=2) == []
+    assert ngram_drafts([5, 1, 2, 3, 1, 2], 2, 8, min_match=2) == [3, 1]  # [1, 2] matches
+
+
 def test_no_earlier_occurrence_of_the_last_token_gives_no_drafts():
     assert ngram_drafts([1, 2, 3], 4, 8) == []
     assert ngram_drafts([1, 1], 0, 8) == []
@@ -29,6 +36,7 @@ def _spec(disable_batch_size: int = 4):
     from sglang.srt.managers.spec_decode import SpecDecoding
 
     args = SimpleNamespace(speculative_algorithm="NGRAM", speculative_num_steps=3, speculative_ngram_max_trie_depth=8,
+                           speculative_ngram_min_match_window_size=1,
                            speculative_disable_batch_size=disable_batch_size)
     return SpecDecoding(args, builder=None, tree_cache=None, context_len=4096)
 

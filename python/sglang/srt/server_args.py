@@ -121,6 +121,7 @@ class ServerArgs:
     speculative_eagle_topk: Optional[int] = None
     speculative_num_draft_tokens: Optional[int] = None
     speculative_ngram_max_trie_depth: int = NGRAM_MAX_TRIE_DEPTH
+    speculative_ngram_min_match_window_size: Optional[int] = None
     speculative_disable_batch_size: Optional[int] = None
     # What resolve() changed because this machine or build cannot honour a flag (logged at start-up).
     startup_warnings: list[str] = dataclasses.field(default_factory=list)

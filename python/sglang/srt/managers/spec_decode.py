@@ -39,6 +39,7 @@ class SpecDecoding:
         self.algorithm = server_args.speculative_algorithm
         self.num_drafts = server_args.speculative_num_steps
         self.max_window = server_args.speculative_ngram_max_trie_depth
+        self.min_match = server_args.speculative_ngram_min_match_window_size
         self.disable_batch_size = server_args.speculative_disable_batch_size
         self.builder = builder
         self.tree_cache = tree_cache
@@ -90,7 +91,7 @@ class SpecDecoding:
         caps = [self._draft_cap(req) for req in reqs]
         if self.draft_source is not None:
             return self.draft_source.propose(reqs, caps)
-        return [ngram_drafts(req.fill_ids, cap, self.max_window) for req, cap in zip(reqs, caps)]
+        return [ngram_drafts(req.fill_ids, cap, self.max_window, self.min_match) for req, cap in zip(reqs, caps)]
 
     def _draft_cap(self, req: Req) -> int:
         """Drafts the request's KV budget leaves room for (the verify writes k + 1 positions)."""

@@ -3,10 +3,11 @@
 The request's prompt and output are one token sequence. Its last `w` tokens (w up to
 --speculative-ngram-max-trie-depth) are looked up among its earlier tokens; the occurrence with
 the longest match wins, the most recent one among equals, and the tokens that followed it are
-the drafts (a single chain). A match p tokens back says the text repeats with period p, so
-where its continuation reaches the end of the sequence the drafts go on repeating it (a run of
-one token drafts that token again). No match: no drafts, and the request decodes one token
-that step.
+the drafts (a single chain). A match shorter than `min_match` tokens
+(--speculative-ngram-min-match-window-size) drafts nothing. A match p tokens back says the text
+repeats with period p, so where its continuation reaches the end of the sequence the drafts go
+on repeating it (a run of one token drafts that token again). No match: no drafts, and the
+request decodes one token that step.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def ngram_drafts(tokens: list[int], max_drafts: int, max_window: int) -> list[int]:
+def ngram_drafts(tokens: list[int], max_drafts: int, max_window: int, min_match: int = 1) -> list[int]:
     """Up to `max_drafts` ids continuing `tokens` as its best earlier match continued."""
     n = len(tokens)
     if max_drafts <= 0 or n < 2:
@@ -30,6 +31,8 @@ def ngram_drafts(tokens: list[int], max_drafts: int, max_window: int) -> list[in
     valid = idx >= 0
     equal = (seq[np.clip(idx, 0, None)] == seq[n - 1 - back][None, :]) & valid  # [C, W]
     match_len = np.cumprod(equal, axis=1).sum(axis=1)  # [C]
+    if match_len.max() < min_match:
+        return []
     best = ends[match_len == match_len.max()].max()  # the most recent of the longest matches
     # The match repeats the text every `period` tokens; past the sequence's end it goes on so.
     period = n - 1 - best

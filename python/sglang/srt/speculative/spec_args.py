@@ -24,6 +24,11 @@ STANDALONE_DEFAULT_STEPS = 3
 # Running requests above which the server decodes without speculation, when none is given.
 DEFAULT_DISABLE_BATCH_SIZE = 16
 NGRAM_MAX_TRIE_DEPTH = 18  # SGLang's default window
+# The shortest suffix match that drafts. On CUDA a rejected verify costs about a decode step, so
+# one matching token drafts (SGLang's rule); on the CPU a verify pays per token and stops the
+# overlap schedule, and one-token matches in free text are mostly rejected (docs/speculative.md).
+NGRAM_MIN_MATCH = 1
+NGRAM_CPU_MIN_MATCH = 2
 
 
 def add_speculative_args(parser: argparse.ArgumentParser, defaults: Any) -> None:
@@ -44,6 +49,9 @@ def add_speculative_args(parser: argparse.ArgumentParser, defaults: Any) -> None
         f"{NGRAM_DEFAULT_DRAFT_TOKENS}, on the CPU {NGRAM_CPU_DEFAULT_DRAFT_TOKENS}).")
     add("--speculative-ngram-max-trie-depth", type=int, default=defaults.speculative_ngram_max_trie_depth,
         help="NGRAM: the longest suffix of the request's tokens matched against its earlier tokens.")
+    add("--speculative-ngram-min-match-window-size", type=int, default=defaults.speculative_ngram_min_match_window_size,
+        help=f"NGRAM: the shortest suffix match that drafts (SGLang's name from older releases; default "
+        f"{NGRAM_MIN_MATCH}, on the CPU {NGRAM_CPU_MIN_MATCH}).")
     add("--speculative-disable-batch-size", type=int, default=defaults.speculative_disable_batch_size,
         help=f"Above this many running requests a step decodes without speculation (default "
         f"{DEFAULT_DISABLE_BATCH_SIZE}).")
@@ -71,9 +79,17 @@ def resolve_speculative_args(args: Any) -> None:
     _resolve_widths(args, algorithm)
     if args.speculative_disable_batch_size is None:
         args.speculative_disable_batch_size = DEFAULT_DISABLE_BATCH_SIZE
-    for name in ("speculative_num_steps", "speculative_ngram_max_trie_depth", "speculative_disable_batch_size"):
+    if args.speculative_ngram_min_match_window_size is None:
+        args.speculative_ngram_min_match_window_size = NGRAM_CPU_MIN_MATCH if args.device == "cpu" else NGRAM_MIN_MATCH
+    for name in ("speculative_num_steps", "speculative_ngram_max_trie_depth", "speculative_disable_batch_size",
+                 "speculative_ngram_min_match_window_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
+    if args.speculative_ngram_min_match_window_size > args.speculative_ngram_max_trie_depth:
+        raise ValueError(
+            f"--speculative-ngram-min-match-window-size {args.speculative_ngram_min_match_window_size} exceeds "
+            f"--speculative-ngram-max-trie-depth {args.speculative_ngram_max_trie_depth}."
+        )
 
 
 def _resolve_widths(args: Any, algorithm: str) -> None:
