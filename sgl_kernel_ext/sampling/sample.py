@@ -34,7 +34,6 @@ Two launches, no host synchronisation, every decision per row on the device:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -42,7 +41,15 @@ import triton
 import triton.language as tl
 
 from sgl_kernel_ext.sampling.murmur import hash_gumbel, row_hash_state
-from sgl_kernel_ext.sampling.support import NEG_INF, compute_support, draw_seeded
+from sgl_kernel_ext.sampling.sample_reference import SampleResult
+from sgl_kernel_ext.sampling.sample_thresholds import (
+    _draw_candidates,
+    _full_thresholds,
+    _gather_candidates,
+    _top_k_bound,
+    _top_p_bound,
+)
+from sgl_kernel_ext.triton_launch import launch
 
 CHUNK = 2048  # elements per chunk CTA, held in registers (16 per thread at 4 warps)
 # Elements per block whose max and runner-up the chunk pass saves. Small blocks: those are then
@@ -65,15 +72,6 @@ FULL_BLOCK = 4096  # tile of the full-row path
 ROW_WARPS = 16  # the row kernel: 16 warps beat 8 and 4 at every batch size on the H100
 
 # Row modes, set by the row kernel: 0 candidates, 1 full row, 2 greedy, 3 invalid.
-
-
-@dataclass
-class SampleResult:
-    ids: torch.Tensor  # [B] int64, -1 on invalid rows
-    invalid: torch.Tensor  # [B] bool
-    lse: torch.Tensor  # [B] float32, logsumexp of the scaled row
-    lse_kept: torch.Tensor  # [B] float32, logsumexp of the scaled row over the kept tokens
-    threshold: torch.Tensor  # [B] float32, scaled-logit threshold of the support
 
 
 @triton.jit
@@ -132,196 +130,6 @@ def _chunk_kernel(
     tl.store(cbad_ptr + slot, bad)
     tl.store(cvalid_ptr + slot, n_finite)
 
-
-@triton.jit
-def _count_at_least(bs, bs2, tau):
-    return tl.sum((bs >= tau).to(tl.int32) + (bs2 >= tau).to(tl.int32), 0)
-
-
-@triton.jit
-def _mass_at_least(bs, ws, bs2, ws2, tau):
-    return tl.sum(tl.where(bs >= tau, ws, 0.0) + tl.where(bs2 >= tau, ws2, 0.0), 0)
-
-
-# The bounds come from the scaled block maxima and runners-up ([NBP] each in bs, bs2; -inf where
-# absent): distinct elements of the row. Each is the largest value tested by bisection within
-# BOUND_RANGE below the max M where they show the filter's condition, -inf where they do not.
-
-
-@triton.jit
-def _top_k_bound(bs, bs2, k, M, BOUND_RANGE: tl.constexpr, BOUND_STEPS: tl.constexpr):
-    """At least k of them at or above it: so at least k elements, and the k-th largest is not below."""
-    lo = M - BOUND_RANGE
-    hi = M
-    found = _count_at_least(bs, bs2, lo) >= k
-    for _ in range(BOUND_STEPS):
-        mid = (lo + hi) * 0.5
-        ok = _count_at_least(bs, bs2, mid) >= k
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid)
-    return tl.where(found, lo, float("-inf"))
-
-
-@triton.jit
-def _top_p_bound(bs, bs2, p, M, Z, BOUND_RANGE: tl.constexpr, BOUND_STEPS: tl.constexpr):
-    """They hold at least top_p of the mass at or above it: every element below it has at least
-    that mass strictly above it, so is outside the nucleus (1e-5 of slack for the different
-    order of the fp32 sums)."""
-    ws = tl.exp(bs - M)
-    ws2 = tl.exp(bs2 - M)
-    target = (p + 1e-5) * Z
-    lo = M - BOUND_RANGE
-    hi = M
-    found = _mass_at_least(bs, ws, bs2, ws2, lo) >= target
-    for _ in range(BOUND_STEPS):
-        mid = (lo + hi) * 0.5
-        ok = _mass_at_least(bs, ws, bs2, ws2, mid) >= target
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid)
-    return tl.where(found, lo, float("-inf"))
-
-
-@triton.jit
-def _gather_candidates(
-    row_ptr, t, V, hot_ptr, n_hot, cut, val_ptr, idx_ptr,
-    BLOCK_SIZE: tl.constexpr, HOT_TILE: tl.constexpr, CAP: tl.constexpr,
-):
-    """Re-read the row's hot blocks (ids in hot_ptr, ascending) HOT_TILE at a time and append every
-    element at or above `cut` to the candidate list (token-id order). Returns the candidate count
-    (the list holds the first CAP)."""
-    i = tl.arange(0, HOT_TILE * BLOCK_SIZE)
-    n = tl.zeros([], dtype=tl.int32)
-    for first in range(0, n_hot, HOT_TILE):
-        h = first + i // BLOCK_SIZE
-        blk = tl.load(hot_ptr + h, mask=h < n_hot, other=0)
-        offs = blk * BLOCK_SIZE + i % BLOCK_SIZE
-        live = (h < n_hot) & (offs < V)
-        s = tl.math.div_rn(tl.load(row_ptr + offs, mask=live, other=float("-inf")), t)
-        take = live & (s >= cut)
-        pos = n + tl.cumsum(take.to(tl.int32), 0) - 1
-        tl.store(val_ptr + pos, s, mask=take & (pos < CAP))
-        tl.store(idx_ptr + pos, offs, mask=take & (pos < CAP))
-        n += tl.sum(take.to(tl.int32), 0)
-    return n
-
-
-@triton.jit
-def _float_key(f):
-    """Order-preserving int32 key of a float32."""
-    b = f.to(tl.int32, bitcast=True)
-    return b ^ ((b >> 31) & 0x7FFFFFFF)
-
-
-@triton.jit
-def _key_float(k):
-    return (k ^ ((k >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _full_thresholds(row_ptr, t, V, k, p, M, Z, BLOCK: tl.constexpr):
-    """Exact top-k and top-p thresholds over the whole row by bisection on float keys.
-
-    top-k: the largest key whose count of elements >= it is >= k (the k-th value).
-    top-p: the smallest key whose mass strictly above it is < p (every element at or above it is
-    kept, every element below it has mass >= p above)."""
-    k_lo = _float_key(tl.full([], float("-inf"), tl.float32)).to(tl.int64)
-    k_hi = _float_key(M).to(tl.int64) + 1
-    p_lo = k_lo
-    p_hi = _float_key(M).to(tl.int64)
-    for _ in range(33):
-        k_mid = k_lo + (k_hi - k_lo) // 2
-        p_mid = p_lo + (p_hi - p_lo) // 2
-        fk = _key_float(k_mid.to(tl.int32))
-        fp = _key_float(p_mid.to(tl.int32))
-        count = tl.zeros([BLOCK], dtype=tl.int32)
-        mass = tl.zeros([BLOCK], dtype=tl.float32)
-        for start in range(0, V, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf"))
-            s = tl.math.div_rn(x, t)
-            count += (s >= fk).to(tl.int32)
-            mass += tl.where(s > fp, tl.exp(s - M), 0.0)
-        k_ok = tl.sum(count, 0) >= k
-        k_lo = tl.where(k_ok, k_mid, k_lo)
-        k_hi = tl.where(k_ok, k_hi, k_mid)
-        p_ok = tl.sum(mass, 0) / Z < p
-        p_hi = tl.where(p_ok, p_mid, p_hi)
-        p_lo = tl.where(p_ok, p_lo, p_mid)
-    t_k = tl.where(k < V, _key_float(k_lo.to(tl.int32)), float("-inf"))
-    t_p = tl.where(p < 1.0, _key_float(p_hi.to(tl.int32)), float("-inf"))
-    return t_k, t_p
-
-
-@triton.jit
-def _pairwise_thresholds(val_ptr, v, live, n, k, p, M, Z, N: tl.constexpr, JB: tl.constexpr):
-    """Top-k and top-p thresholds of n candidates ([N] in v), straight from the definitions: a
-    token is in the top-k when fewer than k tokens are strictly greater, in the top-p when the
-    mass of strictly greater tokens is < p. Both sets are up-sets in value (the fp32 sums over
-    nested sets are monotone), so their smallest member is the threshold, with ties at it kept.
-    O(n * N) comparisons: for few candidates."""
-    rank = tl.zeros([N], dtype=tl.int32)
-    greater = tl.zeros([N], dtype=tl.float32)
-    for jb in range(0, n, JB):
-        rj = jb + tl.arange(0, JB)
-        vj = tl.load(val_ptr + rj, mask=rj < n, other=float("-inf"))
-        gt = vj[None, :] > v[:, None]  # [N, JB]
-        rank += tl.sum(gt.to(tl.int32), 1)
-        greater += tl.sum(tl.where(gt, (tl.exp(vj - M) / Z)[None, :], 0.0), 1)
-    t_k = tl.min(tl.where(live & (rank < k), v, float("inf")), 0)
-    # The max is always in the nucleus, even for a top_p that rounds to 0 in fp32.
-    t_p = tl.min(tl.where(live & ((greater < p) | (rank == 0)), v, float("inf")), 0)
-    return t_k, t_p
-
-
-@triton.jit
-def _bisect_thresholds(v, live, k, p, M, Z):
-    """The same thresholds by bisection over float keys, as the full-row path, with the candidates
-    ([N] in v) held in registers: 33 steps of two block sums, for many candidates."""
-    e = tl.where(live, tl.exp(v - M), 0.0)
-    k_lo = _float_key(tl.full([], float("-inf"), tl.float32)).to(tl.int64)
-    k_hi = _float_key(M).to(tl.int64) + 1
-    p_lo = k_lo
-    p_hi = _float_key(M).to(tl.int64)
-    for _ in range(33):
-        k_mid = k_lo + (k_hi - k_lo) // 2
-        p_mid = p_lo + (p_hi - p_lo) // 2
-        k_ok = tl.sum((live & (v >= _key_float(k_mid.to(tl.int32)))).to(tl.int32), 0) >= k
-        k_lo = tl.where(k_ok, k_mid, k_lo)
-        k_hi = tl.where(k_ok, k_hi, k_mid)
-        p_ok = tl.sum(tl.where(v > _key_float(p_mid.to(tl.int32)), e, 0.0), 0) / Z < p
-        p_hi = tl.where(p_ok, p_mid, p_hi)
-        p_lo = tl.where(p_ok, p_lo, p_mid)
-    return _key_float(k_lo.to(tl.int32)), _key_float(p_hi.to(tl.int32))
-
-
-@triton.jit
-def _draw_candidates(
-    val_ptr, idx_ptr, n, n_finite, k, p, t_m, M, Z, V, state, N: tl.constexpr, JB: tl.constexpr,
-):
-    """Thresholds and the draw over a row's n <= N candidates (every element above the cut);
-    thresholds pairwise in [N, JB] tiles, or by bisection when JB is 0."""
-    r = tl.arange(0, N)
-    live = r < n
-    v = tl.load(val_ptr + r, mask=live, other=float("-inf"))
-    ix = tl.load(idx_ptr + r, mask=live, other=0)
-    if JB > 0:
-        t_k, t_p = _pairwise_thresholds(val_ptr, v, live, n, k, p, M, Z, N, JB)
-    else:
-        t_k, t_p = _bisect_thresholds(v, live, k, p, M, Z)
-    # A filter whose boundary lies below the cut (fewer than k candidates; candidates holding less
-    # than p of the mass, so the first token below the cut is still in the nucleus) is looser than
-    # the filter that set the cut, and does not count.
-    t_k = tl.where((k < V) & (n >= k), t_k, float("-inf"))
-    cand_mass = tl.sum(tl.where(live, tl.exp(v - M) / Z, 0.0), 0)
-    boundary_inside = (cand_mass >= p) | (n == n_finite)
-    t_p = tl.where((p < 1.0) & boundary_inside, t_p, float("-inf"))
-    thr = tl.maximum(tl.maximum(t_k, t_p), t_m)
-    keep = live & (v >= thr)
-    score = tl.where(keep, v.to(tl.float64) + hash_gumbel(state, ix), float("-inf"))
-    best = tl.max(score, 0)
-    token = tl.min(tl.where(keep & (score == best), ix, V), 0).to(tl.int64)
-    lse_kept = M + tl.log(tl.sum(tl.where(keep, tl.exp(v - M), 0.0), 0))
-    return token, thr, lse_kept
 
 
 @triton.jit(do_not_specialize=["B"])
@@ -495,36 +303,6 @@ def _greedy_kernel(logits_ptr, stride, V, ids_ptr, invalid_ptr, BLOCK: tl.conste
     tl.store(invalid_ptr + row, invalid.to(tl.int8))
 
 
-# Compiled kernels by everything Triton specialises a launch on: Triton's own launch path binds
-# and re-specialises every argument on each call; here the key is one tuple of the arguments
-# (an eager decode step is host-bound at small batch).
-_COMPILED: dict[tuple, object] = {}
-
-
-def _spec(arg) -> object:
-    """What Triton specialises an argument on: a tensor's dtype and 16-byte alignment, an int's
-    value (covers == 1, divisibility by 16 and width), a constexpr's value."""
-    if isinstance(arg, torch.Tensor):
-        return arg.dtype, arg.data_ptr() % 16 == 0
-    return arg
-
-
-def _launch(kernel, grid: tuple, args: tuple, num_warps: int) -> None:
-    """kernel[grid](*args) with every argument positional, constexprs included (their order in the
-    signature); the first launch of a specialisation compiles through Triton, later ones call the
-    compiled kernel directly."""
-    device = args[0].device
-    if device.type == "cpu":  # the interpreter: warps mean nothing there, nothing is compiled
-        kernel[grid](*args)
-        return
-    key = (kernel, device, num_warps, *map(_spec, args))
-    compiled = _COMPILED.get(key)
-    if compiled is None:
-        _COMPILED[key] = kernel[grid](*args, num_warps=num_warps)
-    else:
-        compiled[grid + (1,) * (3 - len(grid))](*args)  # a compiled kernel takes all three grid dims
-
-
 # Scratch per device, grown to the largest batch seen and reused by every call: fewer allocations
 # and kernel arguments per step (a decode step's launch cost matters at small batch). Calls on a
 # device are ordered on one stream, as the sampler's are.
@@ -584,16 +362,17 @@ def sample_triton(
     temps = temperatures.reshape(B)
     stride = logits.stride(0)
     # Small chunk CTAs: several per SM overlap their loads (one 16-warp CTA per SM cannot).
-    _launch(_chunk_kernel, (B, nc), (logits, stride, temps, V, B, nc, fws, iws, CHUNK, BLOCK_SIZE, MAX_HOT, CAP), 4)
+    launch(_chunk_kernel, (B, nc), logits, stride, temps, V, B, nc, fws, iws, CHUNK, BLOCK_SIZE, MAX_HOT, CAP, num_warps=4)
     row_args = (logits, stride, temps, top_ks, top_ps, log_min_ps, seeds, positions, V, B, nc, fws, iws, ids, invalid, out)
     row_consts = (
         CHUNK, BLOCK_SIZE, 1 << (nc - 1).bit_length(), HOT_TILE, MAX_HOT, BOUND_RANGE, BOUND_STEPS, CAP, SMALL, MEDIUM,
         FULL_BLOCK,
     )
-    _launch(_row_kernel, (B,), row_args + row_consts, ROW_WARPS)
+    launch(_row_kernel, (B,), *row_args, *row_consts, num_warps=ROW_WARPS)
     full_consts = (CHUNK, BLOCK_SIZE, MAX_HOT, CAP)
-    _launch(_full_chunk_kernel, (B, nc), (logits, stride, temps, seeds, positions, V, B, nc, fws, iws, dws, out) + full_consts, 4)
-    _launch(_full_reduce_kernel, (B,), (ids, out, fws, iws, dws, V, B, nc, 1 << (nc - 1).bit_length()) + full_consts, 4)
+    launch(_full_chunk_kernel, (B, nc), logits, stride, temps, seeds, positions, V, B, nc, fws, iws, dws, out, *full_consts,
+           num_warps=4)
+    launch(_full_reduce_kernel, (B,), ids, out, fws, iws, dws, V, B, nc, 1 << (nc - 1).bit_length(), *full_consts, num_warps=4)
     # A bool view of the int8 flags costs no kernel, unlike .bool().
     return SampleResult(ids=ids, invalid=invalid.view(torch.bool), lse=out[0], lse_kept=out[1], threshold=out[2])
 
@@ -603,47 +382,5 @@ def greedy_triton(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     B, V = logits.shape
     ids = torch.empty(B, dtype=torch.int64, device=logits.device)
     invalid = torch.empty(B, dtype=torch.int8, device=logits.device)
-    _launch(_greedy_kernel, (B,), (logits, logits.stride(0), V, ids, invalid, FULL_BLOCK), 16)
+    launch(_greedy_kernel, (B,), logits, logits.stride(0), V, ids, invalid, FULL_BLOCK, num_warps=16)
     return ids, invalid.view(torch.bool)
-
-
-# ---------------------------------------------------------------------------------- references
-
-
-def sample_reference(
-    logits: torch.Tensor,
-    temperatures: torch.Tensor,
-    top_ks: torch.Tensor,
-    top_ps: torch.Tensor,
-    log_min_ps: torch.Tensor,
-    seeds: torch.Tensor,
-    positions: torch.Tensor,
-) -> SampleResult:
-    """The same function in plain torch: support.py's rule (min-p from log_min_ps, as the kernel
-    takes it) and its hash-Gumbel draw."""
-    B, V = logits.shape
-    scaled = logits / temperatures.reshape(B, 1)  # [B, V] float32
-    greedy_ids, invalid = greedy_reference(logits)
-    safe = torch.where(invalid.unsqueeze(1), torch.zeros_like(scaled), scaled)
-    support = compute_support(
-        safe, top_ks, top_ps, window=None, need_top_p=True, need_min_p=True, log_min_ps=log_min_ps
-    )
-    drawn = draw_seeded(safe, support, seeds, positions)
-    greedy = (top_ks <= 1).unsqueeze(1)  # [B, 1]; greedy rows keep everything
-    threshold = torch.where(greedy, torch.full_like(support.threshold, NEG_INF), support.threshold)  # [B, 1]
-    ids = torch.where(greedy.squeeze(1), greedy_ids, drawn)
-    ids = torch.where(invalid, torch.full_like(ids, -1), ids)
-    kept = torch.where(scaled >= threshold, scaled, torch.full_like(scaled, NEG_INF))
-    return SampleResult(
-        ids=ids,
-        invalid=invalid,
-        lse=torch.logsumexp(scaled, dim=-1),
-        lse_kept=torch.logsumexp(kept, dim=-1),
-        threshold=threshold.squeeze(1),
-    )
-
-
-def greedy_reference(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    invalid = ~torch.isfinite(logits.amax(dim=-1))  # [B] bool; amax propagates NaN
-    ids = torch.where(invalid, torch.full_like(invalid, -1, dtype=torch.int64), logits.argmax(dim=-1))
-    return ids, invalid

@@ -22,6 +22,7 @@ from sampling_utils import make_info  # noqa: E402
 from sgl_kernel_ext.sampling import logprobs as lp_kernels  # noqa: E402
 from sgl_kernel_ext.sampling import penalties as pen_kernels  # noqa: E402
 from sgl_kernel_ext.sampling import sample as sample_kernels  # noqa: E402
+from sgl_kernel_ext.sampling import sample_reference  # noqa: E402
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput  # noqa: E402
 from sglang.srt.layers.sampler import Sampler  # noqa: E402
 from sglang.srt.layers.sampler_fused import FusedStep  # noqa: E402
@@ -78,7 +79,7 @@ def _check_sample(logits, temps, ks, ps, log_min_ps, seed=0):
     positions = torch.arange(rows, dtype=torch.int64) + 100
     args = [t.to(DEVICE) for t in (logits, temps, ks, ps, log_min_ps, seeds, positions)]
     got = sample_kernels.sample_triton(*args)
-    want = sample_kernels.sample_reference(logits, temps, ks, ps, log_min_ps, seeds, positions)
+    want = sample_reference.sample_reference(logits, temps, ks, ps, log_min_ps, seeds, positions)
     assert torch.equal(got.invalid.cpu(), want.invalid)
     assert torch.equal(got.ids.cpu(), want.ids)
     ok = ~want.invalid
@@ -147,7 +148,7 @@ def test_greedy_matches_reference():
     logits = _rows(20000, seed=3)
     logits[7, 10:13] = 1e4  # a tie at the maximum: lowest id
     ids, invalid = sample_kernels.greedy_triton(logits.to(DEVICE))
-    want_ids, want_invalid = sample_kernels.greedy_reference(logits)
+    want_ids, want_invalid = sample_reference.greedy_reference(logits)
     assert torch.equal(ids.cpu(), want_ids) and torch.equal(invalid.cpu(), want_invalid)
     assert ids[7].item() == 10
 
