@@ -34,12 +34,16 @@ KNOBS = {
     # Batch-level processors: the copy answer repeats the prompt's trigrams, which this bans.
     "no_repeat_ngram": dict(temperature=0.0, no_repeat_ngram_size=3),
     "bad_words": dict(temperature=0.0, bad_words=["plums"]),
+    # Forced tokens leave the copy, so drafts are rejected after them: the watermark state keeps
+    # only the emitted positions' contexts (a short window makes contexts repeat).
+    "watermark": dict(temperature=1.0, sampling_seed=11, watermark={"key": "0123456789abcdef", "context_window": 2}),
+    "watermark_off": dict(temperature=1.0, sampling_seed=11),
 }
 
 
 def _engine(**kw):
     return sgl.Engine(log_level="warning", enable_deterministic_inference=True, max_running_requests=8,
-                      enable_custom_logit_processor=True, **kw)
+                      enable_custom_logit_processor=True, enable_watermark=True, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +137,12 @@ def test_spec_meta_info(engines):
     assert ngram["spec_verify_ct"] >= 1 and ngram["spec_draft_token_num"] >= ngram["spec_accept_token_num"] > 0
     assert ngram["spec_accept_length"] == ngram["completion_tokens"] / ngram["spec_verify_ct"] > 1.0
     assert ngram["spec_verify_ct"] < ngram["completion_tokens"]
+
+
+def test_the_watermark_forces_tokens_under_speculation(engines):
+    for answers in engines:
+        assert answers["watermark"]["output_ids"] != answers["watermark_off"]["output_ids"]
+    assert engines[1]["watermark"]["meta_info"]["spec_verify_ct"] < MAX_NEW
 
 
 def test_features_that_add_rows_are_refused_under_speculation(engines):

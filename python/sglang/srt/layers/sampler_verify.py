@@ -7,8 +7,11 @@ folded in (update_penalties with each draft column), the host prefix that gramma
 min_new_tokens hold-back and the processors read holds them (the request's output list and
 matcher are advanced over the drafts, then put back; the batch-level processors' instances are
 rebuilt from the host state at the next step, since their interface has no way back), and the
-seeded draw is keyed by the position of the row's input token there. Then draft dj is accepted iff it equals the token drawn
-at position j-1; the tokens emitted are the drawn ones up to and including the first mismatch
+seeded draw is keyed by the position of the row's input token there. A watermarked row's context
+at position j is its committed tail plus the tokens drawn at positions 0..j-1 (d1..dj wherever
+position j is emitted), and the contexts it forces are recorded as it goes; afterwards each
+request keeps the watermark state of the last position it emits. Then draft dj is accepted iff
+it equals the token drawn at position j-1; the tokens emitted are the drawn ones up to and including the first mismatch
 (or the bonus token after all k), so every emitted token is the target's own draw.
 
 The positions run one after the other over the whole batch (a loop over positions, never over
@@ -31,6 +34,7 @@ from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler_io import LogprobAsk, SampledRow
 from sglang.srt.layers.sampler_stages import apply_penalties_bias_and_mask, run_batch_processors
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.sampling.watermarking.state import WatermarkState
 from sglang.srt.utils import host_to_device
 
 
@@ -38,11 +42,13 @@ class DrawingSampler(Protocol):
     """What the verify uses of the Sampler: its draw from the custom processors on."""
 
     check_logits_processors: bool
+    watermark_state: Optional[WatermarkState]
 
     def forward(self, logits_output: LogitsProcessorOutput, sampling_info: SamplingBatchInfo, return_logprob: bool = False,
                 top_logprobs_nums: Optional[list[int]] = None,
                 token_ids_logprobs: Optional[list[Optional[list[int]]]] = None,
-                positions: Optional[torch.Tensor] = None, row_errors: Optional[dict[int, str]] = None) -> torch.Tensor: ...
+                positions: Optional[torch.Tensor] = None, row_errors: Optional[dict[int, str]] = None,
+                slots: Optional[torch.Tensor] = None) -> torch.Tensor: ...
 
 NO_DRAFT = -1  # a pad in the [B, K] draft matrix: update_penalties skips it, nothing equals it
 
@@ -84,6 +90,7 @@ def verify(sampler: DrawingSampler, inp: VerifyInput) -> VerifyOutput:
         drawn, logprobs, errors = _sample_all_positions(sampler, inp, row_index)
         return _accept(inp, drawn, drafts, logprobs, errors)
     host_prefix = _HostPrefix(inp) if _reads_host_prefix(inp.info) else None
+    watermark = _WatermarkPositions(sampler, inp) if inp.info.watermark is not None else None
     drawn, logprobs, errors = [], [], []
     try:
         for j in range(width + 1):
@@ -92,6 +99,8 @@ def verify(sampler: DrawingSampler, inp: VerifyInput) -> VerifyOutput:
                 if host_prefix is not None:
                     host_prefix.advance(j)
             ids, out, row_errors = _sample_position(sampler, inp, inp.logits.index_select(0, row_index[j]), j)
+            if watermark is not None:
+                watermark.record()
             drawn.append(ids)
             logprobs.append(out)
             errors.append(row_errors)
@@ -100,7 +109,7 @@ def verify(sampler: DrawingSampler, inp: VerifyInput) -> VerifyOutput:
             host_prefix.restore()
         if inp.info.logits_processors is not None:
             inp.info.logits_processors.reset()
-    return _accept(inp, torch.stack(drawn, dim=1), drafts, logprobs, errors)
+    return _accept(inp, torch.stack(drawn, dim=1), drafts, logprobs, errors, watermark)
 
 
 def _sample_position(
@@ -120,6 +129,7 @@ def _sample_position(
         token_ids_logprobs=[a.token_ids_logprob if a else None for a in inp.asks],
         positions=inp.positions + j,
         row_errors=row_errors,
+        slots=None if inp.token_store is None else inp.token_store[1],
     )
     return ids, out if return_logprob else None, dict(out.row_errors)
 
@@ -185,10 +195,13 @@ def _accept(
     drafts: torch.Tensor,
     logprobs: list[Optional[LogitsProcessorOutput]],
     errors: list[dict[int, str]],
+    watermark: Optional["_WatermarkPositions"] = None,
 ) -> VerifyOutput:
     """drawn [B, K+1]: accept the leading drafts equal to the token drawn before them."""
     match = (drawn[:, :-1] == drafts) & (drafts != NO_DRAFT)  # [B, K]
     accepted = match.to(torch.int64).cumprod(dim=1).sum(dim=1)  # [B]
+    if watermark is not None:
+        watermark.commit(accepted)
     if inp.token_store is not None:
         ids_out, slots = inp.token_store
         ids_out.index_copy_(0, slots, drawn.gather(1, accepted.unsqueeze(1)).squeeze(1))
@@ -231,3 +244,27 @@ class _HostPrefix:
             del row.output_ids[n:]
             if advanced:
                 row.grammar.rollback(advanced)
+
+
+class _WatermarkPositions:
+    """The watermark rows' state after each position of a verify; commit() keeps, per request,
+    the state after the last position it emits (its tail then ends with the emitted tokens, and
+    only the contexts of emitted positions count as forced)."""
+
+    def __init__(self, sampler: DrawingSampler, inp: VerifyInput) -> None:
+        if sampler.watermark_state is None or inp.token_store is None:
+            raise ValueError("watermark: this sampler has no watermark state (--enable-watermark) or no request slots.")
+        self.state = sampler.watermark_state
+        self.rows = inp.info.watermark.rows  # [W] int64 batch rows
+        self.slots = inp.token_store[1].index_select(0, self.rows)  # [W] int64 request slots
+        self.after: list[tuple[torch.Tensor, ...]] = []  # per position: (tails [W, H], lengths [W], counts [W])
+
+    def record(self) -> None:
+        self.after.append(self.state.snapshot(self.slots))
+
+    def commit(self, accepted: torch.Tensor) -> None:
+        """accepted [B] int64 (device): request i emits positions 0..accepted[i]."""
+        last = accepted.index_select(0, self.rows)  # [W]
+        columns = torch.arange(self.rows.shape[0], device=last.device)  # [W]
+        kept = tuple(torch.stack(parts)[last, columns] for parts in zip(*self.after))  # each [W, ...]
+        self.state.restore(self.slots, kept)

@@ -57,7 +57,6 @@ class RequestValidator:
         asked = {
             "beam_width": params.beam_width is not None and params.beam_width > 1,
             "guidance": params.guidance is not None,
-            "watermark": params.watermark is not None,
             "return_sampling_mask": bool(obj.return_sampling_mask),
             "return_entropy": bool(obj.return_entropy),
         }

@@ -133,6 +133,18 @@ class WatermarkState:
         self.history[slot, at] = torch.where(forced, ctx32, current)
         self.counts[slot] = counts + forced.to(torch.int64)
 
+    def snapshot(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The committed state of request slots `slots` ([W] int64): (tails [W, H], lengths [W],
+        counts [W]); the history past a slot's count is never read."""
+        return self.tails.index_select(0, slots), self.lengths.index_select(0, slots), self.counts.index_select(0, slots)
+
+    def restore(self, slots: torch.Tensor, snapshot: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+        """Set slots `slots` back to `snapshot` (from snapshot()): contexts recorded since are forgotten."""
+        tails, lengths, counts = snapshot
+        self.tails.index_copy_(0, slots, tails)
+        self.lengths.index_copy_(0, slots, lengths)
+        self.counts.index_copy_(0, slots, counts)
+
     def append(self, info: SamplingBatchInfo, slots: torch.Tensor, next_ids: torch.Tensor) -> None:
         """Push each watermark row's sampled id ([B] int64) onto its slot's context tail."""
         rows = info.watermark.rows
