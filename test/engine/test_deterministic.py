@@ -67,6 +67,8 @@ def test_pointwise_rows_do_not_depend_on_the_batch(fn, shape: tuple[int, ...]) -
             assert batched.shape == x[:rows].shape
             for at in range(rows):
                 assert torch.equal(batched[at], alone[at]), (rows, at)
+        assert pointwise(fn, x[:0]).shape == x[:0].shape
+        assert pointwise(fn, x[:5]).is_contiguous()
     torch.testing.assert_close(torch.stack(alone), fn(x), rtol=1e-6, atol=1e-6)
 
 

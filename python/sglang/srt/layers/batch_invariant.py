@@ -59,14 +59,14 @@ def row_blocked(matmul: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor)
 
 
 def pointwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """fn(x) for an elementwise fn and x [N, ...]. In batch-invariant mode on the CPU, x's rows
-    are flattened, zero-padded to a multiple of VECTOR_COLUMNS, and fn runs on blocks of whole rows
-    (one thread's worth, or one row), so every element takes the same path whatever N is."""
-    if not _active or x.device.type != "cpu":
+    """fn(x) for an elementwise fn and x [N, ...], contiguous. In batch-invariant mode on the CPU,
+    x's rows are flattened, zero-padded to a multiple of VECTOR_COLUMNS, and fn runs on blocks of
+    whole rows (one thread's worth, or one row), so every element takes the same path whatever N is."""
+    if not _active or x.device.type != "cpu" or x.numel() == 0:
         return fn(x)
     flat = x.reshape(x.shape[0], -1)  # [N, C]
     columns = flat.shape[1]
     padded = F.pad(flat, (0, -columns % VECTOR_COLUMNS))  # [N, C + pad]
     rows = max(1, POINTWISE_ELEMENTS // padded.shape[1])
     out = torch.cat([fn(block) for block in padded.split(rows)])  # [N, C + pad]
-    return out[:, :columns].reshape(x.shape)
+    return out[:, :columns].contiguous().view(x.shape)

@@ -49,8 +49,9 @@ class RequestValidator:
         return input_ids, params
 
     def check_speculation(self, obj: GenerateReqInput, params: SamplingParams) -> None:
-        """Speculative verify steps draw plain decode rows: the features that add rows (beams, a
-        guide context) or change the draw or its report are refused under speculation."""
+        """Speculative verify steps sample plain decode rows: the features that add rows (beams, a
+        guide context) or report on the sampling support (sampling masks, entropy) are refused
+        under speculation."""
         algorithm = getattr(self.server_args, "speculative_algorithm", None)
         if not algorithm:
             return

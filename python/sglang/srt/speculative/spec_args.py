@@ -79,16 +79,22 @@ def resolve_speculative_args(args: Any) -> None:
     _resolve_widths(args, algorithm)
     if args.speculative_disable_batch_size is None:
         args.speculative_disable_batch_size = DEFAULT_DISABLE_BATCH_SIZE
-    if args.speculative_ngram_min_match_window_size is None:
-        args.speculative_ngram_min_match_window_size = NGRAM_CPU_MIN_MATCH if args.device == "cpu" else NGRAM_MIN_MATCH
-    for name in ("speculative_num_steps", "speculative_ngram_max_trie_depth", "speculative_disable_batch_size",
-                 "speculative_ngram_min_match_window_size"):
+    for name in ("speculative_num_steps", "speculative_ngram_max_trie_depth", "speculative_disable_batch_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}.")
-    if args.speculative_ngram_min_match_window_size > args.speculative_ngram_max_trie_depth:
+    if algorithm == "NGRAM":
+        _resolve_min_match(args)
+
+
+def _resolve_min_match(args: Any) -> None:
+    """NGRAM's shortest drafting match: the device's default within the window, or the flag's value."""
+    depth, min_match = args.speculative_ngram_max_trie_depth, args.speculative_ngram_min_match_window_size
+    if min_match is None:
+        args.speculative_ngram_min_match_window_size = min(NGRAM_CPU_MIN_MATCH if args.device == "cpu" else NGRAM_MIN_MATCH, depth)
+    elif not 1 <= min_match <= depth:
         raise ValueError(
-            f"--speculative-ngram-min-match-window-size {args.speculative_ngram_min_match_window_size} exceeds "
-            f"--speculative-ngram-max-trie-depth {args.speculative_ngram_max_trie_depth}."
+            f"--speculative-ngram-min-match-window-size {min_match} must be from 1 to "
+            f"--speculative-ngram-max-trie-depth {depth}."
         )
 
 
