@@ -106,3 +106,8 @@ def test_partial_rotary_leaves_the_rest_of_each_head() -> None:
     torch.testing.assert_close(out[..., HEAD_DIM // 2 :], x[..., HEAD_DIM // 2 :], atol=0, rtol=0)
     full = apply_rotary_emb(x[..., : HEAD_DIM // 2].contiguous(), cos, signed_sin)
     torch.testing.assert_close(out[..., : HEAD_DIM // 2], full, atol=0, rtol=0)
+
+
+def test_an_odd_rotary_width_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match=r"rotary width \(head_dim x partial_rotary_factor\) is 3"):
+        RotaryEmbedding(3, 64, 10000.0)

@@ -136,6 +136,11 @@ class RotaryEmbedding(nn.Module):
         scaling: Optional[dict[str, Any]] = None,
     ) -> None:
         super().__init__()
+        if rotary_dim % 2:
+            raise ValueError(
+                f"The rotary width (head_dim x partial_rotary_factor) is {rotary_dim}: RoPE rotates pairs of "
+                "dimensions, so it must be even."
+            )
         self.rotary_dim, self.half, self.base = rotary_dim, rotary_dim // 2, base
         self.scaling = scaling or {}
         self.rope_type = self.scaling.get("rope_type", "default")
