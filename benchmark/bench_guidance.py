@@ -49,21 +49,30 @@ def prompts(n: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(100, 20000) for _ in range(PROMPT_LEN)] for _ in range(n)]
 
 
-def run_batch(url: str, mains: list[list[int]], guides: list[list[int]], mode: str, new_tokens: int) -> tuple[float, list]:
-    """(wall seconds, each request's output ids) of one batch sent at once."""
-    def one(i: int) -> list[int]:
-        params = {"temperature": 0.0, "max_new_tokens": new_tokens, "ignore_eos": True}
-        if MODES[mode] is not None:
-            params["guidance"] = {**MODES[mode], "input_ids": guides[i]}
-        response = requests.post(url + "/generate", json={"input_ids": mains[i], "sampling_params": params}, timeout=3600)
+def post_batch(url: str, bodies: list[dict]) -> tuple[float, list]:
+    """(wall seconds, each request's output ids) of /generate `bodies` sent at once."""
+    def one(body: dict) -> list[int]:
+        response = requests.post(url + "/generate", json=body, timeout=3600)
         response.raise_for_status()
         return response.json()["output_ids"]
 
     start = time.perf_counter()
-    with ThreadPoolExecutor(len(mains)) as pool:
-        produced = list(pool.map(one, range(len(mains))))
-    assert all(len(ids) == new_tokens for ids in produced), [len(ids) for ids in produced]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        produced = list(pool.map(one, bodies))
     return time.perf_counter() - start, produced
+
+
+def run_batch(url: str, mains: list[list[int]], guides: list[list[int]], mode: str, new_tokens: int) -> tuple[float, list]:
+    """(wall seconds, each request's output ids) of one batch sent at once."""
+    bodies = []
+    for main_ids, guide_ids in zip(mains, guides):
+        params = {"temperature": 0.0, "max_new_tokens": new_tokens, "ignore_eos": True}
+        if MODES[mode] is not None:
+            params["guidance"] = {**MODES[mode], "input_ids": guide_ids}
+        bodies.append({"input_ids": main_ids, "sampling_params": params})
+    wall, produced = post_batch(url, bodies)
+    assert all(len(ids) == new_tokens for ids in produced), [len(ids) for ids in produced]
+    return wall, produced
 
 
 def main() -> None:

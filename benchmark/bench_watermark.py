@@ -11,6 +11,7 @@ forward time).
 Usage:
   python benchmark/bench_watermark.py --threads 1        # CPU: N 16, V 49152
   python benchmark/bench_watermark.py --device cuda      # N 64, V 151936, CUDA events
+  python benchmark/bench_watermark.py --device cuda --profile   # and each contender's kernels
 """
 
 from __future__ import annotations
@@ -87,6 +88,21 @@ def run(n: int, vocab: int, device: torch.device, steps: int, warmup: int, param
             "overhead_ms": medians["watermark"] - medians["plain"]}
 
 
+def profile(n: int, vocab: int, device: torch.device, params: dict, steps: int = 5) -> None:
+    """Print each contender's kernels by device time over `steps` steps (torch.profiler)."""
+    base = torch.randn(n, vocab, generator=torch.Generator().manual_seed(0)).to(device)
+    sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    for watermark in (False, True):
+        step = _contender(n, vocab, device, watermark, params)
+        for _ in range(2):
+            _time(step, base, device)
+        with torch.profiler.profile() as prof:
+            for _ in range(steps):
+                _time(step, base, device)
+        print(f"--- profile N={n} {json.dumps(params)} {'watermark' if watermark else 'plain'}, {steps} steps")
+        print(prof.key_averages().table(sort_by=sort_by, row_limit=20))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -96,6 +112,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's).")
     parser.add_argument("--out", default=None, help="Write the results as JSON here.")
+    parser.add_argument("--profile", action="store_true", help="Also print each contender's kernels (torch.profiler).")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -109,6 +126,9 @@ def main() -> None:
         m = r["median_ms"]
         print(f"N={r['n']:4d} V={r['vocab']} {json.dumps(r['params'])}: plain {m['plain']:.3f} ms, "
               f"watermark {m['watermark']:.3f} ms, overhead {r['overhead_ms']:+.3f} ms per step")
+    if args.profile:
+        for case in cases:
+            profile(sizes[0], vocab, device, case)
     record = {"device": torch.cuda.get_device_name(device) if cuda else platform.processor() or platform.machine(),
               "torch": torch.__version__, "argv": sys.argv[1:], "results": results}
     if args.out:

@@ -10,8 +10,11 @@
 #             benchmark/gpu_sampling_graph_check.py --guidance (the server's guided and unguided
 #             tokens with decode + sampling graphs equal --disable-cuda-graph's), then
 #             bench_guidance.py at N=64 with the triton backend (guided steps no longer sample eagerly)
+#   kl      - the kl_symmetry alpha kernel against its torch reference natively
+#             (test/kernels/test_kl_alpha_triton.py) and the guided graph tests, then bench_guidance.py
+#             at N=64 with the default (triton) sampling backend
 # Run through the device tool from the repo root with carry [".carry_engine"] (benchmark/make_engine_carry.sh):
-#   bash benchmark/gpu_guidance_check.sh [bench|graph]
+#   bash benchmark/gpu_guidance_check.sh [bench|graph|kl]
 # Everything printed also goes to $OUT/gpu_guidance[_graph].txt; records in $OUT/guidance/.
 set -uo pipefail
 phase=${1:-bench}
@@ -27,7 +30,11 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 git log -1 --format='commit %h %s' 2>/dev/null || true
 CKPT=/tmp/qwen3-0.6b
 [ -f "$CKPT/config.json" ] || python3 benchmark/random_checkpoint.py "$CKPT" --tokenizer .carry_engine/tokenizer
-if [ "$phase" = graph ]; then
+if [ "$phase" = kl ]; then
+  timeout 200 python3 -m pytest -q -p no:cacheprovider test/kernels/test_kl_alpha_triton.py test/sampling/test_guidance.py \
+    test/sampling/test_guidance_graph.py
+  timeout 300 python3 benchmark/bench_guidance.py --n 64 --max-new-tokens 256 --tag gpu_n64_kl_kernel -- --model-path "$CKPT"
+elif [ "$phase" = graph ]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider test/sampling/test_sampling_graph.py test/sampling/test_guidance_graph.py
   timeout 400 python3 benchmark/gpu_sampling_graph_check.py --guidance --out-dir "$OUT/sampling_graph_guided"
   timeout 240 python3 benchmark/bench_guidance.py --n 64 --max-new-tokens 256 --tag gpu_n64_triton_graph \
