@@ -39,11 +39,11 @@ class _Row:
     rid, origin_input_ids, output_ids, logprob, grammar, sampling_report = "r", [1, 2, 3], [], None, None, None
 
 
-def _contender(n: int, vocab: int, device: torch.device, watermark: bool, params: dict):
+def _contender(n: int, vocab: int, device: torch.device, watermark: bool, params: dict, backend: str):
     wm = {"key": "0123456789abcdef", "context_window": 4} if watermark else None
     rows = [RowSpec(params=SamplingParams(**params, watermark=wm)) for _ in range(n)]
     info = SamplingBatchInfo(rows=rows, vocab_size=vocab, device=device)
-    sampler = Sampler("pytorch", generator=torch.Generator(device=device).manual_seed(0), device=device)
+    sampler = Sampler(backend, generator=torch.Generator(device=device).manual_seed(0), device=device)
     slots = torch.arange(n, device=device)
     if watermark:
         sampler.watermark_state = WatermarkState(WatermarkSettings(), n, 8192, device)
@@ -73,9 +73,9 @@ def _time(step, base: torch.Tensor, device: torch.device) -> float:
     return (time.process_time() - t0) * 1e3
 
 
-def run(n: int, vocab: int, device: torch.device, steps: int, warmup: int, params: dict) -> dict:
+def run(n: int, vocab: int, device: torch.device, steps: int, warmup: int, params: dict, backend: str) -> dict:
     base = torch.randn(n, vocab, generator=torch.Generator().manual_seed(0)).to(device)
-    contenders = {"plain": _contender(n, vocab, device, False, params), "watermark": _contender(n, vocab, device, True, params)}
+    contenders = {name: _contender(n, vocab, device, name == "watermark", params, backend) for name in ("plain", "watermark")}
     times: dict[str, list[float]] = {name: [] for name in contenders}
     for i in range(warmup + steps):
         order = list(contenders) if i % 2 == 0 else list(contenders)[::-1]
@@ -84,16 +84,16 @@ def run(n: int, vocab: int, device: torch.device, steps: int, warmup: int, param
             if i >= warmup:
                 times[name].append(ms)
     medians = {name: statistics.median(v) for name, v in times.items()}
-    return {"n": n, "vocab": vocab, "params": params, "median_ms": medians,
+    return {"n": n, "vocab": vocab, "params": params, "backend": backend, "median_ms": medians,
             "overhead_ms": medians["watermark"] - medians["plain"]}
 
 
-def profile(n: int, vocab: int, device: torch.device, params: dict, steps: int = 5) -> None:
+def profile(n: int, vocab: int, device: torch.device, params: dict, backend: str, steps: int = 5) -> None:
     """Print each contender's kernels by device time over `steps` steps (torch.profiler)."""
     base = torch.randn(n, vocab, generator=torch.Generator().manual_seed(0)).to(device)
     sort_by = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     for watermark in (False, True):
-        step = _contender(n, vocab, device, watermark, params)
+        step = _contender(n, vocab, device, watermark, params, backend)
         for _ in range(2):
             _time(step, base, device)
         with torch.profiler.profile() as prof:
@@ -111,6 +111,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's).")
+    parser.add_argument("--backend", default=None, help="Sampling backend (default: the server's, triton on CUDA).")
     parser.add_argument("--out", default=None, help="Write the results as JSON here.")
     parser.add_argument("--profile", action="store_true", help="Also print each contender's kernels (torch.profiler).")
     args = parser.parse_args()
@@ -120,15 +121,16 @@ def main() -> None:
     cuda = device.type == "cuda"
     sizes = args.n or ([64] if cuda else [16])
     vocab = args.vocab or (151936 if cuda else 49152)
+    backend = args.backend or ("triton" if cuda else "pytorch")
     cases = [{"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9, "top_k": 50}]
-    results = [run(n, vocab, device, args.steps, args.warmup, case) for n in sizes for case in cases]
+    results = [run(n, vocab, device, args.steps, args.warmup, case, backend) for n in sizes for case in cases]
     for r in results:
         m = r["median_ms"]
-        print(f"N={r['n']:4d} V={r['vocab']} {json.dumps(r['params'])}: plain {m['plain']:.3f} ms, "
+        print(f"N={r['n']:4d} V={r['vocab']} {backend} {json.dumps(r['params'])}: plain {m['plain']:.3f} ms, "
               f"watermark {m['watermark']:.3f} ms, overhead {r['overhead_ms']:+.3f} ms per step")
     if args.profile:
         for case in cases:
-            profile(sizes[0], vocab, device, case)
+            profile(sizes[0], vocab, device, case, backend)
     record = {"device": torch.cuda.get_device_name(device) if cuda else platform.processor() or platform.machine(),
               "torch": torch.__version__, "argv": sys.argv[1:], "results": results}
     if args.out:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Watermarking (issue 38) on one GPU: the Triton kernels against their torch references natively
-# (test/kernels/test_watermark_triton.py) and the sampler's CUDA suite, then bench_watermark.py
+# (test/kernels/test_watermark_triton.py), the sampler's CUDA suite and the sampling graphs (watermarked
+# variant captured and replayed against the eager triton step), then bench_watermark.py
 # (the sampler step alone at N=64, V=151936, with each contender's kernels profiled), then
 # bench_watermark_serving.py (whole serving at N=64 on a Qwen3-0.6B-shaped random checkpoint,
 # plain against watermarked; the target is at most 5% overhead).
@@ -18,7 +19,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 git log -1 --format='commit %h %s' 2>/dev/null || true
 CKPT=/tmp/qwen3-0.6b
 [ -f "$CKPT/config.json" ] || python3 benchmark/random_checkpoint.py "$CKPT" --tokenizer .carry_engine/tokenizer
-timeout 200 python3 -m pytest -q -p no:cacheprovider test/kernels/test_watermark_triton.py test/gpu/test_sampler_cuda.py
+timeout 200 python3 -m pytest -q -p no:cacheprovider test/kernels/test_watermark_triton.py test/gpu/test_sampler_cuda.py \
+  test/sampling/test_sampling_graph.py
 timeout 120 python3 benchmark/bench_watermark.py --device cuda --n 64 --profile --out "$OUT/watermark/bench_watermark_gpu.json"
 timeout 300 python3 benchmark/bench_watermark_serving.py --n 64 --max-new-tokens 256 --tag serving_gpu_n64 \
   -- --model-path "$CKPT"

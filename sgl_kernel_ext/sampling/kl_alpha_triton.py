@@ -18,6 +18,7 @@ from sgl_kernel_ext.sampling.kl_alpha_reference import KL_BISECTION_STEPS
 from sgl_kernel_ext.triton_launch import launch
 
 BLOCK = 2048
+NUM_WARPS = 8
 _NEG_INF = tl.constexpr(float("-inf"))
 
 
@@ -62,12 +63,12 @@ def _kl_alpha_kernel(lc_ptr, diff_ptr, stride, out_ptr, V, STEPS: tl.constexpr, 
     tl.store(out_ptr + row, (lo + hi) * 0.5)
 
 
-def kl_alpha_triton(lc: torch.Tensor, diff: torch.Tensor) -> torch.Tensor:
+def kl_alpha_triton(lc: torch.Tensor, diff: torch.Tensor, block: int = BLOCK, num_warps: int = NUM_WARPS) -> torch.Tensor:
     """What kl_alpha_reference computes: [K, 1] float32 alphas of rows `lc`, `diff` ([K, V]
-    float32)."""
+    float32). `block` / `num_warps`: the tile (benchmark/bench_kl_alpha.py sweeps them)."""
     K, V = lc.shape
     lc, diff = lc.contiguous(), diff.contiguous()
     out = torch.empty(K, 1, dtype=torch.float32, device=lc.device)
     if K > 0:
-        launch(_kl_alpha_kernel, (K,), lc, diff, lc.stride(0), out, V, STEPS=KL_BISECTION_STEPS, BLOCK=BLOCK, num_warps=8)
+        launch(_kl_alpha_kernel, (K,), lc, diff, lc.stride(0), out, V, STEPS=KL_BISECTION_STEPS, BLOCK=block, num_warps=num_warps)
     return out

@@ -51,6 +51,10 @@ if os.environ.get("TRITON_INTERPRET") == "1":
         u = 1.0 + x64
         return tl.where(u == 1.0, x64, tl.log(u) * x64 / (u - 1.0)).to(tl.float32)
 
+    @triton.jit
+    def _exp(x):
+        return tl.exp(x.to(tl.float64)).to(tl.float32)
+
 else:
 
     @triton.jit
@@ -61,10 +65,20 @@ else:
     def _log1p(x):
         return libdevice.log1p(x)  # __nv_log1pf: torch's CUDA log1p
 
+    @triton.jit
+    def _exp(x):
+        return libdevice.exp(x)  # __nv_expf: torch's CUDA exp
 
-@triton.jit(do_not_specialize=["vocab", "width", "key_b", "threshold"])
+
+@triton.jit(do_not_specialize=["vocab", "stride", "width", "key_b", "threshold"])
 def _watermark_select_kernel(
-    probs_ptr,  # [W, vocab] float32, contiguous: each row's probabilities after every filter
+    src_ptr,  # float32 rows of `stride`: each row's probabilities after every filter [W, V], or (FROM_STATS) the
+    #           batch's processed logits [B, V], whose probabilities come from the sampler's row statistics
+    rows_ptr,  # [W] int64 (FROM_STATS): each row's batch row
+    temps_ptr,  # [B] float32 (FROM_STATS): each batch row's temperature
+    thr_ptr,  # [B] float32 (FROM_STATS): the sampler's support threshold over logits / temperature
+    lse_ptr,  # [B] float32 (FROM_STATS): the logsumexp of logits / temperature over the support
+    active_ptr,  # [W] bool (HAS_ACTIVE): rows that are watermarked (others pick nothing)
     slots_ptr,  # [W] int64: each row's request slot
     tails_ptr,  # [R, width] int64, contiguous: each slot's last tokens, right-aligned, oldest first
     state_lengths_ptr,  # [R] int64: each slot's tokens in its tail
@@ -72,11 +86,15 @@ def _watermark_select_kernel(
     keys_ptr,  # [W] int64: each row's key A
     best_score_ptr,  # [W, splits] float32 out
     best_id_ptr,  # [W, splits] int32 out
+    best_p_ptr,  # [W, splits] float32 out: the split's largest probability
     ctx_ptr,  # [W] int64 out: each row's context hash in [0, 2**32)
     vocab,
+    stride,
     width,
     key_b,
     threshold,
+    FROM_STATS: tl.constexpr,
+    HAS_ACTIVE: tl.constexpr,
     HAS_KEY_B: tl.constexpr,
     BLOCK: tl.constexpr,
     SPLIT_BLOCKS: tl.constexpr,
@@ -84,7 +102,10 @@ def _watermark_select_kernel(
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
-    slot = tl.load(slots_ptr + row)
+    blocks = SPLIT_BLOCKS
+    if HAS_ACTIVE:
+        blocks = tl.where(tl.load(active_ptr + row), SPLIT_BLOCKS, 0)
+    slot = tl.where(blocks > 0, tl.load(slots_ptr + row), 0)  # an inactive row's slot may be padding
     length = tl.minimum(tl.load(state_lengths_ptr + slot), tl.load(windows_ptr + row))
     ctx = tl.zeros([], dtype=tl.uint32)
     for col in range(0, width):
@@ -103,13 +124,27 @@ def _watermark_select_kernel(
     if split == 0:
         tl.store(ctx_ptr + row, ctx64)
 
+    src_row = row
+    if FROM_STATS:
+        src_row = tl.load(rows_ptr + row)
+        temperature = tl.load(temps_ptr + src_row)
+        support_threshold = tl.load(thr_ptr + src_row)
+        lse = tl.load(lse_ptr + src_row)
     best = tl.full([], float("-inf"), dtype=tl.float32)
     best_id = tl.zeros([], dtype=tl.int32)
+    best_p = tl.zeros([], dtype=tl.float32)
     start = split * (SPLIT_BLOCKS * BLOCK)
-    for block in range(0, SPLIT_BLOCKS):
+    for block in range(0, blocks):
         cols = start + block * BLOCK + tl.arange(0, BLOCK)  # [BLOCK] int32
-        probs = tl.load(probs_ptr + row * vocab + cols, mask=cols < vocab, other=0.0)  # [BLOCK]
-        if tl.max(probs, axis=0) > 0:
+        if FROM_STATS:
+            x = tl.load(src_ptr + src_row * stride + cols, mask=cols < vocab, other=float("-inf"))  # [BLOCK]
+            scaled = tl.math.div_rn(x, temperature)
+            probs = tl.where(scaled >= support_threshold, _exp(scaled - lse), 0.0)
+        else:
+            probs = tl.load(src_ptr + src_row * stride + cols, mask=cols < vocab, other=0.0)  # [BLOCK]
+        block_p = tl.max(probs, axis=0)
+        best_p = tl.maximum(best_p, block_p)
+        if block_p > 0:
             hashed = column_hash(state, cols)  # [BLOCK] uint32
             lower = _log((hashed.to(tl.float32) + 0.5) * _INV_TWO_32)
             upper = _log1p(-(((~hashed).to(tl.float32) + 0.5) * _INV_TWO_32))  # ~h = 2**32 - 1 - h
@@ -123,6 +158,7 @@ def _watermark_select_kernel(
             best = tl.where(better, top, best)
     tl.store(best_score_ptr + row * splits + split, best)
     tl.store(best_id_ptr + row * splits + split, best_id)
+    tl.store(best_p_ptr + row * splits + split, best_p)
 
 
 def watermark_select_triton(
@@ -134,33 +170,76 @@ def watermark_select_triton(
     keys: torch.Tensor,
     key_b: Optional[int],
     threshold: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token [W] int64, context hash [W] int64) of each watermark row: argmax_t log(u_t) / p_t
-    over `probs` ([W, V] float32, contiguous; 0 outside the support). The row's context is the
-    last min(state_lengths[slot], windows[row]) columns of tails[slot] ([R, H] int64)."""
-    rows, vocab = probs.shape
-    if not (probs.dtype == torch.float32 and probs.is_contiguous() and tails.dtype == torch.int64 and tails.is_contiguous()):
-        raise ValueError("watermark_select_triton takes contiguous float32 probs [W, V] and int64 tails [R, H].")
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(token [W] int64, context hash [W] int64, largest probability [W] float32) of each watermark
+    row: argmax_t log(u_t) / p_t over `probs` ([W, V] float32, contiguous; 0 outside the support).
+    The row's context is the last min(state_lengths[slot], windows[row]) columns of tails[slot]
+    ([R, H] int64)."""
+    if not (probs.dtype == torch.float32 and probs.is_contiguous()):
+        raise ValueError("watermark_select_triton takes contiguous float32 probs [W, V].")
+    return _select(probs, None, None, None, None, None, slots, tails, state_lengths, windows, keys, key_b, threshold)
+
+
+def watermark_select_stats_triton(
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    temperatures: torch.Tensor,
+    support_threshold: torch.Tensor,
+    lse_kept: torch.Tensor,
+    active: Optional[torch.Tensor],
+    slots: torch.Tensor,
+    tails: torch.Tensor,
+    state_lengths: torch.Tensor,
+    windows: torch.Tensor,
+    keys: torch.Tensor,
+    key_b: Optional[int],
+    threshold: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """watermark_select_triton over the probabilities the sampler's row statistics define, never
+    materialised: for watermark row w on batch row b = rows[w] of the processed `logits` ([B, V]
+    float32, unit column stride), p_t = exp(s_t - lse_kept[b]) where s_t = logits[b, t] /
+    temperatures[b] >= support_threshold[b], else 0 (temperatures, support_threshold, lse_kept:
+    [B] float32, as the sampling kernel returns them). `active` ([W] bool, or None: every row):
+    inactive rows pick nothing, and their slots are never read."""
+    if not (logits.dtype == torch.float32 and logits.stride(1) == 1):
+        raise ValueError("watermark_select_stats_triton takes float32 logits [B, V] with unit column stride.")
+    return _select(logits, rows, temperatures.reshape(-1), support_threshold, lse_kept, active, slots, tails,
+                   state_lengths, windows, keys, key_b, threshold)
+
+
+def _select(
+    src, rows, temperatures, support_threshold, lse_kept, active, slots, tails, state_lengths, windows, keys, key_b, threshold,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if not (tails.dtype == torch.int64 and tails.is_contiguous()):
+        raise ValueError("the watermark kernels take contiguous int64 tails [R, H].")
+    count, vocab = keys.shape[0], src.shape[1]
     splits = triton.cdiv(vocab, BLOCK * SPLIT_BLOCKS)
-    best_score = torch.empty((rows, splits), dtype=torch.float32, device=probs.device)  # [W, S]
-    best_id = torch.empty((rows, splits), dtype=torch.int32, device=probs.device)  # [W, S]
-    ctx = torch.empty(rows, dtype=torch.int64, device=probs.device)  # [W]
-    if rows == 0:
-        return torch.empty_like(ctx), ctx
+    best_score = torch.empty((count, splits), dtype=torch.float32, device=src.device)  # [W, S]
+    best_id = torch.empty((count, splits), dtype=torch.int32, device=src.device)  # [W, S]
+    best_p = torch.empty((count, splits), dtype=torch.float32, device=src.device)  # [W, S]
+    ctx = torch.empty(count, dtype=torch.int64, device=src.device)  # [W]
+    if count == 0:
+        return torch.empty_like(ctx), ctx, best_p[:, 0]
+    from_stats = rows is not None
+    if not from_stats:  # placeholders of the FROM_STATS pointers, never read
+        rows, temperatures, support_threshold, lse_kept = src, src, src, src
     launch(
-        _watermark_select_kernel, (rows, splits),
-        probs, slots, tails, state_lengths, windows, keys, best_score, best_id, ctx,
-        vocab, tails.shape[1], 0 if key_b is None else key_b, threshold,
-        HAS_KEY_B=key_b is not None, BLOCK=BLOCK, SPLIT_BLOCKS=SPLIT_BLOCKS, num_warps=4,
+        _watermark_select_kernel, (count, splits),
+        src, rows, temperatures, support_threshold, lse_kept,
+        keys if active is None else active, slots, tails, state_lengths, windows, keys, best_score, best_id, best_p, ctx,
+        vocab, src.stride(0), tails.shape[1], 0 if key_b is None else key_b, threshold,
+        FROM_STATS=from_stats, HAS_ACTIVE=active is not None, HAS_KEY_B=key_b is not None,
+        BLOCK=BLOCK, SPLIT_BLOCKS=SPLIT_BLOCKS, num_warps=4,
     )
     # torch.argmax returns the first maximum: the lowest split, so the lowest id among ties.
     chosen = best_id.gather(1, best_score.argmax(dim=1, keepdim=True)).squeeze(1).to(torch.int64)  # [W]
-    return chosen, ctx
+    return chosen, ctx, best_p.amax(dim=1)
 
 
 @triton.jit(do_not_specialize=["capacity", "max_probability"])
 def _watermark_admit_kernel(
     rows_ptr,  # [W] int64: each watermark row's batch row
+    active_ptr,  # [W] bool (HAS_ACTIVE): rows that are watermarked (others are never admitted)
     slots_ptr,  # [B] int64: each batch row's request slot
     chosen_ptr,  # [W] int64: the selected token
     ctx_ptr,  # [W] int64: the context hash in [0, 2**32)
@@ -172,20 +251,24 @@ def _watermark_admit_kernel(
     forced_ptr,  # [B] int64, -1 on entry: the forced token where the row is admitted
     capacity,
     max_probability,
+    HAS_ACTIVE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     w = tl.program_id(0)
     row = tl.load(rows_ptr + w)
-    slot = tl.load(slots_ptr + row)
+    live = tl.full([], 1, tl.int1)
+    if HAS_ACTIVE:
+        live = tl.load(active_ptr + w)
+    slot = tl.where(live, tl.load(slots_ptr + row), 0)  # an inactive row's slot may be padding
     ctx = tl.load(ctx_ptr + w).to(tl.uint32).to(tl.int32, bitcast=True)
-    count = tl.load(counts_ptr + slot).to(tl.int32)  # <= capacity <= 4096
+    count = tl.where(live, tl.load(counts_ptr + slot).to(tl.int32), 0)  # <= capacity <= 4096
     seen = tl.zeros([], dtype=tl.int32)
     for start in range(0, count, BLOCK):
         pos = start + tl.arange(0, BLOCK)
         recorded = tl.load(history_ptr + slot * capacity + pos, mask=pos < count, other=0)  # [BLOCK]
         seen += tl.sum(((recorded == ctx) & (pos < count)).to(tl.int32), axis=0)
     length = tl.minimum(tl.load(state_lengths_ptr + slot), tl.load(windows_ptr + w))
-    admitted = (length > 0) & (seen == 0) & (count < capacity) & (tl.load(row_max_ptr + w) <= max_probability)
+    admitted = live & (length > 0) & (seen == 0) & (count < capacity) & (tl.load(row_max_ptr + w) <= max_probability)
     if admitted:
         tl.store(history_ptr + slot * capacity + count, ctx)
         tl.store(counts_ptr + slot, count + 1)
@@ -204,16 +287,18 @@ def watermark_admit_triton(
     counts: torch.Tensor,
     batch_size: int,
     max_probability: float,
+    active: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """[B] int64: chosen[w] on each admitted watermark row, -1 elsewhere. A row is admitted when its
     context is non-empty, not in its slot's history, the history has room, and row_max <=
-    max_probability; an admitted context is appended to history / counts in place (one row per slot)."""
+    max_probability; an admitted context is appended to history / counts in place (one row per
+    slot). `active` ([W] bool, or None: every row): inactive rows are never admitted."""
     forced = torch.full((batch_size,), -1, dtype=torch.int64, device=chosen.device)  # [B]
     if rows.numel():
         launch(
             _watermark_admit_kernel, (rows.numel(),),
-            rows, slots, chosen, ctx, row_max, state_lengths, windows, history, counts, forced,
-            history.shape[1], max_probability, BLOCK=1024, num_warps=4,
+            rows, rows if active is None else active, slots, chosen, ctx, row_max, state_lengths, windows, history,
+            counts, forced, history.shape[1], max_probability, HAS_ACTIVE=active is not None, BLOCK=1024, num_warps=4,
         )
     return forced
 
@@ -221,31 +306,41 @@ def watermark_admit_triton(
 @triton.jit
 def _watermark_append_kernel(
     rows_ptr,  # [W] int64: each watermark row's batch row
+    active_ptr,  # [W] bool (HAS_ACTIVE): rows that are watermarked (others leave their slot alone)
     slots_ptr,  # [B] int64: each batch row's request slot
     next_ids_ptr,  # [B] int64: each batch row's sampled token
     tails_ptr,  # [R, WIDTH] int64, contiguous
     state_lengths_ptr,  # [R] int64
+    HAS_ACTIVE: tl.constexpr,
     WIDTH: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
-    row = tl.load(rows_ptr + tl.program_id(0))
-    slot = tl.load(slots_ptr + row)
+    w = tl.program_id(0)
+    row = tl.load(rows_ptr + w)
+    live = tl.full([], 1, tl.int1)
+    if HAS_ACTIVE:
+        live = tl.load(active_ptr + w)
+    slot = tl.where(live, tl.load(slots_ptr + row), 0)  # an inactive row's slot may be padding
     cols = tl.arange(0, BLOCK_H)  # [BLOCK_H]
     shifted = tl.load(tails_ptr + slot * WIDTH + cols + 1, mask=cols + 1 < WIDTH, other=0)
     tl.debug_barrier()  # every thread's load of the old tail before any store over it
     tail = tl.where(cols == WIDTH - 1, tl.load(next_ids_ptr + row), shifted)
-    tl.store(tails_ptr + slot * WIDTH + cols, tail, mask=cols < WIDTH)
-    tl.store(state_lengths_ptr + slot, tl.minimum(tl.load(state_lengths_ptr + slot) + 1, WIDTH))
+    if live:  # an inactive row writes nothing: its stand-in slot 0 may be another row's
+        tl.store(tails_ptr + slot * WIDTH + cols, tail, mask=cols < WIDTH)
+        tl.store(state_lengths_ptr + slot, tl.minimum(tl.load(state_lengths_ptr + slot) + 1, WIDTH))
 
 
 def watermark_append_triton(
-    rows: torch.Tensor, slots: torch.Tensor, next_ids: torch.Tensor, tails: torch.Tensor, state_lengths: torch.Tensor
+    rows: torch.Tensor, slots: torch.Tensor, next_ids: torch.Tensor, tails: torch.Tensor, state_lengths: torch.Tensor,
+    active: Optional[torch.Tensor] = None,
 ) -> None:
     """Shift each watermark row's slot tail (tails [R, H] int64) left by one, put the row's sampled id
-    (next_ids [B]) last, and count it in state_lengths (at most H), in place."""
+    (next_ids [B]) last, and count it in state_lengths (at most H), in place. `active` ([W] bool,
+    or None: every row): inactive rows change nothing."""
     if rows.numel():
         width = tails.shape[1]
         launch(
             _watermark_append_kernel, (rows.numel(),),
-            rows, slots, next_ids, tails, state_lengths, WIDTH=width, BLOCK_H=triton.next_power_of_2(width), num_warps=1,
+            rows, rows if active is None else active, slots, next_ids, tails, state_lengths,
+            HAS_ACTIVE=active is not None, WIDTH=width, BLOCK_H=triton.next_power_of_2(width), num_warps=1,
         )

@@ -17,7 +17,15 @@ pytest.importorskip("triton")
 
 from sampling_utils import make_info  # noqa: E402
 from watermark_utils import tied_pair  # noqa: E402
-from sgl_kernel_ext.sampling.watermark_triton import BLOCK, SPLIT_BLOCKS, watermark_select_triton  # noqa: E402
+from sgl_kernel_ext.sampling.sample import sample_triton  # noqa: E402
+from sgl_kernel_ext.sampling.watermark_triton import (  # noqa: E402
+    BLOCK,
+    SPLIT_BLOCKS,
+    watermark_admit_triton,
+    watermark_append_triton,
+    watermark_select_stats_triton,
+    watermark_select_triton,
+)
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 from sglang.srt.sampling.watermarking import state as state_mod  # noqa: E402
 from sglang.srt.sampling.watermarking.config import WatermarkSettings, parse_key  # noqa: E402
@@ -79,7 +87,8 @@ def test_kernel_matches_reference(vocab, key_b):
     key_b, threshold = (None, 1 << 32) if key_b is None else (parse_key(key_b), 1 << 31)
     expected, expected_ctx = _reference(probs, slots, tails, lengths, windows, keys, key_b, threshold)
     args = [t.to(DEVICE) for t in (probs, slots, tails, lengths, windows, keys)]
-    chosen, ctx = watermark_select_triton(*args, key_b, threshold)
+    chosen, ctx, row_max = watermark_select_triton(*args, key_b, threshold)
+    assert torch.equal(row_max.cpu(), probs.amax(dim=1))
     assert torch.equal(ctx.cpu(), expected_ctx)
     assert torch.equal(chosen.cpu(), expected)
     assert chosen[2].item() == vocab - 1  # the one-hot row
@@ -95,7 +104,7 @@ def test_kernel_equals_the_reference_on_the_same_device():
     slots, tails, lengths, windows = (t.to(DEVICE) for t in _state(rows, width, 6))
     keys = torch.tensor([parse_key(k) for k in KEYS[:rows]], device=DEVICE)
     expected, expected_ctx = _reference(probs, slots, tails, lengths, windows, keys, None, 0)
-    chosen, ctx = watermark_select_triton(probs, slots, tails, lengths, windows, keys, None, 0)
+    chosen, ctx, _ = watermark_select_triton(probs, slots, tails, lengths, windows, keys, None, 0)
     assert torch.equal(ctx, expected_ctx) and torch.equal(chosen, expected)
 
 
@@ -120,7 +129,7 @@ def test_exact_tie_goes_to_the_lowest_id(where):
     probs[0, [i, j]] = 0.5
     assert select_reference(probs, torch.tensor([key]), ctx).item() == i
     args = [t.to(DEVICE) for t in (probs, zero, empty, zero, one, torch.tensor([key]))]
-    chosen, got_ctx = watermark_select_triton(*args, None, 0)
+    chosen, got_ctx, _ = watermark_select_triton(*args, None, 0)
     assert got_ctx.item() == ctx.item() and chosen.item() == i
 
 
@@ -172,3 +181,63 @@ def test_force_and_append_through_the_kernels_equal_the_torch_state_update():
     assert (forced[:, 1] == -1).all() and (forced[:, 3] == -1).all()  # greedy, gated
     assert (forced[0, [0, 2, 4, 5]] >= 0).all()
     assert (forced[:, 4] == -1).any()  # a repeated context samples normally
+
+
+def _support_stats(logits: torch.Tensor, temps: torch.Tensor, top_ks, top_ps, min_ps):
+    """The sampling kernel's result over `logits` ([B, V]) and the probabilities its statistics
+    define in torch: [B, V] float32 exp(logits / T - lse_kept) where logits / T >= threshold, else 0."""
+    rows = logits.shape[0]
+    result = sample_triton(
+        logits, temps, torch.tensor(top_ks, dtype=torch.int32, device=DEVICE), torch.tensor(top_ps, device=DEVICE),
+        torch.tensor(min_ps, device=DEVICE).log(), torch.arange(rows, device=DEVICE), torch.zeros(rows, dtype=torch.int64, device=DEVICE),
+    )
+    scaled = logits / temps[:, None]  # [B, V]
+    probs = torch.where(scaled >= result.threshold[:, None], torch.exp(scaled - result.lse_kept[:, None]), 0.0)
+    return result, probs
+
+
+def test_stats_kernel_selects_from_the_samplers_support():
+    """The selection over the probabilities the sampling kernel's statistics define (never
+    materialised) equals the reference over those probabilities built in torch, for a subset of
+    the batch's rows; an inactive row picks nothing."""
+    vocab, width = BLOCK * SPLIT_BLOCKS + 300, 5
+    gen = torch.Generator().manual_seed(4)
+    logits = (torch.randn(6, vocab, generator=gen) * 2).to(DEVICE)  # [B, V]
+    logits[3, : vocab // 2] = float("-inf")  # a masked half
+    temps = torch.tensor([1.0, 0.7, 1.3, 1.0, 0.9, 1.0], device=DEVICE)
+    result, probs = _support_stats(logits, temps, [vocab, 40, vocab, vocab, 7, vocab], [1.0, 0.9, 0.8, 1.0, 1.0, 1.0],
+                                   [0.0, 0.0, 0.0, 0.05, 0.0, 0.0])
+    assert torch.allclose(probs.sum(dim=1).cpu(), torch.ones(6), atol=1e-4)  # the statistics define a distribution
+    rows = torch.tensor([5, 0, 1, 2, 3, 4], device=DEVICE)  # [W]
+    slots, tails, lengths, windows = (t.to(DEVICE) for t in _state(6, width, vocab + 1))
+    keys = torch.tensor([parse_key(KEYS[r]) for r in range(6)], device=DEVICE)
+    active = torch.tensor([True, True, False, True, True, True], device=DEVICE)
+    chosen, ctx, row_max = watermark_select_stats_triton(
+        logits, rows, temps, result.threshold, result.lse_kept, active, slots, tails, lengths, windows, keys, None, 0
+    )
+    wanted_probs = probs.index_select(0, rows)
+    expected, expected_ctx = _reference(wanted_probs.cpu(), *(t.cpu() for t in (slots, tails, lengths, windows, keys)), None, 0)
+    live = active.cpu()
+    assert torch.equal(chosen.cpu()[live], expected[live]) and torch.equal(ctx.cpu()[live], expected_ctx[live])
+    assert torch.equal(row_max.cpu()[live], wanted_probs.amax(dim=1).cpu()[live])
+    assert chosen[2].item() == 0 and row_max[2].item() == 0.0  # inactive
+    assert (probs[1] > 0).sum().item() <= 40 and (probs[4] > 0).sum().item() == 7  # the top-k rows' support
+
+
+def test_inactive_rows_are_never_admitted_and_keep_their_tails():
+    width = 3
+    tails = torch.arange(12, dtype=torch.int64, device=DEVICE).reshape(4, width)  # [R, H]
+    lengths = torch.full((4,), width, dtype=torch.int64, device=DEVICE)
+    history = torch.zeros(4, 8, dtype=torch.int32, device=DEVICE)
+    counts = torch.zeros(4, dtype=torch.int64, device=DEVICE)
+    rows, slots = torch.arange(3, device=DEVICE), torch.tensor([0, 1, 3], device=DEVICE)  # inactive rows stand in slot 0
+    active = torch.tensor([True, False, True], device=DEVICE)
+    chosen = torch.tensor([7, 8, 9], device=DEVICE)
+    ctx = torch.tensor([11, 12, 13], device=DEVICE)
+    forced = watermark_admit_triton(rows, slots, chosen, ctx, torch.zeros(3, device=DEVICE), lengths,
+                                    torch.full((3,), width, device=DEVICE), history, counts, 3, 0.9, active)
+    assert forced.tolist() == [7, -1, 9] and counts.tolist() == [1, 0, 0, 1]
+    before = tails.clone()
+    watermark_append_triton(rows, slots, torch.tensor([20, 21, 22], device=DEVICE), tails, lengths, active)
+    assert tails[1].tolist() == before[1].tolist() and tails[2].tolist() == before[2].tolist()
+    assert tails[0].tolist() == [1, 2, 20] and tails[3].tolist() == [10, 11, 22]

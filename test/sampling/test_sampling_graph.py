@@ -39,6 +39,9 @@ from sglang.srt.sampling.fused_logits_bias import penalty_lists  # noqa: E402
 from sglang.srt.sampling.guidance import apply_guidance  # noqa: E402
 from sglang.srt.sampling.guidance_graph import GuidanceGraphInputs  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
+from sglang.srt.sampling.watermarking.config import WatermarkSettings  # noqa: E402
+from sglang.srt.sampling.watermarking.graph import WatermarkGraphInputs  # noqa: E402
+from sglang.srt.sampling.watermarking.state import WatermarkState  # noqa: E402
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 VOCAB = 96
@@ -77,8 +80,8 @@ def _state(info) -> list[torch.Tensor]:
 class _GraphPath:
     """sample_in_graph over a padded bucket: captured once on CUDA, called directly on a CPU."""
 
-    def __init__(self, bucket: int, variant: Optional[bool] = None) -> None:
-        self.bucket, self.variant = bucket, variant
+    def __init__(self, bucket: int, variant: tuple = (None, False), watermark=None) -> None:
+        self.bucket, self.variant, self.watermark = bucket, variant, watermark
         self.inputs = SamplingInputBuffers(bucket, VOCAB, torch.device(DEVICE))
         self.guidance = GuidanceGraphInputs(bucket, torch.device(DEVICE))
         self.logits = torch.zeros(bucket, VOCAB, device=DEVICE)  # [bucket, V] the decode graph's output
@@ -95,7 +98,8 @@ class _GraphPath:
 
     def _run(self) -> torch.Tensor:
         return sample_in_graph(
-            self.logits, self.inputs, self.positions, self.pool_rows, self.future_tokens, self.guidance, self.variant
+            self.logits, self.inputs, self.positions, self.pool_rows, self.future_tokens, self.guidance, self.variant,
+            self.watermark,
         )
 
     def step(
@@ -109,7 +113,7 @@ class _GraphPath:
         self.pool_rows[:rows].copy_(torch.arange(rows))
         if guide_logits is not None:
             self.logits[rows : rows + guide_logits.shape[0]].copy_(guide_logits)
-        assert prepare_replay(self.inputs, info, generator, self.guidance, self.bucket)
+        assert prepare_replay(self.inputs, info, generator, self.guidance, self.bucket, self.watermark)
         if self.graph is not None:
             self.graph.replay()
             ids = self.ids
@@ -163,8 +167,8 @@ def test_guided_graph_step_equals_the_eager_mix_then_step(with_kl):
     params = [dataclasses.replace(p, guidance=g) for p, g in zip(PARAMS, guidance)]
     eager_info = make_info(params, VOCAB, prompts=PROMPTS, device=DEVICE)
     graph_info = make_info(params, VOCAB, prompts=PROMPTS, device=DEVICE)
-    assert graph_variant(graph_info) is with_kl
-    graph = _GraphPath(bucket=12, variant=with_kl)
+    assert graph_variant(graph_info) == (with_kl, False)
+    graph = _GraphPath(bucket=12, variant=(with_kl, False))
     eager_gen, graph_gen = (torch.Generator(device=DEVICE) for _ in range(2))
     rows, guided = len(params), len(graph_info.guidance)
     for step in range(3):
@@ -288,3 +292,66 @@ def test_one_penalty_table_per_cuda_device_whatever_its_name():
 
     current = torch.cuda.current_device()
     assert penalty_table(torch.device("cuda")) is penalty_table(torch.device("cuda", current))
+
+
+WATERMARKED = [
+    SamplingParams(temperature=1.0, presence_penalty=0.6, watermark={"key": "1", "context_window": 3}),
+    SamplingParams(temperature=0.0, watermark={"key": "2", "context_window": 3}),  # greedy: never forced
+    SamplingParams(temperature=0.8, top_k=12, top_p=0.9, sampling_seed=11, repetition_penalty=1.3,
+                   watermark={"key": "abc", "context_window": 2}),
+    SamplingParams(temperature=0.7, top_p=0.8),  # not watermarked
+    SamplingParams(temperature=1.0, min_p=0.05, frequency_penalty=0.4, min_new_tokens=2,
+                   watermark={"key": "ffffffffffffffff", "context_window": 4}),
+]
+
+
+def _watermark_state(info, slots: torch.Tensor):
+    """A WatermarkState through the kernels (the interpreter on a CPU), the batch's contexts started."""
+    settings = WatermarkSettings(key="5", key_b="fedcba9876543210", mixing_probability=0.4, max_probability=0.95)
+    state = WatermarkState(settings, PAD_ROW + 1, 64, torch.device(DEVICE), kernels=True)
+    wm = info.watermark
+    state.start(slots.index_select(0, wm.rows), [PROMPTS[i] for i in wm.rows_host], [[] for _ in wm.rows_host], wm.windows_host)
+    return state
+
+
+def test_watermarked_graph_step_equals_the_eager_triton_step():
+    """The watermarked variant forces what the eager triton step forces (both from the sampling
+    kernel's support statistics) and leaves the same watermark and penalty state, over steps whose
+    contexts are new, with greedy, unwatermarked and padding rows beside the watermarked ones."""
+    eager_info = make_info(WATERMARKED, VOCAB, prompts=PROMPTS, device=DEVICE)
+    graph_info = make_info(WATERMARKED, VOCAB, prompts=PROMPTS, device=DEVICE)
+    assert graph_variant(graph_info) == (None, True)
+    rows = len(WATERMARKED)
+    slots = torch.arange(rows, device=DEVICE)  # the graph path's pool rows
+    eager_state, graph_state = _watermark_state(eager_info, slots), _watermark_state(graph_info, slots)
+    graph = _GraphPath(bucket=8, variant=(None, True), watermark=WatermarkGraphInputs(graph_state, 8, torch.device(DEVICE)))
+    eager_gen, graph_gen = (torch.Generator(device=DEVICE) for _ in range(2))
+    sampler = Sampler("triton", generator=eager_gen)
+    sampler.watermark_state = eager_state
+    for step in range(4):
+        logits, positions = _logits(step, rows), torch.arange(rows, device=DEVICE) + 20 + step
+        eager_gen.manual_seed(1000 + step)
+        graph_gen.manual_seed(1000 + step)
+        mixed = logits.clone()
+        eager_info.apply_logits_bias(mixed)
+        want = sampler(LogitsProcessorOutput(next_token_logits=mixed), eager_info, positions=positions, slots=slots)
+        eager_info.update_penalties(want)
+        got = graph.step(graph_info, logits, positions, graph_gen)
+        assert torch.equal(got.cpu(), want.cpu()), step
+        for a, b in zip(_state(graph_info), _state(eager_info)):
+            assert torch.equal(a, b), step
+        for name in ("tails", "lengths", "history", "counts"):
+            assert torch.equal(getattr(graph_state, name).cpu(), getattr(eager_state, name).cpu()), (step, name)
+    counts = graph_state.counts.cpu()
+    assert (counts[[0, 2, 4]] > 0).all() and counts[1] == 0 and counts[3] == 0  # forced rows only
+    assert (graph_state.lengths.cpu()[[1, 3]] == 0).all()  # unwatermarked rows' slots keep no context
+
+
+def test_watermarked_rows_sample_in_the_graph_only_through_the_kernels():
+    params = [SamplingParams(watermark={"key": "1", "context_window": 3}), SamplingParams()]
+    step = _decode_step(params)
+    sampler = Sampler("triton")
+    sampler.watermark_state = WatermarkState(WatermarkSettings(key="5"), 4, 64, torch.device("cpu"), kernels=True)
+    assert not needs_eager_sampling(step, sampler, check_token_agreement=False)
+    sampler.watermark_state = WatermarkState(WatermarkSettings(key="5"), 4, 64, torch.device("cpu"), kernels=False)
+    assert needs_eager_sampling(step, sampler, check_token_agreement=False)

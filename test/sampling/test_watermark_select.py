@@ -74,7 +74,7 @@ def test_ties_go_to_the_lowest_id_on_every_path():
 
 def _reference_select(probs, support, slots, tails, state_lengths, windows, keys, key_b, threshold, kernel):
     ctx = context_hashes(tails.index_select(0, slots), torch.minimum(state_lengths.index_select(0, slots), windows))
-    return select_reference(probs, row_keys(keys, key_b, threshold, ctx), ctx), ctx
+    return select_reference(probs, row_keys(keys, key_b, threshold, ctx), ctx), ctx, probs.amax(dim=1)
 
 
 def _forced(monkeypatch, select, params, steps, settings):

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -186,9 +186,9 @@ class Sampler(nn.Module):
     def graph_step_applies(self, info: SamplingBatchInfo, wants_logprobs: bool) -> bool:
         """Whether a captured sampling graph can run this batch's step: it has no host stage
         (grammar mask, processors), no guide context on the guide model, no logprobs, no TP token
-        sync and no watermarked row."""
+        sync, and no watermarked row unless the watermark runs in its kernels."""
         return not (
-            info.watermark is not None
+            (info.watermark is not None and (self.watermark_state is None or not self.watermark_state.kernels))
             or info.has_custom_logit_processor
             or (info.guidance is not None and info.guidance.on_guide_model)
             or info.logits_processors is not None
@@ -288,9 +288,9 @@ class Sampler(nn.Module):
             report.capture(logits_output.next_token_logits)
         if self.step is None:
             self._bind(logits_output.next_token_logits.device)
-        forced = self._watermark(logits_output.next_token_logits, info, slots)
-        next_ids, invalid = self.step(StepCall(logits_output, info, row_errors, positions, logprobs, forced))
-        if forced is not None:
+        forced, force_after = self._watermark(logits_output.next_token_logits, info, slots)
+        next_ids, invalid = self.step(StepCall(logits_output, info, row_errors, positions, logprobs, forced, force_after))
+        if info.watermark is not None:
             self.watermark_state.append(info, slots, next_ids)
         logits_output.invalid_rows = invalid
         logits_output.row_errors = row_errors
@@ -299,13 +299,22 @@ class Sampler(nn.Module):
             report.result = report.finish(info, next_ids, self.seeded_full_sort)
         return next_ids
 
-    def _watermark(self, logits: torch.Tensor, info: SamplingBatchInfo, slots: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        """[B] int64 watermark tokens (-1 where the row samples normally), None without watermarked rows."""
-        if info.watermark is None:
-            return None
-        if self.watermark_state is None or slots is None:
+    def _watermark(
+        self, logits: torch.Tensor, info: SamplingBatchInfo, slots: Optional[torch.Tensor]
+    ) -> tuple[Optional[torch.Tensor], Optional[Callable[[torch.Tensor, Any], torch.Tensor]]]:
+        """The watermark's tokens: [B] int64 (-1 where the row samples normally), or a fused
+        step's forcing from its support statistics; (None, None) without watermarked rows."""
+        wm, state = info.watermark, self.watermark_state
+        if wm is None:
+            return None, None
+        if state is None or slots is None:
             raise ValueError("watermark: this sampler has no watermark state (--enable-watermark) or no request slots.")
-        return self.watermark_state.force(logits, info, slots)
+        if state.kernels and getattr(self.backend, "support_statistics", False):
+            def force_after(logits: torch.Tensor, result: Any) -> torch.Tensor:
+                return state.force_from_stats(logits, info.temperatures, result, slots, wm.rows, wm.keys, wm.windows)
+
+            return None, force_after
+        return state.force(logits, info, slots), None
 
     def compute_logprobs_only(
         self,

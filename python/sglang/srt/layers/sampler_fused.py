@@ -15,7 +15,7 @@ class FusedStep:
         self.owner = owner
 
     def __call__(self, call: StepCall) -> tuple[torch.Tensor, torch.Tensor]:
-        output, info, row_errors, positions, logprobs, forced_ids = call
+        output, info, row_errors, positions, logprobs, forced_ids, force_after = call
         backend = self.owner.backend
         logits = output.next_token_logits
         result = None
@@ -24,6 +24,8 @@ class FusedStep:
         else:
             result = backend.sample_step(logits, info, positions, self.owner.generator)
             next_ids, invalid = result.ids, result.invalid
+            if force_after is not None:
+                forced_ids = force_after(logits, result)
         if forced_ids is not None:
             next_ids = torch.where(forced_ids >= 0, forced_ids, next_ids)
         if row_errors:

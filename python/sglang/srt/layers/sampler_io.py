@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional, Protocol, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Protocol, Sequence
 
 import torch
 
@@ -109,6 +109,8 @@ class StepCall(NamedTuple):
     logprobs: Optional[LogprobGathers]  # None: no logprobs
     # [B] int64: the watermark's token on rows it forces, -1 elsewhere (None: no watermark rows).
     forced_ids: Optional[torch.Tensor] = None
+    # A fused step's forcing from its own result instead: (logits, result) -> forced ids [B] int64.
+    force_after: Optional[Callable[[torch.Tensor, Any], torch.Tensor]] = None
 
 
 class StepOwner(Protocol):

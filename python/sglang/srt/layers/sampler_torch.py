@@ -28,7 +28,7 @@ class UnfusedStep:
         self.owner = owner
 
     def __call__(self, call: StepCall) -> tuple[torch.Tensor, torch.Tensor]:
-        output, info, row_errors, positions, logprobs, forced_ids = call
+        output, info, row_errors, positions, logprobs, forced_ids, _ = call
         logits = output.next_token_logits
         invalid = invalid_rows(logits, row_errors)
         greedy_ids = self.greedy_ids(logits, info)

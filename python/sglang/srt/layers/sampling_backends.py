@@ -49,6 +49,10 @@ class FusedSamplingBackend(SamplingBackend):
     """A backend whose kernels run the whole step (greedy rows, NaN guard, temperature, filters,
     every row's draw, logprob statistics); the Sampler then calls these instead of `sample`."""
 
+    # Whether sample_step's result carries each row's support as `threshold` and `lse_kept` ([B]
+    # float32 over logits / temperature): the watermark then selects from them on the device.
+    support_statistics: bool = False
+
     @abstractmethod
     def greedy(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """An all-greedy batch: ([B] int64 argmax, lowest id on ties, -1 on invalid rows; [B] bool invalid)."""

@@ -57,6 +57,7 @@ def _kernels(name: str):
 
 class TritonBackend(FusedSamplingBackend):
     name = "triton"
+    support_statistics = True
 
     def __init__(self) -> None:
         self._sample = _kernels("sample")

@@ -28,15 +28,18 @@ from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.graph_host import GraphHost
 from sglang.srt.model_executor.sampling_graph import (
-    GRAPH_VARIANTS,
+    GraphVariant,
     SamplingInputBuffers,
     finish_replay,
     graph_variant,
+    graph_variants,
     prepare_capture,
     prepare_replay,
     sample_in_graph,
 )
 from sglang.srt.sampling.guidance_graph import GuidanceGraphInputs
+from sglang.srt.sampling.watermarking.graph import WatermarkGraphInputs
+from sglang.srt.sampling.watermarking.state import WatermarkState
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
 logger = logging.getLogger(__name__)
@@ -121,7 +124,11 @@ class DecodeInputBuffers:
 
 
 class CudaGraphRunner:
-    def __init__(self, model_runner: GraphHost, batch_sizes: list[int], capture_sampling: bool) -> None:
+    def __init__(
+        self, model_runner: GraphHost, batch_sizes: list[int], capture_sampling: bool,
+        watermark: Optional[WatermarkState] = None,
+    ) -> None:
+        """`watermark`: the sampler's watermark state, whose rows the sampling graphs then force too."""
         self.model_runner = model_runner
         self.batch_sizes = batch_sizes
         self.max_bs = batch_sizes[-1]
@@ -133,12 +140,15 @@ class CudaGraphRunner:
         self.logits: dict[int, torch.Tensor] = {}  # bucket -> [bucket, V] float32 graph output
         self.sampling: Optional[SamplingInputBuffers] = None
         self.guidance: Optional[GuidanceGraphInputs] = None
+        self.watermark: Optional[WatermarkGraphInputs] = None
         if capture_sampling:
             self.sampling = SamplingInputBuffers(self.max_bs, model_runner.vocab_size, model_runner.device)
             self.guidance = GuidanceGraphInputs(self.max_bs, model_runner.device)
-        # (bucket, variant of GRAPH_VARIANTS) -> the sampling graph and its [bucket] int64 output
-        self.sampling_graphs: dict[tuple[int, Optional[bool]], torch.cuda.CUDAGraph] = {}
-        self.sampled_ids: dict[tuple[int, Optional[bool]], torch.Tensor] = {}
+            if watermark is not None:
+                self.watermark = WatermarkGraphInputs(watermark, self.max_bs, model_runner.device)
+        # (bucket, variant of graph_variants) -> the sampling graph and its [bucket] int64 output
+        self.sampling_graphs: dict[tuple[int, GraphVariant], torch.cuda.CUDAGraph] = {}
+        self.sampled_ids: dict[tuple[int, GraphVariant], torch.Tensor] = {}
         model_runner.attn_backend.init_cuda_graph_state(self.max_bs)
         self.capture()
 
@@ -162,7 +172,7 @@ class CudaGraphRunner:
             pool = self.graphs[bs].pool()
             if self.sampling is None:
                 continue
-            for variant in GRAPH_VARIANTS:
+            for variant in graph_variants(self.watermark is not None):
                 prepare_capture(self.model_runner.device)
                 key = (bs, variant)
                 self.sampling_graphs[key], self.sampled_ids[key] = self._capture_one(lambda: self._sample(bs, variant), pool)
@@ -189,10 +199,10 @@ class CudaGraphRunner:
         with batch_invariant(runner.deterministic):
             return runner.model(batch).next_token_logits  # [bs, V] float32
 
-    def _sample(self, bs: int, variant: Optional[bool]) -> torch.Tensor:
+    def _sample(self, bs: int, variant: GraphVariant) -> torch.Tensor:
         return sample_in_graph(
             self.logits[bs], self.sampling, self.buffers.positions[:bs], self.buffers.req_pool_indices[:bs],
-            self.model_runner.future_tokens, self.guidance, variant,
+            self.model_runner.future_tokens, self.guidance, variant, self.watermark,
         )
 
     def replay_sampling(
@@ -202,7 +212,9 @@ class CudaGraphRunner:
         guide rows) from its bucket's sampling graph: [len(info)] int64 next ids, or None when the
         batch's penalties need the eager path."""
         padded = padded_batch_size(bs, self.batch_sizes)
-        if self.sampling is None or not prepare_replay(self.sampling, info, generator, self.guidance, padded):
+        if info.watermark is not None and self.watermark is None:
+            return None
+        if self.sampling is None or not prepare_replay(self.sampling, info, generator, self.guidance, padded, self.watermark):
             return None
         key = (padded, graph_variant(info))
         self.sampling_graphs[key].replay()

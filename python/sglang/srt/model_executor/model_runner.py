@@ -186,7 +186,9 @@ class ModelRunner:
         max_bs = max_bs or min(self.max_running_requests, DEFAULT_CUDA_GRAPH_MAX_BS)
         sizes = capture_batch_sizes(max_bs, explicit)
         with torch.inference_mode():
-            self.cuda_graph_runner = CudaGraphRunner(self, sizes, capture_sampling=sampling_graph_supported(self.sampler))
+            self.cuda_graph_runner = CudaGraphRunner(
+                self, sizes, capture_sampling=sampling_graph_supported(self.sampler), watermark=self.sampler.watermark_state
+            )
         # The agreement check reads every step's ids on the host, which a captured sampling step never does.
         if self.cuda_graph_runner.sampling is not None and not self.check_token_agreement:
             self.sampler.attach_graph(self.cuda_graph_runner)

@@ -14,7 +14,10 @@ Padding rows sample garbage from stale parameters and are never read; the penalt
 
 Guided rows (sampling_params.guidance) whose guide contexts run on the served model are mixed with
 their guide rows first (sampling/guidance_graph.py), in a graph variant of their own: one without
-and one with the kl_symmetry bisection, so a batch pays only for what its rows ask. The guide rows
+and one with the kl_symmetry bisection, so a batch pays only for what its rows ask. With
+--enable-watermark each of those has a watermarked twin, which forces the watermarked rows' tokens
+from the sampling kernel's support statistics and pushes every such row's token onto its context
+(sampling/watermarking/graph.py). The guide rows
 follow the sampled rows in the decode graph's logits and sample garbage like padding rows; the
 runner writes each one's next input (its main row's id) after the replay, as on the eager path.
 
@@ -38,15 +41,23 @@ from sglang.srt.model_executor.step import Step
 from sglang.srt.sampling.fused_logits_bias import penalty_table, record_fused_update, write_penalty_table
 from sglang.srt.sampling.guidance_graph import GuidanceGraphInputs, mix_in_graph
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.sampling.watermarking.graph import WatermarkGraphInputs
 
-# The sampling graph variants of a bucket: no guided row, guided rows, guided rows with kl_symmetry.
-GRAPH_VARIANTS: tuple[Optional[bool], ...] = (None, False, True)
+# A sampling graph variant: (guidance: None without guided rows, else whether one picks its alpha by
+# kl_symmetry; whether some row is watermarked).
+GraphVariant = tuple[Optional[bool], bool]
+_GUIDANCE_VARIANTS: tuple[Optional[bool], ...] = (None, False, True)
 
 
-def graph_variant(info: SamplingBatchInfo) -> Optional[bool]:
-    """The variant that samples `info`'s batch: None without guided rows, else whether one picks
-    its alpha by kl_symmetry."""
-    return None if info.guidance is None else info.guidance.kl_rows is not None
+def graph_variants(watermark: bool) -> list[GraphVariant]:
+    """The variants each bucket captures; the watermarked ones only with a watermark state."""
+    return [(g, w) for w in ((False, True) if watermark else (False,)) for g in _GUIDANCE_VARIANTS]
+
+
+def graph_variant(info: SamplingBatchInfo) -> GraphVariant:
+    """The variant that samples `info`'s batch."""
+    guidance = None if info.guidance is None else info.guidance.kl_rows is not None
+    return guidance, info.watermark is not None
 
 
 def sampling_graph_supported(sampler: Sampler) -> bool:
@@ -104,17 +115,20 @@ def sample_in_graph(
     req_pool_indices: torch.Tensor,
     future_tokens: torch.Tensor,
     guidance: Optional[GuidanceGraphInputs] = None,
-    variant: Optional[bool] = None,
+    variant: GraphVariant = (None, False),
+    watermark: Optional[WatermarkGraphInputs] = None,
 ) -> torch.Tensor:
     """What a sampling graph captures, over `logits` ([bs, V] float32, the decode graph's output):
-    [bs] int64 next ids, -1 on invalid rows. `variant` (GRAPH_VARIANTS): mix the guided rows of
-    `guidance` first, with the kl_symmetry bisection when True."""
+    [bs] int64 next ids, -1 on invalid rows. `variant` (graph_variants): mix the guided rows of
+    `guidance` first (with the kl_symmetry bisection when its first item is True), and force the
+    watermarked rows of `watermark` when its second is True."""
     from sgl_kernel_ext.sampling.penalties import apply_penalties_triton, update_penalties_triton
     from sgl_kernel_ext.sampling.sample import sample_triton
 
     bs = logits.shape[0]
-    if variant is not None:
-        mix_in_graph(logits, guidance, with_kl=variant)
+    guided, watermarked = variant
+    if guided is not None:
+        mix_in_graph(logits, guidance, with_kl=guided)
     table = penalty_table(logits.device)
     apply_penalties_triton(logits, table)
     seeds = torch.where(inputs.seeded[:bs], inputs.request_seeds[:bs], unseeded_seeds(inputs.noise, inputs.seed_offsets[:bs]))
@@ -122,9 +136,14 @@ def sample_in_graph(
         logits, inputs.temperatures[:bs], inputs.top_ks[:bs], inputs.top_ps[:bs], inputs.log_min_ps[:bs], seeds, positions,
         workspace=inputs.workspace,
     )
-    update_penalties_triton(result.ids, table)
-    future_tokens.index_copy_(0, req_pool_indices, result.ids)
-    return result.ids
+    ids = result.ids
+    if watermarked:
+        forced = watermark.force(logits, inputs.temperatures[:bs], result, req_pool_indices)
+        ids = torch.where(forced >= 0, forced, ids)
+        watermark.append(req_pool_indices, ids)
+    update_penalties_triton(ids, table)
+    future_tokens.index_copy_(0, req_pool_indices, ids)
+    return ids
 
 
 def prepare_capture(device: torch.device) -> None:
@@ -135,15 +154,18 @@ def prepare_capture(device: torch.device) -> None:
 
 def prepare_replay(
     inputs: SamplingInputBuffers, info: SamplingBatchInfo, generator: torch.Generator,
-    guidance: Optional[GuidanceGraphInputs] = None, padded: int = 0,
+    guidance: Optional[GuidanceGraphInputs] = None, padded: int = 0, watermark: Optional[WatermarkGraphInputs] = None,
 ) -> bool:
-    """Point the graph's inputs at this step's batch (its guided rows' at `guidance`, over the
-    `padded` rows of its bucket); False when its penalties need the torch path."""
+    """Point the graph's inputs at this step's batch (its guided rows' at `guidance`, its
+    watermarked rows' at `watermark`, over the `padded` rows of its bucket); False when its
+    penalties need the torch path."""
     if not write_penalty_table(info, inputs.noise.device):
         return False
     inputs.load(info)
     if info.guidance is not None:
         guidance.load(info.guidance, len(info), padded)
+    if info.watermark is not None:
+        watermark.load(info.watermark, padded)
     draw_noise(generator, inputs.noise.device, out=inputs.noise)
     return True
 

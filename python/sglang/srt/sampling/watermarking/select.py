@@ -135,8 +135,9 @@ def select_tokens(
     key_b: Optional[int],
     threshold: int,
     kernel: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(token [W] int64, context hash [W] int64) of each watermark row. probs [W, V] float32 after
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(token [W] int64, context hash [W] int64, largest probability [W] float32) of each
+    watermark row. probs [W, V] float32 after
     every filter; support the filter's window when one ran (None: the whole vocabulary); the row's
     context is the last min(state_lengths[slot], windows[row]) columns of tails[slot] ([R, H]);
     `kernel`: through the Triton kernel (CUDA, or the interpreter in tests)."""
@@ -148,7 +149,9 @@ def select_tokens(
     ctx = context_hashes(tails.index_select(0, slots), lengths)  # [W] int64
     keys = row_keys(keys, key_b, threshold, ctx)
     if probs.device.type != "cpu":
-        return select_reference(probs, keys, ctx), ctx
-    if support is not None and support.window_draws():  # every kept token is in the window
-        return select_window(probs, keys, ctx, support.idx), ctx
-    return select_full_cpu(probs, keys, ctx), ctx
+        chosen = select_reference(probs, keys, ctx)
+    elif support is not None and support.window_draws():  # every kept token is in the window
+        chosen = select_window(probs, keys, ctx, support.idx)
+    else:
+        chosen = select_full_cpu(probs, keys, ctx)
+    return chosen, ctx, probs.amax(dim=1)

@@ -111,21 +111,43 @@ class WatermarkState:
         slot = slots.index_select(0, rows)  # [W]
         probs, support = _filtered_probs(logits.index_select(0, rows), info, rows)  # [W, V] float32
         key_b, threshold = self.key_b, self.settings.mixing_threshold
-        chosen, ctx = select_tokens(probs, support, slot, self.tails, self.lengths, wm.windows, wm.keys, key_b, threshold, self.kernels)
+        chosen, ctx, row_max = select_tokens(probs, support, slot, self.tails, self.lengths, wm.windows, wm.keys, key_b,
+                                             threshold, self.kernels)
         if self.kernels:
-            from sgl_kernel_ext.sampling.watermark_triton import watermark_admit_triton
-
-            return watermark_admit_triton(rows, slots, chosen, ctx, probs.amax(dim=1), self.lengths, wm.windows,
-                                          self.history, self.counts, logits.shape[0], self.settings.max_probability)
+            return self._admit(rows, slots, chosen, ctx, row_max, wm.windows, logits.shape[0])
         lengths = torch.minimum(self.lengths.index_select(0, slot), wm.windows)  # [W]
         ctx32 = _as_int32(ctx)
         counts = self.counts.index_select(0, slot)
         seen = (self.history.index_select(0, slot) == ctx32[:, None]) & (self._positions[None, :] < counts[:, None])
         eligible = (lengths > 0) & ~seen.any(dim=1) & (counts < self.capacity)
-        eligible &= probs.amax(dim=1) <= self.settings.max_probability
+        eligible &= row_max <= self.settings.max_probability
         self._record(slot, counts, ctx32, eligible)
         forced = torch.full((logits.shape[0],), -1, dtype=torch.int64, device=logits.device)
         return forced.index_copy(0, rows, torch.where(eligible, chosen, torch.full_like(chosen, -1)))
+
+    def force_from_stats(
+        self, logits: torch.Tensor, temperatures: torch.Tensor, result: Any, slots: torch.Tensor, rows: torch.Tensor,
+        keys: torch.Tensor, windows: torch.Tensor, active: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """force() through the kernels over the distribution a fused sampler (the triton backend)
+        drew from: p_t = exp(logits_t / T - lse_kept) on its support, from `result`'s row
+        statistics (threshold, lse_kept: [B] float32), never materialised. `rows` ([W] int64 batch
+        rows) with their `keys` and `windows` ([W] int64); `active` ([W] bool, or None: every
+        row) marks the watermarked ones (the sampling graph passes every row of its bucket)."""
+        from sgl_kernel_ext.sampling.watermark_triton import watermark_select_stats_triton
+
+        slot = slots.index_select(0, rows)  # [W]
+        chosen, ctx, row_max = watermark_select_stats_triton(
+            logits, rows, temperatures, result.threshold, result.lse_kept, active, slot, self.tails, self.lengths,
+            windows, keys, self.key_b, self.settings.mixing_threshold,
+        )
+        return self._admit(rows, slots, chosen, ctx, row_max, windows, logits.shape[0], active)
+
+    def _admit(self, rows, slots, chosen, ctx, row_max, windows, batch_size: int, active=None) -> torch.Tensor:
+        from sgl_kernel_ext.sampling.watermark_triton import watermark_admit_triton
+
+        return watermark_admit_triton(rows, slots, chosen, ctx, row_max, self.lengths, windows, self.history, self.counts,
+                                      batch_size, self.settings.max_probability, active)
 
     def _record(self, slot: torch.Tensor, counts: torch.Tensor, ctx32: torch.Tensor, forced: torch.Tensor) -> None:
         at = counts.clamp(max=self.capacity - 1)
@@ -149,14 +171,20 @@ class WatermarkState:
         """Push each watermark row's sampled id ([B] int64) onto its slot's context tail."""
         rows = info.watermark.rows
         if self.kernels:
-            from sgl_kernel_ext.sampling.watermark_triton import watermark_append_triton
-
-            watermark_append_triton(rows, slots, next_ids, self.tails, self.lengths)
+            self.append_rows(rows, slots, next_ids)
             return
         slot = slots.index_select(0, rows)
         tails = torch.cat([self.tails.index_select(0, slot)[:, 1:], next_ids.index_select(0, rows)[:, None]], dim=1)
         self.tails[slot] = tails
         self.lengths[slot] = (self.lengths.index_select(0, slot) + 1).clamp(max=self.width)
+
+    def append_rows(
+        self, rows: torch.Tensor, slots: torch.Tensor, next_ids: torch.Tensor, active: Optional[torch.Tensor] = None
+    ) -> None:
+        """append() through the kernel for batch rows `rows` ([W] int64), those `active` marks."""
+        from sgl_kernel_ext.sampling.watermark_triton import watermark_append_triton
+
+        watermark_append_triton(rows, slots, next_ids, self.tails, self.lengths, active)
 
 
 def _filtered_probs(logits: torch.Tensor, info: SamplingBatchInfo, rows: torch.Tensor) -> tuple[torch.Tensor, Optional[Support]]:
