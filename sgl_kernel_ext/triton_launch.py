@@ -5,7 +5,7 @@ tens of microseconds per launch: for an eager forward of a few hundred small ker
 milliseconds of host time (prefill, and any step that is not replayed from a CUDA graph). The
 first launch of a specialisation goes through Triton and compiles; later ones call the compiled
 kernel directly. The key mirrors what Triton specialises on: a tensor's dtype and 16-byte
-alignment; an int's == 1 / divisible-by-16 / 32-bit classes (nothing for the arguments the
+alignment (the dtype alone for a do_not_specialize tensor); an int's == 1 / divisible-by-16 / 32-bit classes (nothing for the arguments the
 kernel does not specialise on); a constexpr's value.
 """
 
@@ -24,7 +24,7 @@ def _int_class(value: int, specialise: bool) -> tuple:
 
 def _spec(arg: object, param) -> object:
     if isinstance(arg, torch.Tensor):
-        return arg.dtype, arg.data_ptr() % 16 == 0
+        return arg.dtype if param.do_not_specialize else (arg.dtype, arg.data_ptr() % 16 == 0)
     if param.is_constexpr or isinstance(arg, bool):
         return arg
     if isinstance(arg, int):

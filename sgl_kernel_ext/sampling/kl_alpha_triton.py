@@ -17,8 +17,9 @@ import triton.language as tl
 from sgl_kernel_ext.sampling.kl_alpha_reference import KL_BISECTION_STEPS
 from sgl_kernel_ext.triton_launch import launch
 
-BLOCK = 2048
-NUM_WARPS = 8
+# One program per row at a time: wide tiles keep enough loads in flight (H200 sweep, docs/benchmarks.md).
+BLOCK = 8192
+NUM_WARPS = 32
 _NEG_INF = tl.constexpr(float("-inf"))
 
 

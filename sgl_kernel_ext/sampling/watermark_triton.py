@@ -70,7 +70,9 @@ else:
         return libdevice.exp(x)  # __nv_expf: torch's CUDA exp
 
 
-@triton.jit(do_not_specialize=["vocab", "stride", "width", "key_b", "threshold"])
+# The row statistics are views at offsets that vary with the batch: unspecialised, so their alignment
+# never compiles a new variant in the middle of serving.
+@triton.jit(do_not_specialize=["temps_ptr", "thr_ptr", "lse_ptr", "vocab", "stride", "width", "key_b", "threshold"])
 def _watermark_select_kernel(
     src_ptr,  # float32 rows of `stride`: each row's probabilities after every filter [W, V], or (FROM_STATS) the
     #           batch's processed logits [B, V], whose probabilities come from the sampler's row statistics
