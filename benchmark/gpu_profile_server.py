@@ -33,9 +33,10 @@ from sglang.test.server_process import free_port  # noqa: E402
 CYCLE = list(range(1000, 1016))
 
 
-def keep_busy(url: str, n: int, max_new_tokens: int, bias: str, stop: threading.Event) -> list[float]:
-    """N clients each sending greedy requests until `stop`; tokens/s of each finished request."""
-    params = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}
+def keep_busy(url: str, n: int, max_new_tokens: int, bias: str, stop: threading.Event, extra: dict) -> list[float]:
+    """N clients each sending greedy requests (with `extra` sampling params) until `stop`; tokens/s
+    of each finished request."""
+    params = {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True, **extra}
     # Random weights repeat text only when steered to (NGRAM then finds drafts): a token cycle,
     # or one token (every draft accepted).
     if bias == "cycle":
@@ -48,7 +49,8 @@ def keep_busy(url: str, n: int, max_new_tokens: int, bias: str, stop: threading.
         while not stop.is_set():
             start = time.perf_counter()
             out = post_json(url, {"input_ids": CYCLE * 8, "sampling_params": params})
-            rates.append(out["meta_info"]["completion_tokens"] / (time.perf_counter() - start))
+            first = out[0] if isinstance(out, list) else out  # n > 1 answers a list
+            rates.append(first["meta_info"]["completion_tokens"] / (time.perf_counter() - start))
 
     with concurrent.futures.ThreadPoolExecutor(n) as pool:
         for future in [pool.submit(client) for _ in range(n)]:
@@ -97,7 +99,8 @@ def profile_run(args: argparse.Namespace, model: str, name: str, flags: list[str
             post_json(url, {"input_ids": CYCLE * 8, "sampling_params": {"max_new_tokens": 16}})  # warm-up
             stop = threading.Event()
             box: dict = {}
-            client = threading.Thread(target=lambda: box.update(rates=keep_busy(url, args.n, args.max_new_tokens, args.bias, stop)))
+            client = threading.Thread(target=lambda: box.update(
+                rates=keep_busy(url, args.n, args.max_new_tokens, args.bias, stop, json.loads(args.params))))
             client.start()
             time.sleep(2)  # the request loop reaches its steady state before sampling starts
             collapsed = os.path.join(args.out_dir, f"{name}.collapsed")
@@ -127,6 +130,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=45)
     parser.add_argument("--bias", choices=["none", "cycle", "constant"], default="none",
                         help="steer the greedy rows to repeat a token cycle or one token")
+    parser.add_argument("--params", default="{}", help='extra sampling params (JSON), e.g. {"beam_width": 4, "n": 4}')
     parser.add_argument("--out-dir", required=True)
     args = parser.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)

@@ -107,7 +107,7 @@ def test_fork_shares_slots_and_frees_the_dropped_tail() -> None:
     pool.assign(rows, [4, 4, 4], [2, 2, 2], tails)
     free_before = allocator.available_size()
     # Rows 0 and 1 continue beam 0, row 2 continues beam 1: row 2's own tail is dropped.
-    cache.fork_rows([rows[1], rows[2]], [rows[0], rows[1]], 4, 6)
+    cache.fork_rows([rows[1], rows[2]], [rows[0], rows[1]], [4, 4], [6, 6])
     assert torch.equal(pool.slots_of(rows[1], 6), pool.slots_of(rows[0], 6))
     assert torch.equal(pool.slots_of(rows[2], 6)[4:], tails[2:4])
     # Row 1's tail (slots 2:4) lives on in row 2, row 2's (4:6) is used by nobody.
@@ -123,3 +123,18 @@ class _Row:
 
     def __init__(self, row: int, kv_len: int) -> None:
         self.req_pool_idx, self.kv_len, self.last_node = row, kv_len, None
+
+
+def test_copy_spans_moves_every_rows_span_at_once_swaps_included():
+    """Spans of different lengths and starts in one call; rows 0 and 1 swap their spans; the
+    device table (a separate tensor here, as on CUDA) gets what the host table gets."""
+    pool = ReqToTokenPool(4, 8, "cpu")
+    pool.req_to_token_cpu.copy_(torch.arange(5 * 8).reshape(5, 8))
+    pool.req_to_token = pool.req_to_token_cpu.clone()  # the device's copy
+    before = pool.req_to_token_cpu.clone()
+    old, new = pool.copy_spans([0, 1, 3], [1, 0, 2], [2, 2, 5], [4, 4, 8])
+    want = before.clone()
+    want[0, 2:4], want[1, 2:4], want[3, 5:8] = before[1, 2:4], before[0, 2:4], before[2, 5:8]
+    assert torch.equal(pool.req_to_token_cpu, want) and torch.equal(pool.req_to_token, want)
+    assert old.tolist() == before[0, 2:4].tolist() + before[1, 2:4].tolist() + before[3, 5:8].tolist()
+    assert new.tolist() == want[0, 2:4].tolist() + want[1, 2:4].tolist() + want[3, 5:8].tolist()

@@ -149,37 +149,34 @@ class BeamCoordinator:
         """One batched selection for the requests of one width; returns (group, parents, tokens,
         scores) of those that go on, after finishing the others."""
         c = 2 * width
-        g = len(groups)
-        cum = torch.full((g, width), float("-inf"))  # [G, K]
-        logprobs = torch.zeros((g, width, c))  # [G, K, C]
-        tokens = torch.zeros((g, width, c), dtype=torch.int64)  # [G, K, C]
         num_stops = max(len(group.stop_ids) for group in groups) or 1
-        stops = torch.full((g, num_stops), -1, dtype=torch.int64)  # [G, S]
+        # Rows past a request's beam count read row 0, masked: -inf cumulative, 0 log-probs and ids.
+        pads = [width - len(group.rows) for group in groups]
+        rows = torch.tensor([[row_of[id(r)] for r in group.rows] + [0] * pad for group, pad in zip(groups, pads)])  # [G, K]
+        live_rows = torch.tensor([[True] * len(group.rows) + [False] * pad for group, pad in zip(groups, pads)])  # [G, K]
+        cum = torch.tensor([group.cum_logprobs + [float("-inf")] * pad for group, pad in zip(groups, pads)])  # [G, K]
+        logprobs = torch.where(live_rows[:, :, None], values[rows][:, :, :c], 0.0)  # [G, K, C]
+        tokens = torch.where(live_rows[:, :, None], ids[rows][:, :, :c], 0)  # [G, K, C]
+        stops = torch.tensor([group.stop_ids + [-1] * (num_stops - len(group.stop_ids)) for group in groups],
+                             dtype=torch.int64)  # [G, S]
         final = torch.tensor([group.final_step() for group in groups])  # [G]
-        for gi, group in enumerate(groups):
-            rows = torch.tensor([row_of[id(r)] for r in group.rows])
-            n = len(group.rows)
-            cum[gi, :n] = torch.tensor(group.cum_logprobs)
-            logprobs[gi, :n] = values[rows, :c]
-            tokens[gi, :n] = ids[rows, :c]
-            stops[gi, : len(group.stop_ids)] = torch.tensor(group.stop_ids, dtype=torch.int64)
         ranked = rank_candidates(cum, logprobs, tokens)
         text_mask, text_matches = ranked_text_stops(groups, ranked.parents, ranked.token_ids, ranked.scores)
         sel = walk_candidates(ranked, stops, width, final, text_mask)
         out = []
-        for gi, group in enumerate(groups):
-            parents, toks = sel.parents[gi].tolist(), sel.token_ids[gi].tolist()
-            scores = sel.scores[gi].tolist()
-            matched = not bool(final[gi])
-            for j in torch.nonzero(sel.finishes[gi]).flatten().tolist():
+        all_parents, all_tokens, all_scores = sel.parents.tolist(), sel.token_ids.tolist(), sel.scores.tolist()
+        all_finishes, all_survives, all_ends = sel.finishes.tolist(), sel.survives.tolist(), sel.ends.tolist()
+        for gi, (group, last) in enumerate(zip(groups, final.tolist())):
+            parents, toks, scores = all_parents[gi], all_tokens[gi], all_scores[gi]
+            for j in [j for j, f in enumerate(all_finishes[gi]) if f]:
                 history = group.rows[parents[j]].output_ids + [toks[j]]
                 text = text_matches[gi][j]
                 if text is not None:  # stop text first, as check_finished orders them
                     group.finished.append(FinishedBeam(history, scores[j], text.matched, text.text))
                 else:
-                    group.finished.append(FinishedBeam(history, scores[j], toks[j] if matched else None))
-            live = torch.nonzero(sel.survives[gi]).flatten().tolist()
-            if bool(sel.ends[gi]):
+                    group.finished.append(FinishedBeam(history, scores[j], toks[j] if not last else None))
+            live = [j for j, alive in enumerate(all_survives[gi]) if alive]
+            if all_ends[gi]:
                 for j in live:
                     history = group.rows[parents[j]].output_ids + [toks[j]]
                     group.finished.append(FinishedBeam(history, scores[j], None))
@@ -202,6 +199,7 @@ class BeamCoordinator:
         gather = list(range(len(batch.reqs)))
         new_ids = [-1] * len(batch.reqs)
         slots, next_tokens = [], []
+        spans = _Forks()
         for group, parents, toks, scores in forks:
             try:
                 grammars = fork_grammars([row.grammar for row in group.rows], parents, toks)
@@ -212,7 +210,7 @@ class BeamCoordinator:
                 self._spawn(group, toks, grammars)
                 new_ids[position[id(group.leader)]] = toks[0]
             else:
-                self._fork(group, parents, toks)
+                self._fork(group, parents, toks, spans)
                 for row, grammar in zip(group.rows, grammars):
                     row.grammar = grammar
                 for row, parent, tok in zip(group.rows, parents, toks):
@@ -222,24 +220,22 @@ class BeamCoordinator:
             for row, tok in zip(group.rows, toks):
                 slots.append(row.req_pool_idx)
                 next_tokens.append(tok)
+        self.tree_cache.fork_rows(spans.dst, spans.src, spans.starts, spans.ends)
         _fork_penalties(batch, gather, new_ids)
         device = self.future_tokens.device
         self.future_tokens.index_copy_(
             0, torch.tensor(slots, device=device), torch.tensor(next_tokens, dtype=torch.int64, device=device)
         )
 
-    def _fork(self, group: BeamGroup, parents: list[int], toks: list[int]) -> None:
-        """Row j continues beam parents[j]: its output ids and the K/V of its generated span."""
+    def _fork(self, group: BeamGroup, parents: list[int], toks: list[int], spans: "_Forks") -> None:
+        """Row j continues beam parents[j]: its output ids, and (added to `spans`, which the step
+        applies at once) the K/V of its generated span."""
         histories = [list(group.rows[p].output_ids) for p in parents]
         prompt_len = len(group.leader.origin_input_ids)
-        generated = len(histories[0])
-        moved = [j for j, p in enumerate(parents) if p != j]
-        if moved:
-            self.tree_cache.fork_rows(
-                [group.rows[j].req_pool_idx for j in moved],
-                [group.rows[parents[j]].req_pool_idx for j in moved],
-                prompt_len, prompt_len + generated,
-            )
+        end = prompt_len + len(histories[0])
+        for j, p in enumerate(parents):
+            if p != j and end > prompt_len:
+                spans.add(group.rows[j].req_pool_idx, group.rows[p].req_pool_idx, prompt_len, end)
         for row, history, tok in zip(group.rows, histories, toks):
             row.output_ids = history + [tok]
 
@@ -322,3 +318,19 @@ def beam_token_fields(req: Req) -> Optional[tuple[list[int], int, list[Any]]]:
     if results is None:
         return None
     return list(results[0].output_ids), sum(len(b.output_ids) for b in results), results
+
+
+class _Forks:
+    """A step's K/V forks (RadixCache.fork_rows' arguments), gathered over its requests."""
+
+    def __init__(self) -> None:
+        self.dst: list[int] = []
+        self.src: list[int] = []
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    def add(self, dst: int, src: int, start: int, end: int) -> None:
+        self.dst.append(dst)
+        self.src.append(src)
+        self.starts.append(start)
+        self.ends.append(end)

@@ -83,24 +83,29 @@ class ReqToTokenPool:
         if self.req_to_token is not self.req_to_token_cpu:
             self.req_to_token[row, :m] = host_to_device(slots, self.device)
 
-    def copy_spans(self, dst_rows: list[int], src_rows: list[int], start: int, end: int) -> torch.Tensor:
-        """Positions [start, end) of each dst row take those of the matching src row, on the host
-        and the device; returns the dst rows' previous slots ([len(dst_rows), end - start] int64, host)."""
-        dst, src = torch.tensor(dst_rows, dtype=torch.int64), torch.tensor(src_rows, dtype=torch.int64)
-        old = self.req_to_token_cpu[dst, start:end].clone()  # [D, end - start]
-        self.req_to_token_cpu[dst, start:end] = self.req_to_token_cpu[src, start:end]
+    def copy_spans(
+        self, dst_rows: list[int], src_rows: list[int], starts: list[int], ends: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions [starts[i], ends[i]) of each dst row take those of the matching src row, on
+        the host and the device, in one indexed copy each (rows may swap: the sources are read
+        first). Returns the dst positions' previous and new slots ([T] int64 each, host, T the
+        spans' total length)."""
+        lengths = torch.tensor(ends, dtype=torch.int64) - torch.tensor(starts, dtype=torch.int64)  # [M]
+        dst = torch.tensor(dst_rows, dtype=torch.int64).repeat_interleave(lengths)  # [T]
+        src = torch.tensor(src_rows, dtype=torch.int64).repeat_interleave(lengths)  # [T]
+        offsets = torch.tensor(starts, dtype=torch.int64) - (torch.cumsum(lengths, 0) - lengths)  # [M]
+        cols = torch.arange(dst.numel(), dtype=torch.int64) + offsets.repeat_interleave(lengths)  # [T]
+        old = self.req_to_token_cpu[dst, cols]  # [T]
+        new = self.req_to_token_cpu[src, cols]  # [T]
+        self.req_to_token_cpu[dst, cols] = new
         if self.req_to_token is not self.req_to_token_cpu:
-            dst_d, src_d = host_to_device(dst, self.device), host_to_device(src, self.device)
-            self.req_to_token[dst_d, start:end] = self.req_to_token[src_d, start:end]
-        return old
+            index = host_to_device(torch.stack([dst, src, cols]), self.device)  # [3, T]
+            self.req_to_token[index[0], index[2]] = self.req_to_token[index[1], index[2]]
+        return old, new
 
     def slots_of(self, row: int, length: int) -> torch.Tensor:
         """[length] int64 on the host: the KV slots of positions [0, length) of request `row`."""
         return self.req_to_token_cpu[row, :length]
-
-    def slots_of_rows(self, rows: list[int], start: int, end: int) -> torch.Tensor:
-        """[len(rows), end - start] int64 on the host: the slots of positions [start, end) of `rows`."""
-        return self.req_to_token_cpu[torch.tensor(rows, dtype=torch.int64), start:end]
 
     def alloc(self) -> Optional[int]:
         return self.free_slots.pop(0) if self.free_slots else None

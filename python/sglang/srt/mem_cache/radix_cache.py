@@ -246,14 +246,15 @@ class RadixCache:
         self.allocator.free(unused)
         return unused.numel()
 
-    def fork_rows(self, dst_rows: list[int], src_rows: list[int], start: int, end: int) -> None:
-        """Beam fork: positions [start, end) of each dst row take the src row's slots (the K/V is
-        shared, not copied). Each slot counts the rows that use it; the slots no row uses any
-        more (a dropped beam's tail) are freed. A fresh row's span (start == end) copies nothing."""
-        if end <= start or not dst_rows:
+    def fork_rows(self, dst_rows: list[int], src_rows: list[int], starts: list[int], ends: list[int]) -> None:
+        """Beam forks: positions [starts[i], ends[i]) of dst row i take src row i's slots (the K/V
+        is shared, not copied), every fork of a step in one call. Each slot counts the rows that
+        use it; the slots no row uses any more (a dropped beam's tail) are freed."""
+        if not dst_rows:
             return
-        old = self.req_to_token_pool.copy_spans(dst_rows, src_rows, start, end).flatten()
-        new = self.req_to_token_pool.slots_of_rows(dst_rows, start, end).flatten()
+        old, new = self.req_to_token_pool.copy_spans(dst_rows, src_rows, starts, ends)  # [T] each
+        if old.numel() == 0:
+            return
         self.slot_refs.index_add_(0, new, torch.ones_like(new, dtype=self.slot_refs.dtype))
         self.slot_refs.index_add_(0, old, torch.full_like(old, -1, dtype=self.slot_refs.dtype))
         candidates = old.unique()
@@ -261,8 +262,7 @@ class RadixCache:
 
     def share_prefix(self, dst_row: int, src_row: int, length: int) -> None:
         """A fresh row (a beam member) starts with the first `length` slots of `src_row`, shared."""
-        self.req_to_token_pool.copy_spans([dst_row], [src_row], 0, length)
-        slots = self.req_to_token_pool.slots_of(dst_row, length)
+        _, slots = self.req_to_token_pool.copy_spans([dst_row], [src_row], [0], [length])
         self.slot_refs[slots] += 1
 
     # ------------------------------------------------------------------ requests
