@@ -5,8 +5,8 @@ tens of microseconds per launch: for an eager forward of a few hundred small ker
 milliseconds of host time (prefill, and any step that is not replayed from a CUDA graph). The
 first launch of a specialisation goes through Triton and compiles; later ones call the compiled
 kernel directly. The key mirrors what Triton specialises on: a tensor's dtype and 16-byte
-alignment (the dtype alone for a do_not_specialize tensor); an int's == 1 / divisible-by-16 / 32-bit classes (nothing for the arguments the
-kernel does not specialise on); a constexpr's value.
+alignment (the dtype alone for a do_not_specialize tensor); an int's == 1 / divisible-by-16 /
+32-bit classes (nothing for the arguments the kernel does not specialise on); a constexpr's value.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The kl_symmetry alpha of guided rows in one Triton kernel (reference: kl_alpha_reference.py).
 
 One program per row runs every bisection step. A step is one streaming pass over the row: per
-lane an online softmax of x = lc + (1 - mid) diff carrying its max m, Σ exp(x - m) and
-Σ exp(x - m) diff, combined across lanes at the end. Only the sign of the last sum decides the
-step (the softmax's normaliser is positive), so the kernel needs no division. The row's two
+lane an online softmax of x = lc + (1 - mid) diff carrying its max m and Σ exp(x - m) diff,
+combined across lanes at the end. Only the sign of that sum decides the step (the softmax's
+normaliser is positive), so the kernel needs neither the normaliser nor a division. The row's two
 float32 inputs are read once per step instead of the reference's softmax, product and sum
 passes over [K, V] per step.
 """
@@ -28,7 +28,6 @@ def _kl_gap_sign_pass(lc_row, diff_row, w, V, BLOCK: tl.constexpr):
     """Σ_v q_v diff_v scaled by the positive normaliser, for q = softmax(lc + w diff) (ruled-out
     and guide-excluded tokens carry no mass; infinite diffs count as 0)."""
     m = tl.full((BLOCK,), _NEG_INF, tl.float32)
-    s = tl.zeros((BLOCK,), tl.float32)
     t = tl.zeros((BLOCK,), tl.float32)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
@@ -41,7 +40,6 @@ def _kl_gap_sign_pass(lc_row, diff_row, w, V, BLOCK: tl.constexpr):
         finite = m_new > _NEG_INF
         keep = tl.where(finite, tl.exp(m - m_new), 0.0)
         e = tl.where(finite, tl.exp(x - m_new), 0.0)
-        s = s * keep + e
         t = t * keep + e * d
         m = m_new
     top = tl.max(m, axis=0)

@@ -270,7 +270,8 @@ def _watermark_admit_kernel(
         recorded = tl.load(history_ptr + slot * capacity + pos, mask=pos < count, other=0)  # [BLOCK]
         seen += tl.sum(((recorded == ctx) & (pos < count)).to(tl.int32), axis=0)
     length = tl.minimum(tl.load(state_lengths_ptr + slot), tl.load(windows_ptr + w))
-    admitted = live & (length > 0) & (seen == 0) & (count < capacity) & (tl.load(row_max_ptr + w) <= max_probability)
+    row_max = tl.load(row_max_ptr + w)  # 0 on a row with no finite probability (NaN or all -inf logits)
+    admitted = live & (length > 0) & (seen == 0) & (count < capacity) & (row_max > 0) & (row_max <= max_probability)
     if admitted:
         tl.store(history_ptr + slot * capacity + count, ctx)
         tl.store(counts_ptr + slot, count + 1)
@@ -292,8 +293,8 @@ def watermark_admit_triton(
     active: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """[B] int64: chosen[w] on each admitted watermark row, -1 elsewhere. A row is admitted when its
-    context is non-empty, not in its slot's history, the history has room, and row_max <=
-    max_probability; an admitted context is appended to history / counts in place (one row per
+    context is non-empty, not in its slot's history, the history has room, and 0 < row_max <=
+    max_probability (a row without a finite probability, whose logits were NaN or all -inf, never is); an admitted context is appended to history / counts in place (one row per
     slot). `active` ([W] bool, or None: every row): inactive rows are never admitted."""
     forced = torch.full((batch_size,), -1, dtype=torch.int64, device=chosen.device)  # [B]
     if rows.numel():

@@ -234,7 +234,7 @@ def test_inactive_rows_are_never_admitted_and_keep_their_tails():
     active = torch.tensor([True, False, True], device=DEVICE)
     chosen = torch.tensor([7, 8, 9], device=DEVICE)
     ctx = torch.tensor([11, 12, 13], device=DEVICE)
-    forced = watermark_admit_triton(rows, slots, chosen, ctx, torch.zeros(3, device=DEVICE), lengths,
+    forced = watermark_admit_triton(rows, slots, chosen, ctx, torch.full((3,), 0.5, device=DEVICE), lengths,
                                     torch.full((3,), width, device=DEVICE), history, counts, 3, 0.9, active)
     assert forced.tolist() == [7, -1, 9] and counts.tolist() == [1, 0, 0, 1]
     before = tails.clone()

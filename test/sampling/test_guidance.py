@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from sglang.srt.sampling.guidance import KL_BISECTION_TOL, GuidanceBatch, apply_guidance
+from sgl_kernel_ext.sampling.kl_alpha_reference import KL_BISECTION_TOL
+from sglang.srt.sampling.guidance import GuidanceBatch, apply_guidance
 from sglang.srt.sampling.guidance_params import check_guide_model, normalize_guidance
 from sglang.srt.sampling.sampling_params import SamplingParams
 

@@ -355,3 +355,24 @@ def test_watermarked_rows_sample_in_the_graph_only_through_the_kernels():
     assert not needs_eager_sampling(step, sampler, check_token_agreement=False)
     sampler.watermark_state = WatermarkState(WatermarkSettings(key="5"), 4, 64, torch.device("cpu"), kernels=False)
     assert needs_eager_sampling(step, sampler, check_token_agreement=False)
+
+
+def test_a_watermarked_row_with_nan_logits_fails_alone_eager_and_in_the_graph():
+    """A row without a finite probability is never admitted: its id stays -1 (the request then
+    fails) and its slot records no context, while its batch-mate is still forced."""
+    params = [SamplingParams(temperature=1.0, watermark={"key": "1", "context_window": 3}),
+              SamplingParams(temperature=1.0, watermark={"key": "2", "context_window": 3})]
+    slots = torch.arange(2, device=DEVICE)
+    logits = _logits(0, 2)
+    logits[1] = float("nan")
+    positions = torch.zeros(2, dtype=torch.int64, device=DEVICE)
+    eager_info, graph_info = (make_info(params, VOCAB, prompts=PROMPTS[:2], device=DEVICE) for _ in range(2))
+    eager_state, graph_state = _watermark_state(eager_info, slots), _watermark_state(graph_info, slots)
+    sampler = Sampler("triton", generator=torch.Generator(device=DEVICE).manual_seed(1))
+    sampler.watermark_state = eager_state
+    eager = sampler(LogitsProcessorOutput(next_token_logits=logits.clone()), eager_info, positions=positions, slots=slots)
+    graph = _GraphPath(bucket=4, variant=(None, True), watermark=WatermarkGraphInputs(graph_state, 4, torch.device(DEVICE)))
+    got = graph.step(graph_info, logits, positions, torch.Generator(device=DEVICE).manual_seed(1))
+    for ids, state in ((eager, eager_state), (got, graph_state)):
+        assert ids[1].item() == -1 and 0 <= ids[0].item() < VOCAB
+        assert state.counts.cpu()[:2].tolist() == [1, 0]

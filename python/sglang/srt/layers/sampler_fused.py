@@ -26,8 +26,8 @@ class FusedStep:
             next_ids, invalid = result.ids, result.invalid
             if force_after is not None:
                 forced_ids = force_after(logits, result)
-        if forced_ids is not None:
-            next_ids = torch.where(forced_ids >= 0, forced_ids, next_ids)
+        if forced_ids is not None:  # an invalid row (NaN logits) stays -1 even where forced
+            next_ids = torch.where((forced_ids >= 0) & ~invalid, forced_ids, next_ids)
         if row_errors:
             invalid = flag_failed_rows(invalid, row_errors)
             next_ids = torch.where(invalid, torch.full_like(next_ids, -1), next_ids)

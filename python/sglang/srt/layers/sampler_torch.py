@@ -28,7 +28,8 @@ class UnfusedStep:
         self.owner = owner
 
     def __call__(self, call: StepCall) -> tuple[torch.Tensor, torch.Tensor]:
-        output, info, row_errors, positions, logprobs, forced_ids, _ = call
+        output, info, row_errors, positions, logprobs, forced_ids, force_after = call
+        assert force_after is None, "forcing from support statistics needs a fused backend's step"
         logits = output.next_token_logits
         invalid = invalid_rows(logits, row_errors)
         greedy_ids = self.greedy_ids(logits, info)

@@ -139,7 +139,7 @@ def sample_in_graph(
     ids = result.ids
     if watermarked:
         forced = watermark.force(logits, inputs.temperatures[:bs], result, req_pool_indices)
-        ids = torch.where(forced >= 0, forced, ids)
+        ids = torch.where((forced >= 0) & ~result.invalid, forced, ids)
         watermark.append(req_pool_indices, ids)
     update_penalties_triton(ids, table)
     future_tokens.index_copy_(0, req_pool_indices, ids)

@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from sgl_kernel_ext.sampling.kl_alpha_reference import KL_BISECTION_TOL, kl_alpha_reference
+from sgl_kernel_ext.sampling.kl_alpha_reference import kl_alpha_reference
 from sglang.srt.sampling.guidance_params import mixing_coefficients
 
 

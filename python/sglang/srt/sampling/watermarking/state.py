@@ -120,7 +120,7 @@ class WatermarkState:
         counts = self.counts.index_select(0, slot)
         seen = (self.history.index_select(0, slot) == ctx32[:, None]) & (self._positions[None, :] < counts[:, None])
         eligible = (lengths > 0) & ~seen.any(dim=1) & (counts < self.capacity)
-        eligible &= row_max <= self.settings.max_probability
+        eligible &= (row_max > 0) & (row_max <= self.settings.max_probability)
         self._record(slot, counts, ctx32, eligible)
         forced = torch.full((logits.shape[0],), -1, dtype=torch.int64, device=logits.device)
         return forced.index_copy(0, rows, torch.where(eligible, chosen, torch.full_like(chosen, -1)))
