@@ -103,10 +103,13 @@ def runs_to_make(target: str, draft2: str, tp2: bool) -> dict[str, list[str]]:
         "standalone_self": self_draft,
         "standalone_2layer": ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", draft2,
                               "--speculative-num-steps", "4", *spec],
+        # NGRAM sampling eagerly (no graphs) at TP=1, as TP=2 with the agreement check does.
+        "ngram_eager": [*ngram, "--disable-cuda-graph"],
     }
     if tp2:
         runs["standalone_self_tp2"] = [*self_draft, "--tp-size", "2"]
         runs["ngram_tp2"] = [*ngram, "--tp-size", "2"]
+        runs["ngram_tp2_no_overlap"] = [*ngram, "--tp-size", "2", "--disable-overlap-schedule"]
     return runs
 
 
