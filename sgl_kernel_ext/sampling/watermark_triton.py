@@ -22,7 +22,7 @@ sampled id. Each replaces about a dozen small torch launches.
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -163,8 +163,19 @@ def _watermark_select_kernel(
     tl.store(best_p_ptr + row * splits + split, best_p)
 
 
+class SupportStats(NamedTuple):
+    """The probabilities a sampling kernel drew from, as its per-row statistics: for watermark row
+    w on batch row b = rows[w], p_t = exp(s_t - lse_kept[b]) where s_t = logits[b, t] /
+    temperatures[b] >= threshold[b], else 0 (temperatures, threshold, lse_kept: [B] float32)."""
+
+    rows: torch.Tensor  # [W] int64
+    temperatures: torch.Tensor
+    threshold: torch.Tensor
+    lse_kept: torch.Tensor
+
+
 def watermark_select_triton(
-    probs: torch.Tensor,
+    src: torch.Tensor,
     slots: torch.Tensor,
     tails: torch.Tensor,
     state_lengths: torch.Tensor,
@@ -172,46 +183,19 @@ def watermark_select_triton(
     keys: torch.Tensor,
     key_b: Optional[int],
     threshold: int,
+    stats: Optional[SupportStats] = None,
+    active: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(token [W] int64, context hash [W] int64, largest probability [W] float32) of each watermark
-    row: argmax_t log(u_t) / p_t over `probs` ([W, V] float32, contiguous; 0 outside the support).
-    The row's context is the last min(state_lengths[slot], windows[row]) columns of tails[slot]
-    ([R, H] int64)."""
-    if not (probs.dtype == torch.float32 and probs.is_contiguous()):
-        raise ValueError("watermark_select_triton takes contiguous float32 probs [W, V].")
-    return _select(probs, None, None, None, None, None, slots, tails, state_lengths, windows, keys, key_b, threshold)
-
-
-def watermark_select_stats_triton(
-    logits: torch.Tensor,
-    rows: torch.Tensor,
-    temperatures: torch.Tensor,
-    support_threshold: torch.Tensor,
-    lse_kept: torch.Tensor,
-    active: Optional[torch.Tensor],
-    slots: torch.Tensor,
-    tails: torch.Tensor,
-    state_lengths: torch.Tensor,
-    windows: torch.Tensor,
-    keys: torch.Tensor,
-    key_b: Optional[int],
-    threshold: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """watermark_select_triton over the probabilities the sampler's row statistics define, never
-    materialised: for watermark row w on batch row b = rows[w] of the processed `logits` ([B, V]
-    float32, unit column stride), p_t = exp(s_t - lse_kept[b]) where s_t = logits[b, t] /
-    temperatures[b] >= support_threshold[b], else 0 (temperatures, support_threshold, lse_kept:
-    [B] float32, as the sampling kernel returns them). `active` ([W] bool, or None: every row):
-    inactive rows pick nothing, and their slots are never read."""
-    if not (logits.dtype == torch.float32 and logits.stride(1) == 1):
-        raise ValueError("watermark_select_stats_triton takes float32 logits [B, V] with unit column stride.")
-    return _select(logits, rows, temperatures.reshape(-1), support_threshold, lse_kept, active, slots, tails,
-                   state_lengths, windows, keys, key_b, threshold)
-
-
-def _select(
-    src, rows, temperatures, support_threshold, lse_kept, active, slots, tails, state_lengths, windows, keys, key_b, threshold,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    row: argmax_t log(u_t) / p_t. Without `stats`, `src` holds the probabilities ([W, V] float32,
+    contiguous; 0 outside the support); with them, `src` is the batch's processed logits ([B, V]
+    float32, unit column stride) and the probabilities are never materialised. The row's context
+    is the last min(state_lengths[slot], windows[row]) columns of tails[slot] ([R, H] int64).
+    `active` ([W] bool, or None: every row): inactive rows pick nothing, and their slots are never
+    read."""
+    if not (src.dtype == torch.float32 and (src.stride(1) == 1 if stats is not None else src.is_contiguous())):
+        raise ValueError("watermark_select_triton takes contiguous float32 probs [W, V], or float32 logits [B, V] "
+                         "with unit column stride and their support statistics.")
     if not (tails.dtype == torch.int64 and tails.is_contiguous()):
         raise ValueError("the watermark kernels take contiguous int64 tails [R, H].")
     count, vocab = keys.shape[0], src.shape[1]
@@ -222,15 +206,14 @@ def _select(
     ctx = torch.empty(count, dtype=torch.int64, device=src.device)  # [W]
     if count == 0:
         return torch.empty_like(ctx), ctx, best_p[:, 0]
-    from_stats = rows is not None
-    if not from_stats:  # placeholders of the FROM_STATS pointers, never read
-        rows, temperatures, support_threshold, lse_kept = src, src, src, src
+    # Without statistics their pointers get placeholders, never read.
+    rows, temperatures, support_threshold, lse_kept = (src,) * 4 if stats is None else stats
     launch(
         _watermark_select_kernel, (count, splits),
-        src, rows, temperatures, support_threshold, lse_kept,
+        src, rows, temperatures.reshape(-1), support_threshold, lse_kept,
         keys if active is None else active, slots, tails, state_lengths, windows, keys, best_score, best_id, best_p, ctx,
         vocab, src.stride(0), tails.shape[1], 0 if key_b is None else key_b, threshold,
-        FROM_STATS=from_stats, HAS_ACTIVE=active is not None, HAS_KEY_B=key_b is not None,
+        FROM_STATS=stats is not None, HAS_ACTIVE=active is not None, HAS_KEY_B=key_b is not None,
         BLOCK=BLOCK, SPLIT_BLOCKS=SPLIT_BLOCKS, num_warps=4,
     )
     # torch.argmax returns the first maximum: the lowest split, so the lowest id among ties.

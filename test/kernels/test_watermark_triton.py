@@ -23,7 +23,7 @@ from sgl_kernel_ext.sampling.watermark_triton import (  # noqa: E402
     SPLIT_BLOCKS,
     watermark_admit_triton,
     watermark_append_triton,
-    watermark_select_stats_triton,
+    SupportStats,
     watermark_select_triton,
 )
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
@@ -212,8 +212,9 @@ def test_stats_kernel_selects_from_the_samplers_support():
     slots, tails, lengths, windows = (t.to(DEVICE) for t in _state(6, width, vocab + 1))
     keys = torch.tensor([parse_key(KEYS[r]) for r in range(6)], device=DEVICE)
     active = torch.tensor([True, True, False, True, True, True], device=DEVICE)
-    chosen, ctx, row_max = watermark_select_stats_triton(
-        logits, rows, temps, result.threshold, result.lse_kept, active, slots, tails, lengths, windows, keys, None, 0
+    stats = SupportStats(rows, temps, result.threshold, result.lse_kept)
+    chosen, ctx, row_max = watermark_select_triton(
+        logits, slots, tails, lengths, windows, keys, None, 0, stats=stats, active=active
     )
     wanted_probs = probs.index_select(0, rows)
     expected, expected_ctx = _reference(wanted_probs.cpu(), *(t.cpu() for t in (slots, tails, lengths, windows, keys)), None, 0)

@@ -134,12 +134,12 @@ class WatermarkState:
         statistics (threshold, lse_kept: [B] float32), never materialised. `rows` ([W] int64 batch
         rows) with their `keys` and `windows` ([W] int64); `active` ([W] bool, or None: every
         row) marks the watermarked ones (the sampling graph passes every row of its bucket)."""
-        from sgl_kernel_ext.sampling.watermark_triton import watermark_select_stats_triton
+        from sgl_kernel_ext.sampling.watermark_triton import SupportStats, watermark_select_triton
 
         slot = slots.index_select(0, rows)  # [W]
-        chosen, ctx, row_max = watermark_select_stats_triton(
-            logits, rows, temperatures, result.threshold, result.lse_kept, active, slot, self.tails, self.lengths,
-            windows, keys, self.key_b, self.settings.mixing_threshold,
+        chosen, ctx, row_max = watermark_select_triton(
+            logits, slot, self.tails, self.lengths, windows, keys, self.key_b, self.settings.mixing_threshold,
+            stats=SupportStats(rows, temperatures, result.threshold, result.lse_kept), active=active,
         )
         return self._admit(rows, slots, chosen, ctx, row_max, windows, logits.shape[0], active)
 
