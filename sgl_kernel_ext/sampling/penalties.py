@@ -111,7 +111,10 @@ class PenaltyTable:
     an earlier write may be gone."""
 
     def __init__(self, device: torch.device) -> None:
-        self.table = torch.zeros(TABLE_SIZE, dtype=torch.int64, device=device)  # [TABLE_SIZE] int64
+        # A normal tensor even when first made inside inference mode (a graph capture): the process
+        # keeps one table, and later writes may run outside that mode.
+        with torch.inference_mode(False):
+            self.table = torch.zeros(TABLE_SIZE, dtype=torch.int64, device=device)  # [TABLE_SIZE] int64
         self._written: Optional[tuple[int, ...]] = None
 
     def write(self, lists: PenaltyLists, n_rows: int) -> None:

@@ -233,6 +233,15 @@ def test_penalty_table_uploads_only_changes():
     assert not table.table.any()
 
 
+def test_penalty_table_made_in_inference_mode_takes_writes_outside_it():
+    """The process's one table may first be made while a graph is captured (inference mode) and
+    written later by a step outside that mode."""
+    with torch.inference_mode():
+        table = pen_kernels.PenaltyTable(torch.device(DEVICE))
+    table.write(_penalty_lists(2, 64, DEVICE), 2)
+    assert table.table[pen_kernels.N_ROWS] == 2
+
+
 def test_fused_logits_bias_equals_torch_path():
     vocab = 50
     params = [
