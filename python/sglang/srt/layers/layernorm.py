@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from types import ModuleType
 from typing import Optional, Union
 
@@ -12,6 +11,7 @@ from torch import nn
 
 from sgl_kernel_ext.norm.rmsnorm_cpu import rmsnorm_cpu, rmsnorm_cpu_applies
 from sglang.srt.layers.linear import default_weight_loader, make_param
+from sglang.srt.layers.triton_kernels import triton_kernels
 
 
 class RMSNorm(nn.Module):
@@ -70,12 +70,5 @@ def _triton_takes(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torc
     )
 
 
-@functools.cache
 def triton_rmsnorm() -> Optional[ModuleType]:
-    """The Triton RMSNorm module (sgl_kernel_ext.norm.rmsnorm_triton), imported on first CUDA use
-    so that CPU-only installs never need triton; None where triton is not importable."""
-    try:
-        from sgl_kernel_ext.norm import rmsnorm_triton
-    except ImportError:
-        return None
-    return rmsnorm_triton
+    return triton_kernels("norm.rmsnorm_triton")

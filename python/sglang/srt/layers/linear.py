@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
+from types import ModuleType
 from typing import Callable, Iterator, Optional, Protocol
 
 import torch
@@ -22,6 +23,7 @@ from sgl_kernel_ext.gemm.block_quant_linear import (
 )
 from sglang.srt.distributed.custom_all_reduce import custom_all_reduce
 from sglang.srt.layers.batch_invariant import is_batch_invariant, row_blocked
+from sglang.srt.layers.triton_kernels import triton_kernels
 
 logger = logging.getLogger(__name__)
 
@@ -166,6 +168,9 @@ def dense_matmul(
     # serves batch-invariant mode at any size.
     if block_weight is not None and block_kernel_serves(x.shape[0]):
         return block_quant_linear(x, block_weight, bias)
+    gemv = _gemv_for(x, weight)
+    if gemv is not None:
+        return gemv.gemv_triton(x, weight, bias)
     if weight.is_mkldnn:
         def matmul(rows: torch.Tensor) -> torch.Tensor:
             return torch.ops.mkldnn._linear_pointwise(rows, weight, bias, "none", [], "")
@@ -173,6 +178,15 @@ def dense_matmul(
         def matmul(rows: torch.Tensor) -> torch.Tensor:
             return F.linear(rows, weight, bias)
     return row_blocked(matmul, x) if is_batch_invariant() else matmul(x)
+
+
+def _gemv_for(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> Optional[ModuleType]:
+    """The skinny-matmul kernel module where it takes x @ weight^T (a CUDA decode batch of a few
+    rows in bf16 / fp16); never in batch-invariant mode, whose matmuls block rows in one fixed way."""
+    if not x.is_cuda or is_batch_invariant():
+        return None
+    gemv = triton_kernels("gemm.gemv_triton")
+    return gemv if gemv is not None and gemv.gemv_applies(x, weight, silu_mul) else None
 
 
 def tp_all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
@@ -230,6 +244,15 @@ class ColumnParallelLinear(LinearBase):
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel projections of the same input in one matmul (gate_proj + up_proj)."""
+
+    def fused_silu_mul(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+        """silu(gate) * up [N, I / tp] of a gate | up projection in one skinny-matmul launch, with
+        the rounding of the matmul followed by the separate activation; None where that kernel
+        does not take this input (then the caller runs the two steps)."""
+        if self.quant_method is not None or len(self.output_sizes) != 2 or self.output_sizes[0] != self.output_sizes[1]:
+            return None
+        gemv = _gemv_for(x, self.weight, silu_mul=True)
+        return None if gemv is None else gemv.gemv_triton(x, self.weight, self.bias, silu_mul=True)
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False, **kwargs) -> None:
         super().__init__(input_size, sum(output_sizes), bias, **kwargs)

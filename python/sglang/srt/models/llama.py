@@ -19,10 +19,11 @@ from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import block_kernel_serves
 from sglang.srt.layers.logits_processor import LogitsHead, LogitsProcessorOutput
 from sglang.srt.layers.rotary import RotaryEmbedding, rotary_dim_of
+from sglang.srt.layers.triton_kernels import triton_kernels
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from sglang.srt.mem_cache.memory_pool import KVCacheLayout
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-from sglang.srt.models.llama_layers import FusedRope, LlamaDecoderLayer, Rope, _triton_kernels
+from sglang.srt.models.llama_layers import FusedRope, LlamaDecoderLayer, Rope
 
 # Checkpoint projection -> (our fused parameter, shard id passed to its weight_loader).
 STACKED_PARAMS = {
@@ -108,7 +109,7 @@ class LlamaModel(nn.Module):
         rotary, positions = self.rotary_emb, forward_batch.positions
         seq_lens = _token_seq_lens(forward_batch) if rotary.length_dependent else None
         whole_heads = rotary.rotary_dim == self.layers[0].self_attn.attn.head_dim
-        if x.is_cuda and whole_heads and _triton_kernels("rotary.rope_store_triton") is not None:
+        if x.is_cuda and whole_heads and triton_kernels("rotary.rope_store_triton") is not None:
             if seq_lens is None:
                 return FusedRope(positions, rotary.cos_sin_cache, positions, None, rotary)
             rows = rotary.rows(positions, seq_lens)  # [N, D]: this step's own table

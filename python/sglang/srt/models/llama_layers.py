@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import importlib
 from types import ModuleType
 from typing import NamedTuple, Optional, Union
 
@@ -20,6 +18,7 @@ from sglang.srt.layers.batch_invariant import pointwise
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from sglang.srt.layers.rotary import RotaryEmbedding, apply_rotary_emb
+from sglang.srt.layers.triton_kernels import triton_kernels
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 class FusedRope(NamedTuple):
@@ -49,8 +48,11 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(inter, config.hidden_size, **tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fused = self.gate_up_proj.fused_silu_mul(x)  # [N, I / tp], a CUDA decode batch of a few rows
+        if fused is not None:
+            return self.down_proj(fused)
         gate_up = self.gate_up_proj(x)  # [N, 2 I / tp]
-        kernels = _triton_kernels("activation.silu_mul_triton") if gate_up.is_cuda else None
+        kernels = triton_kernels("activation.silu_mul_triton") if gate_up.is_cuda else None
         if kernels is not None and kernels.silu_mul_triton_applies(gate_up):
             return self.down_proj(kernels.silu_mul_triton(gate_up))  # one launch, no silu temporary
         if self.c_silu():
@@ -97,7 +99,7 @@ class LlamaAttention(nn.Module):
         n, d, heads, kv_heads = qkv.shape[0], self.attn.head_dim, self.num_heads, self.num_kv_heads
         k_buf, v_buf = forward_batch.kv_cache.get_kv(self.attn.layer_id)
         if isinstance(rope, FusedRope):
-            kernels = _triton_kernels("rotary.rope_store_triton")
+            kernels = triton_kernels("rotary.rope_store_triton")
             if kernels.rope_store_triton_applies(qkv, k_buf, v_buf):
                 # One launch for q/k norm, RoPE and the K/V store (instead of ~15 small kernels).
                 q = self._rope_store_triton(kernels, rope, qkv, k_buf, v_buf, forward_batch)  # [N, Hq, D]
@@ -192,11 +194,3 @@ def _detached(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if t is None else t.detach()
 
 
-@functools.cache
-def _triton_kernels(module: str) -> Optional[ModuleType]:
-    """sgl_kernel_ext.<module>, a Triton kernel module, imported on first CUDA use so that
-    CPU-only installs never need triton; None where triton is not importable."""
-    try:
-        return importlib.import_module(f"sgl_kernel_ext.{module}")
-    except ImportError:
-        return None
