@@ -32,6 +32,7 @@ score s to c * tanh(s / c) before the softmax.
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import torch
 import triton
@@ -41,7 +42,7 @@ from sgl_kernel_ext.triton_launch import launch
 
 BLOCK_N = 64  # KV positions per inner step
 NUM_WARPS = 4
-NUM_STAGES = 2
+NUM_STAGES = 3  # 2 for heads wider than 128 (shared memory)
 MAX_KV_SPLITS = 16
 _LOG2E = 1.4426950408889634
 _LN2 = tl.constexpr(0.6931471805599453)
@@ -238,7 +239,7 @@ def paged_decode_attention(
     logit_cap: float | None = None,
     block_n: int = BLOCK_N,
     num_warps: int = NUM_WARPS,
-    num_stages: int = NUM_STAGES,
+    num_stages: Optional[int] = None,
 ) -> torch.Tensor:
     """q [B, Hq, D] (any strides); k_buf, v_buf [S, Hk, D] -> out [B, Hq, D] (q's dtype unless the
     caller's out says otherwise). Request b attends to its KV slots
@@ -259,6 +260,8 @@ def paged_decode_attention(
     if batch == 0:
         return out
     partial, lse = workspace
+    if num_stages is None:
+        num_stages = NUM_STAGES if head_dim <= 128 else 2
     group = num_heads // num_kv_heads
     block_d = max(16, triton.next_power_of_2(head_dim))
     launch(_split_kernel, (batch, num_kv_heads, num_kv_splits),
