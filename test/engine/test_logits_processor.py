@@ -46,6 +46,37 @@ def test_lm_head_module_with_packed_weight_matches_dense():
     torch.testing.assert_close(LogitsHead(10)(hidden, head).next_token_logits, hidden @ weight.T, rtol=1e-5, atol=1e-5)
 
 
+def _gather_two_shards(hidden: torch.Tensor, weight: torch.Tensor):
+    other = hidden @ weight.chunk(2)[1].T
+
+    def gather(local: torch.Tensor) -> torch.Tensor:
+        return torch.cat([local, other, torch.full((local.shape[0], 2), 99.0)], dim=1)  # [B, V_padded]
+
+    return gather
+
+
+@pytest.mark.parametrize("case", ["plain", "bf16", "scale", "softcap", "tp"])
+def test_out_buffer_receives_the_same_logits(case: str) -> None:
+    """`out` (a decode graph's static output) holds what the head returns without it, and is
+    what it returns; a bf16 projection is converted into it."""
+    hidden, weight = _inputs()
+    shard, options = weight, {}
+    if case == "bf16":
+        hidden, shard = hidden.bfloat16(), weight.bfloat16()
+    elif case == "scale":
+        options = dict(logit_scale=0.5)
+    elif case == "softcap":
+        options = dict(final_logit_softcapping=2.0)
+    elif case == "tp":
+        shard, options = weight.chunk(2)[0], dict(tp_all_gather=_gather_two_shards(hidden, weight))
+    head = LogitsHead(10, **options)
+    want = head(hidden, shard).next_token_logits
+    buffer = torch.full((5, 10), float("nan"))  # [max_bs, V] float32, a graph runner's shared buffer
+    got = head(hidden, shard, out=buffer[:3]).next_token_logits
+    assert got.data_ptr() == buffer.data_ptr() and got.dtype == torch.float32
+    assert torch.equal(got, want) and torch.equal(buffer[:3], want) and buffer[3:].isnan().all()
+
+
 def test_bad_softcap_rejected():
     with pytest.raises(ValueError, match="final_logit_softcapping"):
         LogitsHead(10, final_logit_softcapping=0.0)

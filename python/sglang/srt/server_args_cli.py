@@ -191,9 +191,11 @@ def add_server_cli_args(parser: argparse.ArgumentParser, d: Any) -> None:
     add("--disable-cuda-graph", "--disable-decode-cuda-graph", action="store_true",
         help="Run decode steps eagerly instead of replaying CUDA graphs.")
     add("--cuda-graph-max-bs", "--cuda-graph-max-bs-decode", type=int, default=d.cuda_graph_max_bs,
-        help="Largest decode batch captured in a CUDA graph (default: min(max running requests, 256)).")
+        help="Largest decode batch captured in a CUDA graph (default: max running requests, lowered to what free "
+        "memory holds); a larger decode batch replays the graphs in chunks.")
     add("--cuda-graph-bs", "--cuda-graph-bs-decode", type=int, nargs="+", default=d.cuda_graph_bs,
-        help="Exact decode batch sizes to capture (default 1, 2, 4, 8, 12, 16, 24, ... up to --cuda-graph-max-bs).")
+        help="Exact decode batch sizes to capture (default 1, 2, 4, 8, 12, then steps of 8 to 256, of 32 to 512, "
+        "of 64 beyond, up to --cuda-graph-max-bs).")
     add("--disable-piecewise-cuda-graph", "--disable-prefill-cuda-graph", action="store_true",
         help="Run extend (prefill) steps eagerly instead of replaying piecewise CUDA graphs around eager attention.")
     add("--piecewise-cuda-graph-max-tokens", type=int, default=d.piecewise_cuda_graph_max_tokens,

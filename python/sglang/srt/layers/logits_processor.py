@@ -69,15 +69,41 @@ class LogitsHead(nn.Module):
         lm_head_bias: Optional[torch.Tensor] = None,
         *,
         keep_hidden_states: bool = False,
+        out: Optional[torch.Tensor] = None,
     ) -> LogitsProcessorOutput:
         """hidden_states [B, H] (the last position of each row); lm_head is the weight [V_shard, H]
-        or a module whose `project(hidden)` does the matmul (e.g. with a pre-packed weight)."""
+        or a module whose `project(hidden)` does the matmul (e.g. with a pre-packed weight).
+        `out` ([B, V] float32, contiguous): where the logits are written (a decode graph's
+        static output); the float32 conversion writes there directly when nothing follows it."""
         if isinstance(lm_head, torch.Tensor):
             logits = dense_matmul(hidden_states, lm_head, lm_head_bias)  # [B, V_shard]
         else:
             logits = lm_head.project(hidden_states)
             if lm_head_bias is not None:
                 logits = logits + lm_head_bias
+        if out is None:
+            logits = self._finish(logits).contiguous()
+        elif self._converts_only(logits):
+            logits = out.copy_(logits)  # the float32 conversion writes `out`
+        else:
+            logits = out.copy_(self._finish(logits))
+        return LogitsProcessorOutput(
+            next_token_logits=logits,
+            hidden_states=hidden_states if keep_hidden_states else None,
+        )
+
+    def _converts_only(self, logits: torch.Tensor) -> bool:
+        """Whether the projection's logits only need the float32 conversion (one rank, no padding,
+        no scale, no soft-capping)."""
+        return (
+            self.tp_all_gather is None
+            and logits.shape[-1] == self.vocab_size
+            and self.logit_scale is None
+            and self.final_logit_softcapping is None
+        )
+
+    def _finish(self, logits: torch.Tensor) -> torch.Tensor:
+        """[B, V_shard] projection -> [B, V] float32: TP all-gather, logit scale, soft-capping."""
         logits = logits.float()
         if self.tp_all_gather is not None:
             logits = self.tp_all_gather(logits)  # [B, V_padded]: every rank holds the full vocab
@@ -88,7 +114,4 @@ class LogitsHead(nn.Module):
         if self.final_logit_softcapping is not None:
             cap = self.final_logit_softcapping
             logits = pointwise(torch.tanh, logits / cap) * cap
-        return LogitsProcessorOutput(
-            next_token_logits=logits.contiguous(),
-            hidden_states=hidden_states if keep_hidden_states else None,
-        )
+        return logits

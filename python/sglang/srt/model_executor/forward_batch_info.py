@@ -61,6 +61,9 @@ class ForwardBatch:
     # Set while piecewise CUDA graphs are captured: takes (attention layer, q) in place of the
     # attention and returns the buffer the attention will write at replay (piecewise_cuda_graph_runner.py).
     attention_split: Optional[Callable[[Any, torch.Tensor], torch.Tensor]] = None
+    # Set while a decode graph is captured: [B, V] float32, the static buffer its next-token
+    # logits are written into (cuda_graph_runner.py); None leaves the logits a new tensor.
+    logits_out: Optional[torch.Tensor] = None
 
     @classmethod
     def init_new(

@@ -24,7 +24,7 @@ from sglang.srt.layers.sampler import SamplerInput, create_sampler
 from sglang.srt.layers.sampling_report import report_rows
 from sglang.srt.mem_cache.memory_pool import KVCache, ReqToTokenPool, TokenToKVPoolAllocator
 from sglang.srt.mem_cache.recurrent_state_pool import RecurrentStateLayout, RecurrentStatePool
-from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_batch_sizes
+from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, decode_graph_sizes
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.guided_rows import alpha_to_host, guide_logits, run_guide_model, store_guide_tokens
 from sglang.srt.model_executor.piecewise_cuda_graph_runner import PiecewiseCudaGraphRunner, capture_token_counts
@@ -52,8 +52,6 @@ CPU_MAX_RUNNING_REQUESTS = 64
 # (pool / context * 512), within [1024, 2048]: the request table is int64 and mirrored on the host.
 CUDA_KV_FREE_FRACTION = 0.8
 CUDA_MAX_RUNNING_BOUNDS = (1024, 2048)
-# Largest decode batch captured by default (--cuda-graph-max-bs); larger batches run eagerly.
-DEFAULT_CUDA_GRAPH_MAX_BS = 256
 # Largest extend step captured in piecewise graphs when no size is given (the server passes its
 # --chunked-prefill-size, so that every prefill chunk replays).
 DEFAULT_PIECEWISE_MAX_TOKENS = 4096
@@ -183,11 +181,17 @@ class ModelRunner:
         if not self.attn_backend.supports_cuda_graph:
             logger.info("CUDA graphs off: the %s attention backend cannot be captured.", type(self.attn_backend).__name__)
             return
-        max_bs = max_bs or min(self.max_running_requests, DEFAULT_CUDA_GRAPH_MAX_BS)
-        sizes = capture_batch_sizes(max_bs, explicit)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        if self.tp_size > 1:
+            free = min_across_ranks(free, tp_cpu_group())  # every rank must capture the same buckets
+        capture_sampling = sampling_graph_supported(self.sampler)
+        # By default every running batch fits one graph; a larger batch replays in chunks.
+        sizes = decode_graph_sizes(self, max_bs or self.max_running_requests, explicit, free, capture_sampling)
+        if not sizes:
+            return
         with torch.inference_mode():
             self.cuda_graph_runner = CudaGraphRunner(
-                self, sizes, capture_sampling=sampling_graph_supported(self.sampler), watermark=self.sampler.watermark_state
+                self, sizes, capture_sampling=capture_sampling, watermark=self.sampler.watermark_state
             )
         # The agreement check reads every step's ids on the host, which a captured sampling step never does.
         if self.cuda_graph_runner.sampling is not None and not self.check_token_agreement:
@@ -260,9 +264,9 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         """next_token_logits [B, V] float32 of each request's last new token (and
-        input_token_logits [N, V] when forward_batch.return_input_logits). A decode batch that
-        fits a captured graph replays it; an extend step within the piecewise graphs' token
-        counts replays their pieces around eager attention."""
+        input_token_logits [N, V] when forward_batch.return_input_logits). A decode batch replays
+        the captured graphs (in chunks when it is larger than the largest); an extend step within
+        the piecewise graphs' token counts replays their pieces around eager attention."""
         forward_batch.kv_cache, forward_batch.attn_backend = self.kv_cache, self.attn_backend
         forward_batch.state_pool = self.state_pool
         if self.state_pool is not None and forward_batch.forward_mode.is_extend():

@@ -49,9 +49,16 @@ GraphVariant = tuple[Optional[bool], bool]
 _GUIDANCE_VARIANTS: tuple[Optional[bool], ...] = (None, False, True)
 
 
-def graph_variants(watermark: bool) -> list[GraphVariant]:
-    """The variants each bucket captures; the watermarked ones only with a watermark state."""
-    return [(g, w) for w in ((False, True) if watermark else (False,)) for g in _GUIDANCE_VARIANTS]
+# Largest bucket that also captures the guided variants: their mix holds several [bs, V] float32
+# temporaries in the graph pool, and larger guided batches are rare (they sample eagerly).
+GUIDED_GRAPH_MAX_BS = 256
+
+
+def graph_variants(watermark: bool, bs: int) -> list[GraphVariant]:
+    """The variants a bucket of `bs` rows captures: the watermarked ones only with a watermark
+    state, the guided ones up to GUIDED_GRAPH_MAX_BS rows."""
+    guidance = _GUIDANCE_VARIANTS if bs <= GUIDED_GRAPH_MAX_BS else (None,)
+    return [(g, w) for w in ((False, True) if watermark else (False,)) for g in guidance]
 
 
 def graph_variant(info: SamplingBatchInfo) -> GraphVariant:

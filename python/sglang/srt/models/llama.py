@@ -204,7 +204,7 @@ class LlamaForCausalLM(nn.Module):
             return out
         if forward_batch.forward_mode.is_extend():
             hidden = hidden[_last_token_indices(forward_batch)]  # [B, H]
-        return self.logits_head(hidden, self.lm_head)
+        return self.logits_head(hidden, self.lm_head, out=forward_batch.logits_out)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """weights: (HF parameter name, full unsharded tensor) pairs."""

@@ -31,6 +31,10 @@ class AttentionBackend(ABC):
     def init_cuda_graph_state(self, max_bs: int) -> None:
         raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs.")
 
+    def cuda_graph_state_bytes(self, max_bs: int) -> int:
+        """Device bytes init_cuda_graph_state(max_bs) allocates."""
+        return 0
+
     def init_forward_metadata_capture_cuda_graph(
         self, bs: int, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor
     ) -> None:

@@ -68,9 +68,16 @@ class TritonAttnBackend(AttentionBackend):
         if forward_batch.forward_mode.is_extend():
             self.max_extend_len = max(forward_batch.extend_seq_lens_cpu)
 
+    def _graph_rows(self, max_bs: int) -> int:
+        """Split-KV partial rows (request x head x split) of the largest batch up to max_bs."""
+        return max(bs * self.num_heads * self.num_kv_splits(bs) for bs in range(1, max_bs + 1))
+
     def init_cuda_graph_state(self, max_bs: int) -> None:
-        self._allocate(max(bs * self.num_heads * self.num_kv_splits(bs) for bs in range(1, max_bs + 1)))
+        self._allocate(self._graph_rows(max_bs))
         self.captured_workspace = (self.partial, self.lse)
+
+    def cuda_graph_state_bytes(self, max_bs: int) -> int:
+        return self._graph_rows(max_bs) * (self.head_dim + 1) * 4  # partial [rows, D] and lse [rows], float32
 
     def init_forward_metadata_capture_cuda_graph(self, bs: int, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> None:
         pass  # decode reads the graph runner's static buffers through the forward batch
