@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "test"))
 sys.path.insert(0, str(ROOT / "benchmark"))
 
 from bench_serving import SAMPLING  # noqa: E402
+from gpu_timing import gpu_ms  # noqa: E402
 from random_checkpoint import write_qwen3_checkpoint  # noqa: E402
 from runner_utils import Driver  # noqa: E402
 from sampling_utils import make_info  # noqa: E402
@@ -225,20 +226,6 @@ def time_extend(folder: str, results: dict) -> None:
     results["extend_step"] = timings
 
 
-def _gpu_ms(run, steps: int = 50) -> float:
-    """Mean GPU time of run() per call (events around `steps` calls, after a warm-up)."""
-    for _ in range(3):
-        run()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(steps):
-        run()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / steps
-
-
 @torch.inference_mode()
 def time_sampling(folder: str, results: dict, context: int = 256) -> None:
     """Sampling (bias + penalties + sampler + penalty update) as a share of the decode step, with
@@ -266,9 +253,9 @@ def time_sampling(folder: str, results: dict, context: int = 256) -> None:
             ids = r.sampler(LogitsProcessorOutput(next_token_logits=logits), info, positions=graphs.buffers.positions[:bs])
             info.update_penalties(ids)
 
-        decode_ms = _gpu_ms(decode.replay)
-        graph_ms = _gpu_ms(lambda: (decode.replay(), graphs.replay_sampling(info, bs, gen)))
-        eager_ms = _gpu_ms(eager_sampling)
+        decode_ms = gpu_ms(decode.replay)
+        graph_ms = gpu_ms(lambda: (decode.replay(), graphs.replay_sampling(info, bs, gen)))
+        eager_ms = gpu_ms(eager_sampling)
         share = (graph_ms - decode_ms) / graph_ms
         timings[f"bs{bs}"] = dict(decode_ms=decode_ms, decode_and_sampling_graph_ms=graph_ms,
                                   decode_and_eager_sampling_ms=eager_ms, sampling_graph_share=share)
