@@ -83,9 +83,9 @@ for phase in "$@"; do
       done
       ;;
     anchor)
-      timeout 560 python3 benchmark/bench_serving_gpu.py --out-dir "$OUT/serving" --tokenizer .carry_engine/tokenizer \
+      timeout 300 python3 benchmark/bench_serving_gpu.py --out-dir "$OUT/serving" --tokenizer .carry_engine/tokenizer \
         --checkpoint $CKPT --systems ours hf_static_compiled weight_read_floor --concurrency 1 64 256 \
-        --new-tokens 256 --rounds 2 --time-budget-s 500 --tag anchor
+        --new-tokens 256 --rounds 1 --time-budget-s 250 --tag anchor
       ;;
     *) echo "unknown phase $phase"; exit 2 ;;
   esac
