@@ -29,7 +29,7 @@ from sgl_kernel_ext.norm.rmsnorm_triton import round_to
 from sgl_kernel_ext.triton_launch import launch
 
 GEMV_MAX_ROWS = 4
-GEMV_MAX_COLUMNS = 32768
+GEMV_MAX_WEIGHT_ROWS = 16384
 DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -92,13 +92,14 @@ def gemv_tile(n: int, k: int, silu_mul: bool = False) -> tuple[int, int, int, in
 
 def gemv_applies(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> bool:
     """Whether a linear's x @ weight^T goes to gemv_triton: on CUDA, for the inputs it takes, where
-    it measured faster than the library GEMM (bench_gemv.py, H200): one row at any width up to
-    GEMV_MAX_COLUMNS (beyond, a vocabulary projection, the library streams at ~94% of the copy
-    bandwidth), and up to GEMV_MAX_ROWS rows where the output is no wider than the input."""
+    it measured faster than the library GEMM (bench_gemv.py, H200): one row with a weight of up to
+    GEMV_MAX_WEIGHT_ROWS rows (a vocabulary projection, or Qwen3-8B's 24576-row gate/up, streams faster
+    through the library), and up to GEMV_MAX_ROWS rows where the output is no wider than the
+    input."""
     if not (x.is_cuda and _takes(x, weight)):
         return False
     n, k = (weight.shape[0] // 2 if silu_mul else weight.shape[0]), weight.shape[1]
-    return n <= GEMV_MAX_COLUMNS and (x.shape[0] == 1 or n <= k)
+    return weight.shape[0] <= GEMV_MAX_WEIGHT_ROWS and (x.shape[0] == 1 or n <= k)
 
 
 def _takes(x: torch.Tensor, weight: torch.Tensor) -> bool:

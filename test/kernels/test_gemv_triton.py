@@ -20,7 +20,7 @@ pytest.importorskip("triton")
 
 from sgl_kernel_ext.activation.reference import silu_mul_reference  # noqa: E402
 from sgl_kernel_ext.gemm.gemv_reference import gemv_reference  # noqa: E402
-from sgl_kernel_ext.gemm.gemv_triton import GEMV_MAX_COLUMNS, GEMV_MAX_ROWS, gemv_applies, gemv_triton  # noqa: E402
+from sgl_kernel_ext.gemm.gemv_triton import GEMV_MAX_WEIGHT_ROWS, GEMV_MAX_ROWS, gemv_applies, gemv_triton  # noqa: E402
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 _MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10}
@@ -80,8 +80,9 @@ def test_dispatch_rule() -> None:
 
     assert applies(1, 4096, 1024) and applies(1, 6144, 1024, silu_mul=True)
     assert applies(GEMV_MAX_ROWS, 1024, 3072) and not applies(2, 4096, 1024) and not applies(2, 6144, 1024, silu_mul=True)
-    assert not applies(GEMV_MAX_ROWS + 1, 1024, 3072) and not applies(1, GEMV_MAX_COLUMNS + 1, 1024)
+    assert not applies(GEMV_MAX_ROWS + 1, 1024, 3072) and not applies(1, GEMV_MAX_WEIGHT_ROWS + 1, 1024)
     assert not applies(1, 1024, 1024, dtype=torch.float32)
+    assert applies(1, GEMV_MAX_WEIGHT_ROWS, 1024, silu_mul=True) and not applies(1, GEMV_MAX_WEIGHT_ROWS + 2, 1024, silu_mul=True)
 
 
 def test_refuses_what_it_does_not_take() -> None:
