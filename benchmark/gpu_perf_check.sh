@@ -11,6 +11,7 @@
 #   n1        - bench_serving_gpu.py, ours at N=1 (256 new tokens) and the weight-read floor
 #   cliff     - bench_serving_gpu.py against one server with default flags: N=512 x 512, N=1024 x 256 and
 #               N=256 x 2048 tokens; then N=1024 x 256 with --cuda-graph-max-bs 256 (chunked replay)
+#   cliff-workers - N=512 x 512 and N=1024 x 256 with four tokenizer workers and two detokenizers
 #   anchor    - bench_serving_gpu.py, ours beside HF static cache + compile and the floor, N = 1, 64, 256
 # Run through the device tool from the repo root with carry [".carry_engine"]:
 #   bash benchmark/gpu_perf_check.sh profile attention n1
@@ -62,22 +63,25 @@ for phase in "$@"; do
       timeout 300 python3 benchmark/bench_serving_gpu.py --out-dir "$OUT/serving" --tokenizer .carry_engine/tokenizer \
         --checkpoint $CKPT --systems ours weight_read_floor --concurrency 1 --new-tokens 256 --rounds 2 --tag n1
       ;;
-    cliff)
-      # One server per flag set, every workload against it (--url): default flags (graphs up to the
-      # max running requests), then --cuda-graph-max-bs 256 (batches above 256 replay in chunks).
-      for args in "" "--cuda-graph-max-bs 256"; do
-        port=$((30000 + RANDOM % 20000))
+    cliff|cliff-workers)
+      # One server per flag set, every workload against it (--url). cliff: default flags (graphs up
+      # to the max running requests), then --cuda-graph-max-bs 256 (batches above 256 replay in
+      # chunks); cliff-workers: four HTTP/tokenizer workers and two detokenizer processes.
+      if [ $phase = cliff ]; then sets=("" "--cuda-graph-max-bs 256"); else
+        sets=("--tokenizer-worker-num 4 --detokenizer-mode process --detokenizer-worker-num 2"); fi
+      for args in "${sets[@]}"; do
+        port=$((30000 + RANDOM % 20000)) tag=$(echo "$args" | tr -dc 'a-z0-9' | cut -c1-24)
         python3 -m sglang.launch_server --model-path $CKPT --port $port --log-level info $args \
-          > "$OUT/server_cliff_${args:+256}.log" 2>&1 &
+          > "$OUT/server_${phase}_$tag.log" 2>&1 &
         pid=$!
         for _ in $(seq 600); do curl -sf localhost:$port/health >/dev/null && break; sleep 0.5; done
-        grep -h "CUDA graphs" "$OUT/server_cliff_${args:+256}.log"
-        workloads="512x512 1024x256 256x2048"; [ -n "$args" ] && workloads="1024x256"
+        grep -h "CUDA graphs" "$OUT/server_${phase}_$tag.log"
+        workloads="512x512 1024x256"
+        [ "$phase" = cliff ] && { [ -n "$args" ] && workloads="1024x256" || workloads="512x512 1024x256 256x2048"; }
         for w in $workloads; do
-          n=${w%x*}; new=${w#*x}
           timeout 300 python3 benchmark/bench_serving_gpu.py --out-dir "$OUT/serving" --url http://127.0.0.1:$port \
-            --checkpoint $CKPT --systems ours --concurrency $n --new-tokens $new --rounds 1 --client-procs 16 \
-            --tag "cliff${args:+_max256}_$w"
+            --checkpoint $CKPT --systems ours --concurrency ${w%x*} --new-tokens ${w#*x} --rounds 1 --client-procs 16 \
+            --tag "${phase}_${tag}_$w"
         done
         kill $pid; wait $pid
       done
