@@ -81,6 +81,40 @@ def dot_flags(dtype: torch.dtype) -> dict:
 
 
 @triton.jit
+def _merge_head(
+    partial_ptr,  # [>=B, Hq, >=NUM_SPLITS, D] float32
+    lse_ptr,  # [>=B, Hq, >=NUM_SPLITS] float32
+    out_ptr,  # [B, Hq, D]
+    b,
+    head,
+    stride_p_b, stride_p_h, stride_p_s, stride_p_d,
+    stride_l_b, stride_l_h, stride_l_s,
+    stride_o_b, stride_o_h, stride_o_d,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+):
+    """out[b, head] from the NUM_SPLITS partials and lse of (b, head)."""
+    s = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, BLOCK_D)
+    live_d = d < HEAD_DIM
+    lse = tl.load(lse_ptr + b * stride_l_b + head * stride_l_h + s * stride_l_s,
+                  mask=s < NUM_SPLITS, other=float("-inf"))  # [S]
+    live_s = lse > float("-inf")
+    m = tl.max(lse, axis=0)
+    m = tl.where(m > float("-inf"), m, 0.0)  # all splits empty: weights 0, not NaN
+    w = tl.exp(lse - m)  # [S], 0 for empty splits
+    # Empty splits' partials are never read: the workspace may hold anything there.
+    p_offs = b * stride_p_b + head * stride_p_h + s[:, None] * stride_p_s + d[None, :] * stride_p_d
+    partial = tl.load(partial_ptr + p_offs, mask=live_s[:, None] & live_d[None, :], other=0.0)  # [S, D]
+    total = tl.sum(w, axis=0)
+    out = tl.sum(w[:, None] * partial, axis=0) / tl.where(total > 0.0, total, 1.0)  # [D]
+    out = out.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + b * stride_o_b + head * stride_o_h + d * stride_o_d, out, mask=live_d)
+
+
+@triton.jit
 def _split_kernel(
     q_ptr,  # [B, Hq, D]
     k_ptr,  # [S, Hk, D]
@@ -175,24 +209,11 @@ def _merge_kernel(
     NUM_SPLITS: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    head = tl.program_id(1)
-    s = tl.arange(0, SPLITS_PAD)
-    d = tl.arange(0, BLOCK_D)
-    live_d = d < HEAD_DIM
-    lse = tl.load(lse_ptr + b * stride_l_b + head * stride_l_h + s * stride_l_s,
-                  mask=s < NUM_SPLITS, other=float("-inf"))  # [S]
-    live_s = lse > float("-inf")
-    m = tl.max(lse, axis=0)
-    m = tl.where(m > float("-inf"), m, 0.0)  # all splits empty: weights 0, not NaN
-    w = tl.exp(lse - m)  # [S], 0 for empty splits
-    # Empty splits' partials are never read: the workspace may hold anything there.
-    p_offs = b * stride_p_b + head * stride_p_h + s[:, None] * stride_p_s + d[None, :] * stride_p_d
-    partial = tl.load(partial_ptr + p_offs, mask=live_s[:, None] & live_d[None, :], other=0.0)  # [S, D]
-    total = tl.sum(w, axis=0)
-    out = tl.sum(w[:, None] * partial, axis=0) / tl.where(total > 0.0, total, 1.0)  # [D]
-    out = out.to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + b * stride_o_b + head * stride_o_h + d * stride_o_d, out, mask=live_d)
+    _merge_head(partial_ptr, lse_ptr, out_ptr, tl.program_id(0), tl.program_id(1),
+                stride_p_b, stride_p_h, stride_p_s, stride_p_d,
+                stride_l_b, stride_l_h, stride_l_s,
+                stride_o_b, stride_o_h, stride_o_d,
+                HEAD_DIM, BLOCK_D, NUM_SPLITS, SPLITS_PAD)
 
 
 def default_num_kv_splits(max_batch: int, num_kv_heads: int, sm_count: int = 132) -> int:
