@@ -14,6 +14,16 @@ With silu_mul=True, W is a fused [2I, K] gate/up weight and the kernel writes si
 output dtype, then applies the activation with the rounding points of the separate path
 (activation/silu_mul_triton.py), so the fused and unfused paths give the same bits.
 
+With norm_weight, x is first RMS-normed (with the residual add before it) in the kernel's
+prologue, so that a decoder layer's norm and the linear after it are one launch: every program
+computes each row's h = round(x + residual) (or h = x) and its rstd with rmsnorm_triton's formulas
+(float32 sum of squares over the whole row, one block of up to NORM_MAX_BLOCK lanes; IEEE division
+and square root), then in its K loop multiplies round(round(h * rstd) * w) instead of x, h
+recomputed from the x / residual tiles (a few KiB, L2-resident). The products are those of
+rmsnorm_triton followed by the plain kernel; only the order of the row sum may differ, which can
+move rstd by a float32 ulp and, rarely, an output by one ulp of the model dtype. Program 0 alone
+writes h to residual_out, a separate tensor, since the other programs still read the residual.
+
 Tiles: gemv_tile(N, K) (measured on an H200: docs/gpu_engine.md).
 """
 
@@ -31,6 +41,9 @@ from sgl_kernel_ext.triton_launch import launch
 GEMV_MAX_ROWS = 4
 GEMV_MAX_WEIGHT_ROWS = 16384
 DTYPES = (torch.bfloat16, torch.float16)
+# Lanes of the norm prologue's row block: a row up to this wide is summed in one tl.sum, as
+# rmsnorm_triton sums it; a wider one in blocks of this many lanes, per lane, then once.
+NORM_MAX_BLOCK = 8192
 
 
 @triton.jit
@@ -44,18 +57,64 @@ def _partial_dot(acc, x_ptr, w_ptr, rows, k0, m, live_m, K, stride_xm, stride_wn
 
 
 @triton.jit
+def _weight_dot(acc, x, w_ptr, rows, k, live_k, stride_wn):
+    """acc [M_PAD, BN, BK] += x [M_PAD, BK] (float32) * W[rows, k] elementwise, in float32."""
+    w = tl.load(w_ptr + rows[:, None] * stride_wn + k[None, :], mask=live_k[None, :], other=0.0)  # [BN, BK]
+    return acc + x[:, None, :] * w.to(tl.float32)[None, :, :]
+
+
+@triton.jit
+def _row_rstd(x_ptr, res_ptr, res_out_ptr, cols, written, K, eps, k_f,
+              DTYPE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, NORM_BLOCK: tl.constexpr):
+    """1 / sqrt(mean(h^2) + eps) of one row's h = round(x + residual) (or x), with rmsnorm_triton's
+    rounding; the row's first `written` columns of h also go to res_out. cols: K, or 0 for a
+    padding row (masks by scalar counts: the interpreter cannot splat a scalar boolean)."""
+    sq = tl.zeros([NORM_BLOCK], tl.float32)
+    for k0 in tl.range(0, K, NORM_BLOCK):
+        k = k0 + tl.arange(0, NORM_BLOCK)
+        h = tl.load(x_ptr + k, mask=k < cols, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            h = round_to(h + tl.load(res_ptr + k, mask=k < cols, other=0.0).to(tl.float32), DTYPE)
+            tl.store(res_out_ptr + k, h.to(DTYPE), mask=k < written)
+        sq += h * h
+    mean_sq = tl.math.div_rn(tl.sum(sq, axis=0), k_f)
+    return tl.math.div_rn(1.0, tl.sqrt_rn(mean_sq + eps))
+
+
+@triton.jit
+def _normed_tile(x_ptr, res_ptr, norm_w_ptr, rstd, m, live_m, k, live_k, K, stride_xm,
+                 DTYPE: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """The rows' normed input at columns k, [M_PAD, BK] in float32: round(round(h * rstd) * w)."""
+    live = live_m[:, None] & live_k[None, :]
+    h = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=live, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        res = tl.load(res_ptr + m[:, None] * K + k[None, :], mask=live, other=0.0).to(tl.float32)
+        h = round_to(h + res, DTYPE)
+    w = tl.load(norm_w_ptr + k, mask=live_k, other=0.0).to(tl.float32)
+    return round_to(round_to(h * rstd[:, None], DTYPE) * w[None, :], DTYPE)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,  # [M, K]
+    res_ptr,  # [M, K] contiguous with HAS_RESIDUAL, else a dummy
+    res_out_ptr,  # [M, K] contiguous with HAS_RESIDUAL (x + residual, program 0 writes it), else a dummy
+    norm_w_ptr,  # [K] with HAS_NORM, else a dummy
     w_ptr,  # [N_W, K]: [N, K], or [2I, K] gate | up with SILU_MUL
     bias_ptr,  # [N_W] or a dummy
     y_ptr,  # [M, N]: N = I with SILU_MUL
     M, N, K,
     stride_xm, stride_wn, stride_ym,
+    eps,
+    k_f,  # float(K): an int argument equal to 1 would be specialised to a constant
     M_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    NORM_BLOCK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SILU_MUL: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
 ):
     dtype = y_ptr.dtype.element_ty
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -63,12 +122,28 @@ def _gemv_kernel(
     n_safe = tl.where(live_n, n, 0).to(tl.int64)  # dead columns read row 0: no mask along N
     m = tl.arange(0, M_PAD)
     live_m = m < M
+    if HAS_NORM:
+        rstd = tl.zeros([M_PAD], tl.float32)
+        for i in tl.static_range(M_PAD):
+            cols = tl.where(i < M, K, 0)
+            written = tl.where(tl.program_id(0) == 0, cols, 0)  # program 0 alone writes x + residual
+            row_rstd = _row_rstd(x_ptr + i * stride_xm, res_ptr + i * K, res_out_ptr + i * K, cols, written,
+                                 K, eps, k_f, dtype, HAS_RESIDUAL, NORM_BLOCK)
+            rstd = tl.where(m == i, row_rstd, rstd)
     acc = tl.zeros([M_PAD, BLOCK_N, BLOCK_K], tl.float32)
     up = tl.zeros([M_PAD, BLOCK_N, BLOCK_K], tl.float32)
     for k0 in tl.range(0, K, BLOCK_K):
-        acc = _partial_dot(acc, x_ptr, w_ptr, n_safe, k0, m, live_m, K, stride_xm, stride_wn, BLOCK_K)
-        if SILU_MUL:
-            up = _partial_dot(up, x_ptr, w_ptr, N + n_safe, k0, m, live_m, K, stride_xm, stride_wn, BLOCK_K)
+        if HAS_NORM:
+            k = k0 + tl.arange(0, BLOCK_K)
+            live_k = k < K
+            xn = _normed_tile(x_ptr, res_ptr, norm_w_ptr, rstd, m, live_m, k, live_k, K, stride_xm, dtype, HAS_RESIDUAL)
+            acc = _weight_dot(acc, xn, w_ptr, n_safe, k, live_k, stride_wn)
+            if SILU_MUL:
+                up = _weight_dot(up, xn, w_ptr, N + n_safe, k, live_k, stride_wn)
+        else:
+            acc = _partial_dot(acc, x_ptr, w_ptr, n_safe, k0, m, live_m, K, stride_xm, stride_wn, BLOCK_K)
+            if SILU_MUL:
+                up = _partial_dot(up, x_ptr, w_ptr, N + n_safe, k0, m, live_m, K, stride_xm, stride_wn, BLOCK_K)
     y = tl.sum(acc, axis=2)  # [M_PAD, BN]
     if HAS_BIAS:
         y += tl.load(bias_ptr + n_safe).to(tl.float32)[None, :]
@@ -91,12 +166,16 @@ def gemv_tile(n: int, k: int, silu_mul: bool = False) -> tuple[int, int, int, in
 
 
 def gemv_applies(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> bool:
-    """Whether a linear's x @ weight^T goes to gemv_triton: on CUDA, for the inputs it takes, where
-    it measured faster than the library GEMM (bench_gemv.py, H200): one row with a weight of up to
-    GEMV_MAX_WEIGHT_ROWS rows (a vocabulary projection, or Qwen3-8B's 24576-row gate/up, streams faster
-    through the library), and up to GEMV_MAX_ROWS rows where the output is no wider than the
-    input."""
-    if not (x.is_cuda and _takes(x, weight)):
+    """Whether a linear's x @ weight^T goes to gemv_triton: on CUDA, where gemv_rule holds."""
+    return x.is_cuda and gemv_rule(x, weight, silu_mul)
+
+
+def gemv_rule(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> bool:
+    """The inputs the kernel takes where it measured faster than the library GEMM (bench_gemv.py,
+    H200), on any device: one row with a weight of up to GEMV_MAX_WEIGHT_ROWS rows (a vocabulary
+    projection, or Qwen3-8B's 24576-row gate/up, streams faster through the library), and up to
+    GEMV_MAX_ROWS rows where the output is no wider than the input."""
+    if not _takes(x, weight):
         return False
     n, k = (weight.shape[0] // 2 if silu_mul else weight.shape[0]), weight.shape[1]
     return weight.shape[0] <= GEMV_MAX_WEIGHT_ROWS and (x.shape[0] == 1 or n <= k)
@@ -116,6 +195,35 @@ def _takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
+def gemv_norm_takes(x: torch.Tensor, norm_weight: torch.Tensor, residual: Optional[torch.Tensor] = None) -> bool:
+    """Whether the norm prologue takes these, for an x [M, K] gemv_triton takes: a contiguous norm
+    weight [K] in x's dtype; a residual contiguous, of x's shape and dtype."""
+    return (
+        norm_weight.shape == (x.shape[1],)
+        and norm_weight.dtype == x.dtype
+        and norm_weight.is_contiguous()
+        and (residual is None or (residual.shape == x.shape and residual.dtype == x.dtype and residual.is_contiguous()))
+    )
+
+
+def _check_norm(
+    x: torch.Tensor, norm_weight: Optional[torch.Tensor], residual: Optional[torch.Tensor],
+    residual_out: Optional[torch.Tensor],
+) -> None:
+    if norm_weight is None:
+        if residual is not None or residual_out is not None:
+            raise ValueError("gemv_triton adds a residual only before its norm: residual needs norm_weight.")
+        return
+    if not gemv_norm_takes(x, norm_weight, residual):
+        raise ValueError("gemv_triton's norm takes a contiguous weight [K] and residual [M, K] in x's dtype.")
+    if (residual is None) != (residual_out is None):
+        raise ValueError("gemv_triton writes x + residual to residual_out: give both or neither.")
+    if residual_out is not None:
+        separate = residual_out.data_ptr() not in (x.data_ptr(), residual.data_ptr())
+        if not (separate and gemv_norm_takes(x, norm_weight, residual_out)):
+            raise ValueError("residual_out must be a contiguous [M, K] tensor in x's dtype, apart from x and residual.")
+
+
 def gemv_triton(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -123,19 +231,36 @@ def gemv_triton(
     *,
     silu_mul: bool = False,
     tile: Optional[tuple[int, int, int, int]] = None,
+    norm_weight: Optional[torch.Tensor] = None,
+    eps: float = 1e-6,
+    residual: Optional[torch.Tensor] = None,
+    residual_out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """x [M, K] @ weight [N_W, K]^T (+ bias [N_W]) -> [M, N_W] in x's dtype; with silu_mul,
-    weight is gate | up [2I, K] and the result silu(gate) * up [M, I]."""
+    weight is gate | up [2I, K] and the result silu(gate) * up [M, I].
+
+    With norm_weight [K], the matmul takes RMSNorm(h) * norm_weight (rmsnorm_triton's numerics)
+    instead of x, h = x + residual with residual [M, K], else x; h is written to residual_out
+    [M, K] (a tensor apart from x and residual, which stay unchanged)."""
     if not _takes(x, weight):
         raise ValueError(f"gemv_triton takes [M <= {GEMV_MAX_ROWS}, K] @ [N, K]^T in bf16/fp16 with unit inner "
                          f"strides, got {tuple(x.shape)} and {tuple(weight.shape)}.")
+    _check_norm(x, norm_weight, residual, residual_out)
     rows, k = x.shape
     n = weight.shape[0] // 2 if silu_mul else weight.shape[0]
     block_n, block_k, warps, stages = tile or gemv_tile(n, k, silu_mul)
+    norm_block = min(triton.next_power_of_2(k), NORM_MAX_BLOCK) if norm_weight is not None else 1
     y = torch.empty((rows, n), dtype=x.dtype, device=x.device)  # [M, N]
     launch(_gemv_kernel, (triton.cdiv(n, block_n),),
-        x, weight, bias if bias is not None else weight, y, rows, n, k, x.stride(0), weight.stride(0), y.stride(0),
-        M_PAD=triton.next_power_of_2(rows), BLOCK_N=block_n, BLOCK_K=block_k, HAS_BIAS=bias is not None,
-        SILU_MUL=silu_mul, num_warps=warps, num_stages=stages,
+        x, _or(residual, x), _or(residual_out, x), _or(norm_weight, x), weight, _or(bias, weight), y,
+        rows, n, k, x.stride(0), weight.stride(0), y.stride(0), eps, float(k),
+        M_PAD=triton.next_power_of_2(rows), BLOCK_N=block_n, BLOCK_K=block_k, NORM_BLOCK=norm_block,
+        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, HAS_NORM=norm_weight is not None,
+        HAS_RESIDUAL=residual is not None, num_warps=warps, num_stages=stages,
     )
     return y
+
+
+def _or(t: Optional[torch.Tensor], dummy: torch.Tensor) -> torch.Tensor:
+    """t, or a dummy for a pointer the kernel does not read."""
+    return dummy if t is None else t

@@ -5,11 +5,17 @@ The kernel and the reference both sum in float32, in different orders, then roun
 dtype: results agree within one unit in the last place (of the mean output magnitude where an
 output nearly cancels), nearly all bit for bit. The fused
 silu(gate) * up equals the unfused kernel's matmul followed by the reference activation to the
-bit, and a row's result does not depend on the other rows of the call."""
+bit, and a row's result does not depend on the other rows of the call.
+
+With the norm prologue, the kernel multiplies the products of rmsnorm_triton followed by the plain
+kernel; only the order of the row's sum of squares may differ (one float32 ulp of rstd), so the
+fused result is within one ulp of the two launches, nearly all bit for bit, and the residual sum
+it writes is torch's x + residual exactly."""
 
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import pytest
 import torch
@@ -20,12 +26,21 @@ pytest.importorskip("triton")
 
 from sgl_kernel_ext.activation.reference import silu_mul_reference  # noqa: E402
 from sgl_kernel_ext.gemm.gemv_reference import gemv_reference  # noqa: E402
-from sgl_kernel_ext.gemm.gemv_triton import GEMV_MAX_WEIGHT_ROWS, GEMV_MAX_ROWS, gemv_applies, gemv_triton  # noqa: E402
+from sgl_kernel_ext.gemm.gemv_triton import (  # noqa: E402
+    GEMV_MAX_WEIGHT_ROWS,
+    GEMV_MAX_ROWS,
+    NORM_MAX_BLOCK,
+    gemv_applies,
+    gemv_triton,
+)
+from sgl_kernel_ext.norm.rmsnorm_triton import rmsnorm_triton  # noqa: E402
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 _MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10}
 # (N, K): tiles with a partial column block and a partial K tile, and the shapes of Qwen3-0.6B's linears.
 SHAPES = [(40, 72), (96, 256), (300, 520)] if DEVICE == "cpu" else [(40, 72), (4096, 1024), (1024, 2048), (1024, 3072), (6144, 1024)]
+# (N, K) of the norm prologue: a partial K tile, and on CUDA Qwen3-0.6B's qkv and gate | up.
+NORM_SHAPES = [(40, 72), (96, 520)] if DEVICE == "cpu" else [(40, 72), (4096, 1024), (6144, 1024)]
 
 
 def _randn(*shape: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -83,6 +98,93 @@ def test_dispatch_rule() -> None:
     assert not applies(GEMV_MAX_ROWS + 1, 1024, 3072) and not applies(1, GEMV_MAX_WEIGHT_ROWS + 1, 1024)
     assert not applies(1, 1024, 1024, dtype=torch.float32)
     assert applies(1, GEMV_MAX_WEIGHT_ROWS, 1024, silu_mul=True) and not applies(1, GEMV_MAX_WEIGHT_ROWS + 2, 1024, silu_mul=True)
+
+
+def _norm_inputs(rows: int, n: int, k: int, dtype: torch.dtype, with_residual: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """x [M, K], weight [N, K], norm weight [K], residual [M, K] or None."""
+    x = _randn(rows, k, dtype=dtype, seed=20) * 3.0
+    weight = _randn(n, k, dtype=dtype, seed=21) * 0.05
+    norm_weight = _randn(k, dtype=dtype, seed=22)
+    return x, weight, norm_weight, _randn(rows, k, dtype=dtype, seed=23) if with_residual else None
+
+
+def _fused_and_separate(
+    x: torch.Tensor, weight: torch.Tensor, norm_weight: torch.Tensor, residual: Optional[torch.Tensor], silu_mul: bool
+) -> tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+    """(the fused launch's output, the residual sum it wrote, rmsnorm_triton then gemv_triton);
+    asserts that x and the residual stay unchanged."""
+    x_before, res_before = x.clone(), None if residual is None else residual.clone()
+    residual_out = None if residual is None else torch.empty_like(residual)  # [M, K]
+    fused = gemv_triton(x, weight, silu_mul=silu_mul, norm_weight=norm_weight, eps=1e-6, residual=residual,
+                        residual_out=residual_out)
+    assert torch.equal(x, x_before) and (residual is None or torch.equal(residual, res_before))
+    separate_res = None if residual is None else residual.clone()  # rmsnorm_triton adds into it
+    separate = gemv_triton(rmsnorm_triton(x, norm_weight, 1e-6, separate_res), weight, silu_mul=silu_mul)
+    return fused, residual_out, separate
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("silu_mul", [False, True])
+@pytest.mark.parametrize("with_residual", [False, True])
+@pytest.mark.parametrize("rows", [1, GEMV_MAX_ROWS])
+@pytest.mark.parametrize("shape", NORM_SHAPES)
+def test_norm_prologue_equals_norm_then_gemv(
+    shape: tuple[int, int], rows: int, with_residual: bool, silu_mul: bool, dtype: torch.dtype
+) -> None:
+    n, k = shape
+    x, weight, norm_weight, residual = _norm_inputs(rows, n, k, dtype, with_residual)
+    fused, residual_out, separate = _fused_and_separate(x, weight, norm_weight, residual, silu_mul)
+    assert fused.shape == (rows, n // 2 if silu_mul else n)
+    _assert_close_ulp(fused, separate)
+    # The interpreter sums the squares of a row in one numpy sum in both kernels: no order to differ.
+    assert DEVICE != "cpu" or torch.equal(fused, separate)
+    if with_residual:
+        assert torch.equal(residual_out, x + residual)  # torch rounds the model-dtype sum once
+
+
+def test_norm_prologue_rows_independent_of_batch() -> None:
+    """Three rows (one padding row in the kernel): each row's result and residual sum alone equal
+    its batched ones to the bit."""
+    x, weight, norm_weight, residual = _norm_inputs(3, 40, 72, torch.bfloat16, True)
+    batched_res = torch.empty_like(residual)  # [3, K]
+    batched = gemv_triton(x, weight, norm_weight=norm_weight, residual=residual, residual_out=batched_res)
+    for i in range(3):
+        alone_res = torch.empty_like(residual[i:i + 1])  # [1, K]
+        alone = gemv_triton(x[i:i + 1], weight, norm_weight=norm_weight, residual=residual[i:i + 1],
+                            residual_out=alone_res)
+        assert torch.equal(alone, batched[i:i + 1]) and torch.equal(alone_res, batched_res[i:i + 1])
+
+
+def test_norm_prologue_over_several_row_blocks() -> None:
+    """A row wider than NORM_MAX_BLOCK is summed block by block: still within one ulp."""
+    x, weight, norm_weight, residual = _norm_inputs(2, 8, NORM_MAX_BLOCK + 72, torch.bfloat16, True)
+    fused, residual_out, separate = _fused_and_separate(x, weight, norm_weight, residual, False)
+    _assert_close_ulp(fused, separate)
+    assert torch.equal(residual_out, x + residual)
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_norm_prologue_matches_reference(with_residual: bool) -> None:
+    x, weight, norm_weight, residual = _norm_inputs(3, 96, 520, torch.bfloat16, with_residual)
+    bias = _randn(96, dtype=torch.bfloat16, seed=24)
+    outs = [None if residual is None else torch.empty_like(residual) for _ in range(2)]  # [M, K] each
+    norm = dict(norm_weight=norm_weight, eps=1e-5, residual=residual)
+    got = gemv_triton(x, weight, bias, **norm, residual_out=outs[0])
+    _assert_close_ulp(got, gemv_reference(x, weight, bias, **norm, residual_out=outs[1]))
+    assert with_residual is False or torch.equal(outs[0], outs[1])
+
+
+def test_norm_prologue_refuses_bad_arguments() -> None:
+    x, weight, norm_weight, residual = _norm_inputs(2, 16, 32, torch.bfloat16, True)
+    with pytest.raises(ValueError, match="residual needs norm_weight"):
+        gemv_triton(x, weight, residual=residual, residual_out=torch.empty_like(residual))
+    with pytest.raises(ValueError, match="both or neither"):
+        gemv_triton(x, weight, norm_weight=norm_weight, residual=residual)
+    with pytest.raises(ValueError, match="apart from x and residual"):
+        gemv_triton(x, weight, norm_weight=norm_weight, residual=residual, residual_out=residual)
+    with pytest.raises(ValueError, match="norm takes"):
+        gemv_triton(x, weight, norm_weight=norm_weight.float())
 
 
 def test_refuses_what_it_does_not_take() -> None:

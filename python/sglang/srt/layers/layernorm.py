@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sgl_kernel_ext.norm.rmsnorm_cpu import rmsnorm_cpu, rmsnorm_cpu_applies
-from sglang.srt.layers.linear import default_weight_loader, make_param
+from sglang.srt.layers.linear import ColumnParallelLinear, default_weight_loader, linear_gemv, make_param
 from sglang.srt.layers.triton_kernels import triton_kernels
 
 
@@ -49,6 +49,25 @@ class RMSNorm(nn.Module):
         # In place: normed is always a fresh tensor.
         out = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype).mul_(self.weight)
         return out if residual is None else (out, residual)
+
+    def fused_linear(
+        self, linear: ColumnParallelLinear, x: torch.Tensor, residual: Optional[torch.Tensor], silu_mul: bool = False
+    ) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """This norm and the column-parallel linear after it in one skinny-matmul launch, the norm
+        and its residual add in the matmul's prologue (gemv_triton's norm) -> (linear(norm(x +
+        residual)) [N, out], x + residual [N, H]); without residual, x is normed and returned as the
+        residual. With silu_mul, linear is gate | up and the first result silu(gate) * up
+        [N, out / 2]. None where that kernel does not take these (then the caller runs the norm and
+        the linear): a CUDA decode batch of a few rows (linear_gemv), no unit offset, a weight of
+        x's dtype."""
+        gemv = None if self.unit_offset else linear_gemv(linear, x, silu_mul)
+        if gemv is None or not gemv.gemv_norm_takes(x, self.weight, residual):
+            return None
+        # A new tensor, not `residual` in place: every program of the launch reads all of it.
+        residual_out = None if residual is None else torch.empty_like(residual)  # [N, H]
+        out = gemv.gemv_triton(x, linear.weight, linear.bias, silu_mul=silu_mul, norm_weight=self.weight,
+                               eps=self.eps, residual=residual, residual_out=residual_out)
+        return out, x if residual_out is None else residual_out
 
     def _forward_unit_offset(
         self, x: torch.Tensor, residual: Optional[torch.Tensor]

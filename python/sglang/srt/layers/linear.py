@@ -189,6 +189,17 @@ def _gemv_for(x: torch.Tensor, weight: torch.Tensor, silu_mul: bool = False) -> 
     return gemv if gemv is not None and gemv.gemv_applies(x, weight, silu_mul) else None
 
 
+def linear_gemv(linear: LinearBase, x: torch.Tensor, silu_mul: bool = False) -> Optional[ModuleType]:
+    """The skinny-matmul kernel module where it takes `linear`'s matmul of x, else None: a dense
+    weight (no quant_method, no integer blocks) under _gemv_for's rule. With silu_mul, the weight
+    must be a gate | up pair of equal halves, whose silu(gate) * up the kernel then writes."""
+    if linear.quant_method is not None or linear.block_weight is not None:
+        return None
+    if silu_mul and not (isinstance(linear, MergedColumnParallelLinear) and linear.equal_halves()):
+        return None
+    return _gemv_for(x, linear.weight, silu_mul)
+
+
 def tp_all_reduce_sum(x: torch.Tensor) -> torch.Tensor:
     """The sum of every rank's `x`. In batch-invariant mode the ranks' partial sums are added in
     rank order: a ring all-reduce adds them in an order set by where an element falls among the
@@ -249,10 +260,12 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         """silu(gate) * up [N, I / tp] of a gate | up projection in one skinny-matmul launch, with
         the rounding of the matmul followed by the separate activation; None where that kernel
         does not take this input (then the caller runs the two steps)."""
-        if self.quant_method is not None or len(self.output_sizes) != 2 or self.output_sizes[0] != self.output_sizes[1]:
-            return None
-        gemv = _gemv_for(x, self.weight, silu_mul=True)
+        gemv = linear_gemv(self, x, silu_mul=True)
         return None if gemv is None else gemv.gemv_triton(x, self.weight, self.bias, silu_mul=True)
+
+    def equal_halves(self) -> bool:
+        """Whether the projection is two halves of one size (gate | up)."""
+        return len(self.output_sizes) == 2 and self.output_sizes[0] == self.output_sizes[1]
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False, **kwargs) -> None:
         super().__init__(input_size, sum(output_sizes), bias, **kwargs)
