@@ -35,7 +35,7 @@ for phase in "$@"; do
     kernels)
       timeout 300 python3 -m pytest -q -p no:cacheprovider test/kernels/test_gemv_triton.py \
         test/kernels/test_paged_attention.py test/kernels/test_fused_layer_kernels.py \
-        test/kernels/test_cuda_graph_runner.py test/sampling/test_sampling_graph.py
+        test/kernels/test_cuda_graph_runner.py test/sampling/test_sampling_graph.py test/models/test_fused_norm_linear.py
       ;;
     gemv)
       timeout 200 python3 benchmark/bench_gemv.py --out-dir "$OUT"
