@@ -83,7 +83,7 @@ def run_shape(shape: str, args: argparse.Namespace, copy_gbs: float, sm_count: i
     records = []
     for cfg in configs(batch, kv_heads, sm_count, args.sweep):
         out = torch.empty_like(q)
-        work = decode_workspace(batch, heads, kv_heads, cfg["splits"], args.head_dim, "cuda")
+        work = decode_workspace(batch, heads, cfg["splits"], args.head_dim, "cuda")
 
         def call() -> torch.Tensor:
             return paged_decode_attention(q, k_buf, v_buf, r2t, rows, lens, scale, out, work, cfg["splits"],

@@ -1,46 +1,25 @@
-"""Split-KV ("flash-decoding") decode attention over the paged KV cache, in one launch.
+"""Split-KV ("flash-decoding") decode attention over the paged KV cache.
 
 Decode has one query token per request, so one program per (request, KV head) gives only
 B x Hk programs: at small batch most SMs sit idle while each program walks the whole context.
 Here every request's positions are cut into NUM_SPLITS contiguous chunks that run in parallel;
-each chunk yields its softmax-normalised partial output o_s and log-sum-exp lse_s, and the
-chunks are merged exactly:
+each chunk yields its softmax-normalised partial output o_s and log-sum-exp lse_s, and a second
+small kernel merges them exactly:
 
     out = sum_s exp(lse_s - M) * o_s / sum_s exp(lse_s - M),    M = max_s lse_s
 
-Grid (B, Hk, NUM_SPLITS): one program serves the GROUP = Hq / Hk query heads sharing a KV head,
-so each gathered K/V block is loaded once per group. The head rows are padded to at least 16 so
-QK^T and PV go through tl.dot (tensor cores); the softmax runs online in float32, in base 2 (the
-scale is pre-multiplied by log2(e)). The chunk length is derived from seq_len inside the kernel
-and rounded up to whole BLOCK_N blocks, so the launch does no host-side length math and reads no
-tensor on the host: the grid depends only on (B, Hk, NUM_SPLITS) and, with caller-given workspace
-and output, nothing is allocated, so the call can be captured in a CUDA graph. Chunks past the end
-of a short request (every chunk of a seq_len-0 padding row) see no positions, touch neither
-req_to_token nor the cache, and report lse = -inf.
+Stage 1, grid (B, Hk, NUM_SPLITS): one program serves the GROUP = Hq / Hk query heads sharing a KV
+head, so each gathered K/V block is loaded once per group. The head rows are padded to at least
+16 so QK^T and PV go through tl.dot (tensor cores); the softmax runs online in float32, in base 2
+(the scale is pre-multiplied by log2(e)). The chunk length is derived from seq_len inside the
+kernel and rounded up to whole BLOCK_N blocks, so the launch does no host-side length math and
+reads no tensor on the host: the grid depends only on (B, Hk, NUM_SPLITS) and, with caller-given
+workspace and output, nothing is allocated, so the call can be captured in a CUDA graph. Chunks
+past the end of a short request (every chunk of a seq_len-0 padding row) see no positions,
+touch neither req_to_token nor the cache, and report lse = -inf.
 
-The merge runs in the same launch: each program writes its partials and lse to the workspace and
-arrives on its (request, KV head)'s int32 counter; the program that arrives last merges the
-group's GROUP heads with _merge_head, the standalone _merge_kernel's code (the same formula, the
-same order over splits, empty splits skipped without reading their partials, a row with no
-positions at all coming out as zeros), then stores 0 into the counter. The counters are zeroed
-once when the workspace is allocated and every call leaves them at zero, so consecutive calls on
-one stream (the layers of a step, graph replays) need no memset. With NUM_SPLITS == 1 the one
-program writes out directly (the merge of one split is its partial, exactly) and touches neither
-the workspace nor the counters.
-
-Memory ordering (PTX memory model). A program's partials are stored by all its threads, while
-its arrival is one atomic by one thread (Triton executes a scalar atomic once per program and
-broadcasts the result). tl.debug_barrier() (bar.sync) before the atomic orders every thread's
-stores before it at CTA scope; the atomic_add is acq_rel at GPU scope, and release is
-cumulative, so it publishes those stores GPU-wide. Every update of a counter is an RMW, so the
-program that reads NUM_SPLITS - 1 reads from a release sequence holding every other program's
-arrival and acquires all their stores. A second bar.sync after the atomic extends that acquire
-to every thread of the merging program, whose loads all follow it (they also sit in a branch on
-the atomic's result). This is CUTLASS's split-K semaphore pattern (__syncthreads, one thread's
-release atomic, the acquiring side's __syncthreads before reading). Once the last program has
-arrived no other program of the launch touches the counter, and the next launch on the stream
-sees the reset. Which program merges varies from run to run, but the merge reads every split from
-the workspace in split order, so the result does not.
+Stage 2, grid (B, Hq): merges the chunks, skipping empty ones without reading their partials;
+a row with no positions at all comes out as zeros.
 
 A request's result depends only on its own length and NUM_SPLITS, so with a fixed split count
 (default_num_kv_splits of the largest batch) it does not change with its batch-mates.
@@ -48,9 +27,6 @@ A request's result depends only on its own length and NUM_SPLITS, so with a fixe
 A sliding window W (a constexpr: one per layer, so a captured graph holds it) cuts the splits
 from the request's last W positions instead of all of them; a logit cap c (constexpr) maps each
 score s to c * tanh(s / c) before the softmax.
-
-_merge_kernel (grid B x Hq) is the standalone merge over a workspace of partials: the MLA decode
-kernel (mla_decode.py) runs it as its second launch.
 """
 
 from __future__ import annotations
@@ -105,40 +81,6 @@ def dot_flags(dtype: torch.dtype) -> dict:
 
 
 @triton.jit
-def _merge_head(
-    partial_ptr,  # [>=B, Hq, >=NUM_SPLITS, D] float32
-    lse_ptr,  # [>=B, Hq, >=NUM_SPLITS] float32
-    out_ptr,  # [B, Hq, D]
-    b,
-    head,
-    stride_p_b, stride_p_h, stride_p_s, stride_p_d,
-    stride_l_b, stride_l_h, stride_l_s,
-    stride_o_b, stride_o_h, stride_o_d,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,
-):
-    """out[b, head] from the NUM_SPLITS partials and lse of (b, head)."""
-    s = tl.arange(0, SPLITS_PAD)
-    d = tl.arange(0, BLOCK_D)
-    live_d = d < HEAD_DIM
-    lse = tl.load(lse_ptr + b * stride_l_b + head * stride_l_h + s * stride_l_s,
-                  mask=s < NUM_SPLITS, other=float("-inf"))  # [S]
-    live_s = lse > float("-inf")
-    m = tl.max(lse, axis=0)
-    m = tl.where(m > float("-inf"), m, 0.0)  # all splits empty: weights 0, not NaN
-    w = tl.exp(lse - m)  # [S], 0 for empty splits
-    # Empty splits' partials are never read: the workspace may hold anything there.
-    p_offs = b * stride_p_b + head * stride_p_h + s[:, None] * stride_p_s + d[None, :] * stride_p_d
-    partial = tl.load(partial_ptr + p_offs, mask=live_s[:, None] & live_d[None, :], other=0.0)  # [S, D]
-    total = tl.sum(w, axis=0)
-    out = tl.sum(w[:, None] * partial, axis=0) / tl.where(total > 0.0, total, 1.0)  # [D]
-    out = out.to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + b * stride_o_b + head * stride_o_h + d * stride_o_d, out, mask=live_d)
-
-
-@triton.jit
 def _split_kernel(
     q_ptr,  # [B, Hq, D]
     k_ptr,  # [S, Hk, D]
@@ -148,8 +90,6 @@ def _split_kernel(
     seq_lens_ptr,  # [B] int64
     partial_ptr,  # [>=B, Hq, >=NUM_SPLITS, D] float32
     lse_ptr,  # [>=B, Hq, >=NUM_SPLITS] float32
-    arrivals_ptr,  # [>=B, Hk] int32, zero on entry and on exit
-    out_ptr,  # [B, Hq, D]
     qk_scale,  # softmax scale * log2(e)
     stride_q_b, stride_q_h, stride_q_d,
     stride_k_s, stride_k_h, stride_k_d,
@@ -157,15 +97,12 @@ def _split_kernel(
     stride_r2t,
     stride_p_b, stride_p_h, stride_p_s, stride_p_d,
     stride_l_b, stride_l_h, stride_l_s,
-    stride_a_b, stride_a_h,
-    stride_o_b, stride_o_h, stride_o_d,
     GROUP: tl.constexpr,  # query heads per KV head
     GROUP_PAD: tl.constexpr,  # >= 16 for tl.dot
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,  # HEAD_DIM rounded up to a power of two >= 16
     BLOCK: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
-    SPLITS_PAD: tl.constexpr,  # NUM_SPLITS rounded up to a power of two >= 2
     WINDOW: tl.constexpr,  # sliding window, 0 for none
     CAP: tl.constexpr,  # logit cap in the scores' base-2 units, 0.0 for none
     DOT_PRECISION: tl.constexpr,
@@ -219,30 +156,10 @@ def _split_kernel(
     # An empty split (past the request's end) leaves l = 0: zeros and lse = -inf, never NaN.
     has = l > 0.0
     l_safe = tl.where(has, l, 1.0)
-    gd_mask = live_g[:, None] & live_d[None, :]
-    if NUM_SPLITS == 1:
-        # The merge of one split (weight 1, total 1) is its partial.
-        o_offs = b * stride_o_b + q_heads[:, None] * stride_o_h + d[None, :] * stride_o_d
-        tl.store(out_ptr + o_offs, (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty), mask=gd_mask)
-    else:
-        lse = tl.where(has, (m + tl.log2(l_safe)) * _LN2, float("-inf"))
-        p_offs = b * stride_p_b + q_heads[:, None] * stride_p_h + split * stride_p_s + d[None, :] * stride_p_d
-        tl.store(partial_ptr + p_offs, acc / l_safe[:, None], mask=gd_mask)
-        tl.store(lse_ptr + b * stride_l_b + q_heads * stride_l_h + split * stride_l_s, lse, mask=live_g)
-        # Every thread's stores precede the arrival; the arrival publishes them (release) and, for
-        # the last one, acquires the other programs' (module docstring).
-        tl.debug_barrier()
-        arrivals = arrivals_ptr + b * stride_a_b + kv_head * stride_a_h
-        arrived = tl.atomic_add(arrivals, 1, sem="acq_rel", scope="gpu")
-        tl.debug_barrier()  # the acquire precedes every thread's loads below
-        if arrived == NUM_SPLITS - 1:
-            for i in tl.static_range(GROUP):
-                _merge_head(partial_ptr, lse_ptr, out_ptr, b, kv_head * GROUP + i,
-                            stride_p_b, stride_p_h, stride_p_s, stride_p_d,
-                            stride_l_b, stride_l_h, stride_l_s,
-                            stride_o_b, stride_o_h, stride_o_d,
-                            HEAD_DIM, BLOCK_D, NUM_SPLITS, SPLITS_PAD)
-            tl.store(arrivals, 0)
+    lse = tl.where(has, (m + tl.log2(l_safe)) * _LN2, float("-inf"))
+    p_offs = b * stride_p_b + q_heads[:, None] * stride_p_h + split * stride_p_s + d[None, :] * stride_p_d
+    tl.store(partial_ptr + p_offs, acc / l_safe[:, None], mask=live_g[:, None] & live_d[None, :])
+    tl.store(lse_ptr + b * stride_l_b + q_heads * stride_l_h + split * stride_l_s, lse, mask=live_g)
 
 
 @triton.jit
@@ -258,11 +175,24 @@ def _merge_kernel(
     NUM_SPLITS: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
 ):
-    _merge_head(partial_ptr, lse_ptr, out_ptr, tl.program_id(0), tl.program_id(1),
-                stride_p_b, stride_p_h, stride_p_s, stride_p_d,
-                stride_l_b, stride_l_h, stride_l_s,
-                stride_o_b, stride_o_h, stride_o_d,
-                HEAD_DIM, BLOCK_D, NUM_SPLITS, SPLITS_PAD)
+    b = tl.program_id(0)
+    head = tl.program_id(1)
+    s = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, BLOCK_D)
+    live_d = d < HEAD_DIM
+    lse = tl.load(lse_ptr + b * stride_l_b + head * stride_l_h + s * stride_l_s,
+                  mask=s < NUM_SPLITS, other=float("-inf"))  # [S]
+    live_s = lse > float("-inf")
+    m = tl.max(lse, axis=0)
+    m = tl.where(m > float("-inf"), m, 0.0)  # all splits empty: weights 0, not NaN
+    w = tl.exp(lse - m)  # [S], 0 for empty splits
+    # Empty splits' partials are never read: the workspace may hold anything there.
+    p_offs = b * stride_p_b + head * stride_p_h + s[:, None] * stride_p_s + d[None, :] * stride_p_d
+    partial = tl.load(partial_ptr + p_offs, mask=live_s[:, None] & live_d[None, :], other=0.0)  # [S, D]
+    total = tl.sum(w, axis=0)
+    out = tl.sum(w[:, None] * partial, axis=0) / tl.where(total > 0.0, total, 1.0)  # [D]
+    out = out.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + b * stride_o_b + head * stride_o_h + d * stride_o_d, out, mask=live_d)
 
 
 def default_num_kv_splits(max_batch: int, num_kv_heads: int, sm_count: int = 132) -> int:
@@ -272,33 +202,25 @@ def default_num_kv_splits(max_batch: int, num_kv_heads: int, sm_count: int = 132
     return max(1, min(MAX_KV_SPLITS, triton.cdiv(2 * sm_count, programs_per_split)))
 
 
-DecodeWorkspace = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-
-
 def decode_workspace(
-    batch: int, num_heads: int, num_kv_heads: int, num_kv_splits: int, head_dim: int, device: torch.device | str
-) -> DecodeWorkspace:
-    """(partial_out [B, Hq, S, D] float32, lse [B, Hq, S] float32, arrivals [B, Hk] int32 zeros) for
-    paged_decode_attention; one allocated for the largest batch serves every smaller one, call
-    after call (each call leaves the arrival counters at zero)."""
+    batch: int, num_heads: int, num_kv_splits: int, head_dim: int, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(partial_out [B, Hq, S, D] float32, lse [B, Hq, S] float32) for paged_decode_attention; one
+    allocated for the largest batch serves every smaller one."""
     shape = (batch, num_heads, num_kv_splits, head_dim)
-    partial = torch.empty(shape, dtype=torch.float32, device=device)  # [B, Hq, S, D]
-    lse = torch.empty((batch, num_heads, num_kv_splits), dtype=torch.float32, device=device)  # [B, Hq, S]
-    arrivals = torch.zeros((batch, num_kv_heads), dtype=torch.int32, device=device)  # [B, Hk]
-    return partial, lse, arrivals
+    partial = torch.empty(shape, dtype=torch.float32, device=device)  # [B, Hq, S, D] float32
+    lse = torch.empty((batch, num_heads, num_kv_splits), dtype=torch.float32, device=device)  # [B, Hq, S] float32
+    return partial, lse
 
 
-def _check(
-    q: torch.Tensor, k_buf: torch.Tensor, out: torch.Tensor, workspace: DecodeWorkspace, num_kv_splits: int
-) -> None:
+def _check(q: torch.Tensor, k_buf: torch.Tensor, out: torch.Tensor, workspace, num_kv_splits: int) -> None:
     batch, num_heads, head_dim = q.shape
-    partial, lse, arrivals = workspace
+    partial, lse = workspace
     assert num_heads % k_buf.shape[1] == 0 and k_buf.shape[2] == head_dim and q.dtype == k_buf.dtype
     assert out.shape == q.shape
     assert 1 <= num_kv_splits <= partial.shape[2] and num_kv_splits <= lse.shape[2]
     assert partial.shape[0] >= batch and lse.shape[0] >= batch and partial.shape[1] == lse.shape[1] == num_heads
     assert partial.shape[3] == head_dim and partial.dtype == lse.dtype == torch.float32
-    assert arrivals.shape[0] >= batch and arrivals.shape[1] == k_buf.shape[1] and arrivals.dtype == torch.int32
 
 
 def paged_decode_attention(
@@ -310,7 +232,7 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
     out: torch.Tensor | None = None,
-    workspace: DecodeWorkspace | None = None,
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,
     num_kv_splits: int | None = None,
     *,
     sliding_window: int | None = None,
@@ -324,9 +246,7 @@ def paged_decode_attention(
     req_to_token[req_pool_indices[b], :seq_lens[b]] (the last sliding_window of them with a
     window; logit_cap soft-caps the scores); seq_lens[b] == 0 gives zeros.
 
-    num_kv_splits defaults to the workspace's split count, else default_num_kv_splits(B, Hk). The
-    workspace's arrival counters must be zero on entry (decode_workspace zeroes them, every call
-    leaves them so); calls sharing a workspace must not overlap (one stream).
+    num_kv_splits defaults to the workspace's split count, else default_num_kv_splits(B, Hk).
     With out and workspace given this neither allocates nor syncs (CUDA-graph capturable)."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
@@ -335,22 +255,27 @@ def paged_decode_attention(
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)  # [B, Hq, D]
     if workspace is None:
-        workspace = decode_workspace(batch, num_heads, num_kv_heads, num_kv_splits, head_dim, q.device)
+        workspace = decode_workspace(batch, num_heads, num_kv_splits, head_dim, q.device)
     _check(q, k_buf, out, workspace, num_kv_splits)
     if batch == 0:
         return out
-    partial, lse, arrivals = workspace
+    partial, lse = workspace
     if num_stages is None:
         num_stages = NUM_STAGES if head_dim <= 128 else 2
     group = num_heads // num_kv_heads
+    block_d = max(16, triton.next_power_of_2(head_dim))
     launch(_split_kernel, (batch, num_kv_heads, num_kv_splits),
-        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, partial, lse, arrivals, out, scale * _LOG2E,
+        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, partial, lse, scale * _LOG2E,
         *q.stride(), *k_buf.stride(), *v_buf.stride(), req_to_token.stride(0),
-        *partial.stride(), *lse.stride(), *arrivals.stride(), *out.stride(),
-        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK=block_n, NUM_SPLITS=num_kv_splits,
-        SPLITS_PAD=max(2, triton.next_power_of_2(num_kv_splits)), WINDOW=sliding_window or 0,
-        CAP=cap_in_log2_units(logit_cap), **dot_flags(q.dtype),
+        *partial.stride(), *lse.stride(),
+        GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
+        BLOCK=block_n, NUM_SPLITS=num_kv_splits, WINDOW=sliding_window or 0, CAP=cap_in_log2_units(logit_cap),
+        **dot_flags(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
+    )
+    launch(_merge_kernel, (batch, num_heads),
+        partial, lse, out, *partial.stride(), *lse.stride(), *out.stride(),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_kv_splits,
+        SPLITS_PAD=max(2, triton.next_power_of_2(num_kv_splits)), num_warps=NUM_WARPS,
     )
     return out

@@ -1,11 +1,9 @@
-"""The split-KV decode and the paged extend attention kernels against their plain-torch references,
-the decode's in-kernel merge against the standalone merge kernel, and the Triton backend's decode
-workspace. TRITON_INTERPRET=1 on a CPU (set before triton is imported), native on CUDA."""
+"""The split-KV decode and the paged extend attention kernels against their plain-torch references.
+TRITON_INTERPRET=1 on a CPU (set before triton is imported), native on CUDA."""
 
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,14 +12,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-import triton  # noqa: E402
-
-from sgl_kernel_ext.attention.decode_attention import decode_attention_triton  # noqa: E402
 from sgl_kernel_ext.attention.paged_decode import (  # noqa: E402
     BLOCK_N,
-    NUM_WARPS,
-    DecodeWorkspace,
-    _merge_kernel,
     decode_workspace,
     default_num_kv_splits,
     paged_decode_attention,
@@ -29,10 +21,6 @@ from sgl_kernel_ext.attention.paged_decode import (  # noqa: E402
 from sgl_kernel_ext.attention.paged_extend import BLOCK_M, paged_extend_attention  # noqa: E402
 from sgl_kernel_ext.attention.paged_extend import BLOCK_N as EXTEND_BLOCK_N  # noqa: E402
 from sgl_kernel_ext.attention.reference import decode_attention_reference, extend_attention_reference  # noqa: E402
-from sgl_kernel_ext.triton_launch import launch  # noqa: E402
-from sglang.srt.layers.attention import triton_backend  # noqa: E402
-from sglang.srt.layers.attention.attention_layer import Attention  # noqa: E402
-from sglang.srt.layers.attention.triton_backend import TritonAttnBackend  # noqa: E402
 from paged_kv_utils import paged_kv_cache  # noqa: E402
 
 DEVICE = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
@@ -117,12 +105,11 @@ def test_decode_padding_row_gives_zeros() -> None:
     q_pad = torch.cat([q[:1], _randn(1, heads, HEAD_DIM, seed=9), q[1:]])  # padding row at index 1
     pool_pad = torch.cat([pool[:1], pad, pool[1:]])
     lens_pad = torch.cat([seq_lens[:1], pad, seq_lens[1:]])
-    # Sized for a larger batch.
-    partial, lse, arrivals = decode_workspace(8, heads, kv_heads, splits, HEAD_DIM, DEVICE)
+    partial, lse = decode_workspace(8, heads, splits, HEAD_DIM, DEVICE)  # sized for a larger batch
     partial.fill_(float("nan"))
     lse.fill_(float("nan"))
     out = torch.full_like(q_pad, float("nan"))
-    got = _decode(q_pad, k, v, r2t, pool_pad, lens_pad, splits, out=out, workspace=(partial, lse, arrivals))
+    got = _decode(q_pad, k, v, r2t, pool_pad, lens_pad, splits, out=out, workspace=(partial, lse))
     assert got is out
     assert torch.equal(got[1], torch.zeros_like(got[1]))
     assert torch.equal(got[[0, 2, 3]], alone)
@@ -155,148 +142,6 @@ def test_decode_reads_exactly_the_visible_slots() -> None:
     v[r2t[pool[0], lens[0] - 1]] += 1.0
     moved = _decode(q, k, v, r2t, pool, seq_lens, 4)
     assert not torch.allclose(moved[0], base[0]) and torch.equal(moved[1], base[1])
-
-
-# --- the in-kernel merge ------------------------------------------------------------------------
-#
-# The last split program of each (request, KV head) to arrive merges the group's heads. The CPU
-# interpreter runs the programs one after another, so it cannot exhibit a race between the
-# arrivals and the merge's loads: these tests check the arithmetic and the counter bookkeeping
-# there, and the memory ordering only where they run natively on CUDA.
-
-# A padding row (seq_len 0), shorter than the split count, and several blocks of every split.
-MERGE_LENS = [BLOCK_N + 9, 0, 3, 7 * 2 * BLOCK_N + 5, 1]
-
-
-def _two_launch_merge(workspace: DecodeWorkspace, like: torch.Tensor, splits: int) -> torch.Tensor:
-    """The standalone merge launch (_merge_kernel, as the MLA decode runs it) over the partials and
-    lse the split programs left in the workspace -> [B, Hq, D] in like's dtype."""
-    partial, lse, _ = workspace
-    out = torch.full_like(like, float("nan"))  # [B, Hq, D]
-    batch, heads, head_dim = out.shape
-    launch(_merge_kernel, (batch, heads),
-        partial, lse, out, *partial.stride(), *lse.stride(), *out.stride(),
-        HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), NUM_SPLITS=splits,
-        SPLITS_PAD=max(2, triton.next_power_of_2(splits)), num_warps=NUM_WARPS,
-    )
-    return out
-
-
-@pytest.mark.parametrize(
-    "heads,kv_heads,dtype,splits,window,cap",
-    [(8, 2, F32, 4, None, None), (9, 3, BF16, 7, None, 0.5), (8, 1, F16, 16, BLOCK_N + 3, None),
-     (4, 4, F32, 2, 5, 0.5)],
-)
-def test_fused_merge_equals_the_merge_kernel(
-    heads: int, kv_heads: int, dtype: torch.dtype, splits: int, window, cap
-) -> None:
-    """The in-kernel merge gives _merge_kernel's bits over the same partials (the two-launch path:
-    the split programs' partials and lse are those of the first launch), matches the reference,
-    and leaves every arrival counter at zero."""
-    k, v, r2t, pool, seq_lens = _cache(kv_heads, HEAD_DIM, MERGE_LENS, dtype)
-    q = (_randn(len(MERGE_LENS), heads, HEAD_DIM) * 4).to(dtype)
-    work = decode_workspace(len(MERGE_LENS), heads, kv_heads, splits, HEAD_DIM, DEVICE)
-    opts = dict(sliding_window=window, logit_cap=cap)
-    got = _decode(q, k, v, r2t, pool, seq_lens, splits, workspace=work, **opts)
-    assert torch.equal(got, _two_launch_merge(work, got, splits))
-    assert not work[2].any()
-    want = decode_attention_reference(q, k, v, r2t, pool, seq_lens, HEAD_DIM**-0.5, **opts)
-    torch.testing.assert_close(got.float(), want.float(), atol=_tol(dtype), rtol=_tol(dtype))
-
-
-def test_consecutive_calls_share_one_workspace() -> None:
-    """Calls through one workspace, as a step's layers and graph replays make them: different
-    lengths and batch sizes, padding rows, a window and a cap. Each call equals the reference and
-    the standalone merge, and leaves the counters at zero for the next, with no reset between."""
-    heads, kv_heads, splits = 8, 2, 4
-    work = decode_workspace(6, heads, kv_heads, splits, HEAD_DIM, DEVICE)
-    calls = [([BLOCK_N + 9, 0, 3], None, None), ([0, 2 * BLOCK_N + 5, 1, 0, 40, BLOCK_N], 7, 0.5),
-             ([5 * BLOCK_N, 2], BLOCK_N + 1, None)]
-    for seed, (lens, window, cap) in enumerate(calls):
-        k, v, r2t, pool, seq_lens = _cache(kv_heads, HEAD_DIM, lens, torch.float32, seed=seed)
-        q = _randn(len(lens), heads, HEAD_DIM, seed=seed) * 4
-        opts = dict(sliding_window=window, logit_cap=cap)
-        got = _decode(q, k, v, r2t, pool, seq_lens, splits, workspace=work, **opts)
-        want = decode_attention_reference(q, k, v, r2t, pool, seq_lens, HEAD_DIM**-0.5, **opts)
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-        assert torch.equal(got, _two_launch_merge(work, got, splits))
-        assert not work[2].any()
-
-
-def test_one_split_writes_out_directly() -> None:
-    """With one split each program writes its heads' output itself: the workspace (poisoned) and
-    the counters (a non-zero sentinel) are neither read nor written."""
-    heads, kv_heads = 6, 3
-    k, v, r2t, pool, seq_lens = _cache(kv_heads, HEAD_DIM, MERGE_LENS, torch.float32)
-    q = _randn(len(MERGE_LENS), heads, HEAD_DIM)
-    partial, lse, arrivals = decode_workspace(len(MERGE_LENS), heads, kv_heads, 1, HEAD_DIM, DEVICE)
-    partial.fill_(float("nan"))
-    lse.fill_(float("nan"))
-    arrivals.fill_(3)
-    got = _decode(q, k, v, r2t, pool, seq_lens, 1, workspace=(partial, lse, arrivals), logit_cap=0.5)
-    want = decode_attention_reference(q, k, v, r2t, pool, seq_lens, HEAD_DIM**-0.5, logit_cap=0.5)
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    assert partial.isnan().all() and lse.isnan().all() and (arrivals == 3).all()
-
-
-# --- the Triton backend's decode ------------------------------------------------------------------
-
-
-def _backend_decode(
-    backend: TritonAttnBackend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pool: torch.Tensor,
-    seq_lens: torch.Tensor, layer: Attention,
-) -> torch.Tensor:
-    """forward_decode reads the batch's req_pool_indices and seq_lens alone."""
-    return backend.forward_decode(q, k, v, layer, SimpleNamespace(req_pool_indices=pool, seq_lens=seq_lens))
-
-
-def test_backend_workspace_counters_follow_the_captured_workspace() -> None:
-    """init_cuda_graph_state allocates zeroed [max_bs, Hk] int32 counters with the partials (and
-    counts them in cuda_graph_state_bytes); a decode leaves them at zero; a larger eager batch
-    grows the workspace into new zeroed counters while the captured ones stay alive, unchanged."""
-    heads, kv_heads = 8, 2
-    lens = [BLOCK_N + 9, 0, 3, 2 * BLOCK_N, 1, 17]
-    k, v, r2t, pool, seq_lens = _cache(kv_heads, HEAD_DIM, lens, torch.float32)
-    q = _randn(len(lens), heads, HEAD_DIM) * 4
-    layer = Attention(0, heads, kv_heads, HEAD_DIM, HEAD_DIM**-0.5, sliding_window=BLOCK_N + 3, logit_cap=0.5)
-    want = decode_attention_reference(q, k, v, r2t, pool, seq_lens, HEAD_DIM**-0.5, sliding_window=BLOCK_N + 3,
-                                      logit_cap=0.5)
-    backend = TritonAttnBackend(r2t, heads, kv_heads, HEAD_DIM)
-    backend.init_cuda_graph_state(4)
-    captured = backend.captured_workspace
-    partial, lse, arrivals = captured
-    assert arrivals.shape == (4, kv_heads) and arrivals.dtype == torch.int32 and not arrivals.any()
-    assert backend.cuda_graph_state_bytes(4) == 4 * (partial.numel() + lse.numel() + arrivals.numel())
-
-    got = _backend_decode(backend, q[:3], k, v, pool[:3], seq_lens[:3], layer)
-    torch.testing.assert_close(got, want[:3], atol=1e-5, rtol=1e-5)
-    assert backend.arrivals is arrivals and not arrivals.any()
-
-    got = _backend_decode(backend, q, k, v, pool, seq_lens, layer)  # 6 rows: past the graphs' 4
-    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    assert backend.arrivals is not arrivals and backend.arrivals.shape[0] >= len(lens)
-    assert not backend.arrivals.any()
-    assert backend.captured_workspace is captured and not arrivals.any()
-
-
-def test_backend_batch_invariant_decode_is_the_per_request_kernel(monkeypatch) -> None:
-    """In batch-invariant mode decode is decode_attention.py's kernel, bit for bit; the split-KV
-    kernel and its workspace are not used."""
-    monkeypatch.setattr(triton_backend, "is_batch_invariant", lambda: True)
-
-    def split_kv(*args, **kwargs):
-        raise AssertionError("split-KV decode in batch-invariant mode")
-
-    monkeypatch.setattr(triton_backend, "paged_decode_attention", split_kv)
-    heads, kv_heads = 8, 2
-    k, v, r2t, pool, seq_lens = _cache(kv_heads, HEAD_DIM, DECODE_LENS, torch.float32)
-    q = _randn(len(DECODE_LENS), heads, HEAD_DIM) * 4
-    layer = Attention(0, heads, kv_heads, HEAD_DIM, HEAD_DIM**-0.5, sliding_window=5, logit_cap=0.5)
-    backend = TritonAttnBackend(r2t, heads, kv_heads, HEAD_DIM)
-    got = _backend_decode(backend, q, k, v, pool, seq_lens, layer)
-    want = decode_attention_triton(q, k, v, r2t, pool, seq_lens, HEAD_DIM**-0.5, sliding_window=5, logit_cap=0.5)
-    assert torch.equal(got, want)
-    assert backend.partial is None and backend.arrivals is None
 
 
 def test_default_num_kv_splits() -> None:

@@ -1,17 +1,15 @@
 """CUDA attention by Triton kernels that read K/V in place from the paged cache.
 
-Decode: split-KV (flash-decoding) so that a small batch still fills the GPU, the splits merged in
-the same launch; the launch reads no length on the host, so it is captured in the decode CUDA
-graph. In batch-invariant mode decode runs the kernel that walks each request's positions in
-fixed blocks from 0 instead (a split count would make a row's reduction order depend on the
-batch). Extend: one kernel over the prefix and the new tokens of every request, causal, no
-per-shape planning. Each layer's sliding window and logit cap are the kernels' constexprs, so a
-captured graph holds them.
+Decode: split-KV (flash-decoding) so that a small batch still fills the GPU; the launch reads
+no length on the host, so it is captured in the decode CUDA graph. In batch-invariant mode
+decode runs the kernel that walks each request's positions in fixed blocks from 0 instead (a
+split count would make a row's reduction order depend on the batch). Extend: one kernel over
+the prefix and the new tokens of every request, causal, no per-shape planning. Each layer's sliding window and logit cap are the kernels'
+constexprs, so a captured graph holds them.
 
 MLA layers (v_head_dim < head_dim: one latent row per token is key and value) decode with the MLA
 kernel (sgl_kernel_ext/attention/mla_decode.py: heads in blocks sharing each latent load, value
-width kv_lora_rank), split-KV with the splits merged by a second launch, one split in
-batch-invariant mode.
+width kv_lora_rank), split-KV as above, one split in batch-invariant mode.
 """
 
 from __future__ import annotations
@@ -22,7 +20,7 @@ import torch
 
 from sgl_kernel_ext.attention.decode_attention import decode_attention_triton
 from sgl_kernel_ext.attention.mla_decode import mla_decode_attention
-from sgl_kernel_ext.attention.paged_decode import DecodeWorkspace, default_num_kv_splits, paged_decode_attention
+from sgl_kernel_ext.attention.paged_decode import default_num_kv_splits, paged_decode_attention
 from sgl_kernel_ext.attention.paged_extend import paged_extend_attention
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.layers.batch_invariant import is_batch_invariant
@@ -40,14 +38,11 @@ class TritonAttnBackend(AttentionBackend):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         device = req_to_token.device
         self.sm_count = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
-        # Split-KV partials and the per-(request, KV head) arrival counters of the in-kernel merge
-        # (zeroed when allocated, left at zero by every call), sized for the largest decode batch
-        # seen so far.
+        # Split-KV partials, sized for the largest decode batch seen so far.
         self.partial: Optional[torch.Tensor] = None
         self.lse: Optional[torch.Tensor] = None
-        self.arrivals: Optional[torch.Tensor] = None
         # The ones the captured graphs point into: kept alive when a larger eager batch grows them.
-        self.captured_workspace: Optional[DecodeWorkspace] = None
+        self.captured_workspace: Optional[tuple[torch.Tensor, torch.Tensor]] = None
         self.max_extend_len = 0  # this extend step's longest chunk: the kernel's grid
 
     def num_kv_splits(self, bs: int) -> int:
@@ -55,21 +50,19 @@ class TritonAttnBackend(AttentionBackend):
         # size split alike.
         return default_num_kv_splits(bs, self.num_kv_heads, self.sm_count)
 
-    def _workspace_for(self, bs: int, splits: int, width: int) -> DecodeWorkspace:
+    def _workspace_for(self, bs: int, splits: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Contiguous [bs, Hq, splits, width <= D] and [bs, Hq, splits] float32 views of one reused
-        allocation, and the [bs, Hk] int32 arrival counters."""
+        allocation."""
         rows = bs * self.num_heads * splits
-        held_rows, held_bs = (0, 0) if self.partial is None else (self.lse.numel(), self.arrivals.shape[0])
-        if held_rows < rows or held_bs < bs:
-            self._allocate(max(rows, held_rows), max(bs, held_bs))
+        if self.partial is None or self.lse.numel() < rows:
+            self._allocate(rows)
         partial = self.partial[: rows * width].view(bs, self.num_heads, splits, width)
-        return partial, self.lse[:rows].view(bs, self.num_heads, splits), self.arrivals[:bs]
+        return partial, self.lse[:rows].view(bs, self.num_heads, splits)
 
-    def _allocate(self, rows: int, max_bs: int) -> None:
+    def _allocate(self, rows: int) -> None:
         device = self.req_to_token.device
         self.partial = torch.empty(rows * self.head_dim, dtype=torch.float32, device=device)  # [rows * D] float32
         self.lse = torch.empty(rows, dtype=torch.float32, device=device)  # [rows] float32
-        self.arrivals = torch.zeros((max_bs, self.num_kv_heads), dtype=torch.int32, device=device)  # [max_bs, Hk] int32
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         if forward_batch.forward_mode.is_extend():
@@ -80,12 +73,11 @@ class TritonAttnBackend(AttentionBackend):
         return max(bs * self.num_heads * self.num_kv_splits(bs) for bs in range(1, max_bs + 1))
 
     def init_cuda_graph_state(self, max_bs: int) -> None:
-        self._allocate(self._graph_rows(max_bs), max_bs)
-        self.captured_workspace = (self.partial, self.lse, self.arrivals)
+        self._allocate(self._graph_rows(max_bs))
+        self.captured_workspace = (self.partial, self.lse)
 
     def cuda_graph_state_bytes(self, max_bs: int) -> int:
-        # partial [rows, D] and lse [rows] float32, arrivals [max_bs, Hk] int32
-        return self._graph_rows(max_bs) * (self.head_dim + 1) * 4 + max_bs * self.num_kv_heads * 4
+        return self._graph_rows(max_bs) * (self.head_dim + 1) * 4  # partial [rows, D] and lse [rows], float32
 
     def init_forward_metadata_capture_cuda_graph(self, bs: int, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> None:
         pass  # decode reads the graph runner's static buffers through the forward batch
@@ -113,10 +105,9 @@ class TritonAttnBackend(AttentionBackend):
         bs, rank = q.shape[0], layer.v_head_dim
         splits = 1 if is_batch_invariant() else self.num_kv_splits(bs)
         out = torch.empty((bs, layer.num_heads, layer.head_dim), dtype=q.dtype, device=q.device)  # [B, H, D]
-        partial, lse, _ = self._workspace_for(bs, splits, rank)  # its second launch merges: no arrival counters
         mla_decode_attention(
             q, kv_buf, self.req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens, layer.scaling, rank,
-            out[..., :rank], (partial, lse), splits,
+            out[..., :rank], self._workspace_for(bs, splits, rank), splits,
         )
         return out
 
