@@ -19,7 +19,8 @@ past the end of a short request (every chunk of a seq_len-0 padding row) see no 
 touch neither req_to_token nor the cache, and report lse = -inf.
 
 Stage 2, grid (B, Hq): merges the chunks, skipping empty ones without reading their partials;
-a row with no positions at all comes out as zeros.
+a row with no positions at all comes out as zeros. With one split (large batches) stage 1 writes
+the output itself and stage 2 is not launched: the merge of one split is its partial, to the bit.
 
 A request's result depends only on its own length and NUM_SPLITS, so with a fixed split count
 (default_num_kv_splits of the largest batch) it does not change with its batch-mates.
@@ -90,6 +91,7 @@ def _split_kernel(
     seq_lens_ptr,  # [B] int64
     partial_ptr,  # [>=B, Hq, >=NUM_SPLITS, D] float32
     lse_ptr,  # [>=B, Hq, >=NUM_SPLITS] float32
+    out_ptr,  # [B, Hq, D]: written here when NUM_SPLITS == 1
     qk_scale,  # softmax scale * log2(e)
     stride_q_b, stride_q_h, stride_q_d,
     stride_k_s, stride_k_h, stride_k_d,
@@ -97,6 +99,7 @@ def _split_kernel(
     stride_r2t,
     stride_p_b, stride_p_h, stride_p_s, stride_p_d,
     stride_l_b, stride_l_h, stride_l_s,
+    stride_o_b, stride_o_h, stride_o_d,
     GROUP: tl.constexpr,  # query heads per KV head
     GROUP_PAD: tl.constexpr,  # >= 16 for tl.dot
     HEAD_DIM: tl.constexpr,
@@ -156,10 +159,17 @@ def _split_kernel(
     # An empty split (past the request's end) leaves l = 0: zeros and lse = -inf, never NaN.
     has = l > 0.0
     l_safe = tl.where(has, l, 1.0)
-    lse = tl.where(has, (m + tl.log2(l_safe)) * _LN2, float("-inf"))
-    p_offs = b * stride_p_b + q_heads[:, None] * stride_p_h + split * stride_p_s + d[None, :] * stride_p_d
-    tl.store(partial_ptr + p_offs, acc / l_safe[:, None], mask=live_g[:, None] & live_d[None, :])
-    tl.store(lse_ptr + b * stride_l_b + q_heads * stride_l_h + split * stride_l_s, lse, mask=live_g)
+    mask = live_g[:, None] & live_d[None, :]
+    if NUM_SPLITS == 1:
+        # The merge of one split is its partial (weight exp(0) = 1, total 1): written directly,
+        # the same bits, and no merge launch.
+        o_offs = b * stride_o_b + q_heads[:, None] * stride_o_h + d[None, :] * stride_o_d
+        tl.store(out_ptr + o_offs, (acc / l_safe[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        lse = tl.where(has, (m + tl.log2(l_safe)) * _LN2, float("-inf"))
+        p_offs = b * stride_p_b + q_heads[:, None] * stride_p_h + split * stride_p_s + d[None, :] * stride_p_d
+        tl.store(partial_ptr + p_offs, acc / l_safe[:, None], mask=mask)
+        tl.store(lse_ptr + b * stride_l_b + q_heads * stride_l_h + split * stride_l_s, lse, mask=live_g)
 
 
 @triton.jit
@@ -265,14 +275,16 @@ def paged_decode_attention(
     group = num_heads // num_kv_heads
     block_d = max(16, triton.next_power_of_2(head_dim))
     launch(_split_kernel, (batch, num_kv_heads, num_kv_splits),
-        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, partial, lse, scale * _LOG2E,
+        q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, partial, lse, out, scale * _LOG2E,
         *q.stride(), *k_buf.stride(), *v_buf.stride(), req_to_token.stride(0),
-        *partial.stride(), *lse.stride(),
+        *partial.stride(), *lse.stride(), *out.stride(),
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK=block_n, NUM_SPLITS=num_kv_splits, WINDOW=sliding_window or 0, CAP=cap_in_log2_units(logit_cap),
         **dot_flags(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )
+    if num_kv_splits == 1:
+        return out
     launch(_merge_kernel, (batch, num_heads),
         partial, lse, out, *partial.stride(), *lse.stride(), *out.stride(),
         HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_kv_splits,

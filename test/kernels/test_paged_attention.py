@@ -115,6 +115,23 @@ def test_decode_padding_row_gives_zeros() -> None:
     assert torch.equal(got[[0, 2, 3]], alone)
 
 
+def test_decode_one_split_writes_out_without_the_workspace() -> None:
+    """With one split the split kernel writes the output itself (no merge launch): a poisoned
+    workspace stays untouched, a padding row gives zeros, and the rows match the reference."""
+    heads, kv_heads = 8, 2
+    lens = [BLOCK_N + 9, 0, 3 * BLOCK_N]
+    k, v, r2t, pool, seq_lens = _cache(kv_heads, HEAD_DIM, lens, torch.bfloat16)
+    q = _randn(len(lens), heads, HEAD_DIM, dtype=torch.bfloat16)
+    partial, lse = decode_workspace(len(lens), heads, 1, HEAD_DIM, DEVICE)
+    partial.fill_(float("nan"))
+    lse.fill_(float("nan"))
+    got = _decode(q, k, v, r2t, pool, seq_lens, 1, workspace=(partial, lse))
+    assert partial.isnan().all() and lse.isnan().all()
+    assert torch.equal(got[1], torch.zeros_like(got[1]))
+    want = decode_attention_reference(q, k, v, r2t, pool, seq_lens, HEAD_DIM**-0.5)
+    torch.testing.assert_close(got[[0, 2]].float(), want[[0, 2]].float(), atol=_tol(torch.bfloat16), rtol=_tol(torch.bfloat16))
+
+
 def test_decode_noncontiguous_q() -> None:
     """q as the head slice of a fused qkv projection output: row stride != Hq * D."""
     heads, kv_heads = 6, 2
