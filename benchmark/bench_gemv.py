@@ -50,7 +50,7 @@ def run_shape(spec: str, rows_list: list[int], copy_gbs: float, sweep: bool) -> 
         library = (lambda w: silu_mul_triton(F.linear(x, w))) if silu else (lambda w: F.linear(x, w))
         lib_us = graph_us([functools.partial(library, w) for w in weights])
         want = gemv_reference(x, weight, silu_mul=silu)
-        default = gemv_tile(out_n, k, silu)
+        default = gemv_tile(out_n, k)
         tiles = sorted(set(TILES) | {default}) if sweep else [default]
         results = []
         for tile in tiles:

@@ -43,7 +43,11 @@ from sgl_kernel_ext.triton_launch import launch
 
 BLOCK_N = 64  # KV positions per inner step
 NUM_WARPS = 4
-NUM_STAGES = 3  # 2 for heads wider than 128 (shared memory)
+NUM_STAGES = 3
+# Three stages of [BLOCK_N, D] K and V tiles take 96 KiB of shared memory at 256-byte head rows
+# (bf16 x 128): wider rows (fp32 KV, 256-wide heads) pipeline two stages, within the ~100 KiB of
+# GPUs before Hopper's 228 KiB.
+STAGE3_MAX_ROW_BYTES = 256
 MAX_KV_SPLITS = 16
 _LOG2E = 1.4426950408889634
 _LN2 = tl.constexpr(0.6931471805599453)
@@ -271,7 +275,7 @@ def paged_decode_attention(
         return out
     partial, lse = workspace
     if num_stages is None:
-        num_stages = NUM_STAGES if head_dim <= 128 else 2
+        num_stages = NUM_STAGES if head_dim * k_buf.element_size() <= STAGE3_MAX_ROW_BYTES else 2
     group = num_heads // num_kv_heads
     block_d = max(16, triton.next_power_of_2(head_dim))
     launch(_split_kernel, (batch, num_kv_heads, num_kv_splits),

@@ -4,7 +4,7 @@ y[M, N] = x[M, K] @ W[N, K]^T (+ bias), M <= GEMV_MAX_ROWS, for bf16 / fp16 weig
 rows a linear only streams its weight; the library GEMM reads a Qwen3-0.6B layer's small weights
 at 8-50% of the copy bandwidth at M = 1 (docs/gpu_engine.md). Each program here owns BLOCK_N
 output columns for every row: it streams its [BLOCK_N, K] slice of W once, in [BLOCK_N, BLOCK_K]
-tiles along K (contiguous, pipelined over NUM_STAGES), multiplies each by the rows' [M, BLOCK_K]
+tiles along K (contiguous), multiplies each by the rows' [M, BLOCK_K]
 slice of x in float32, and sums along K only at the end (per-lane partial sums, one reduction).
 There is no split over K, so no second pass and no atomics: the result depends on the shapes
 only, and a row gives the same bits alone or batched with up to GEMV_MAX_ROWS - 1 others.
@@ -157,7 +157,7 @@ def _gemv_kernel(
     tl.store(y_ptr + m[:, None] * stride_ym + n[None, :], y.to(dtype), mask=live_m[:, None] & live_n[None, :])
 
 
-def gemv_tile(n: int, k: int, silu_mul: bool = False) -> tuple[int, int, int, int]:
+def gemv_tile(n: int, k: int) -> tuple[int, int, int, int]:
     """(BLOCK_N, BLOCK_K, num_warps, num_stages) for an [n, k] weight (n output columns): four
     columns a program, so that even a 1024-wide output spreads over every SM, and K tiles of
     2-8 KiB per row block. The best of bench_gemv.py's sweep on an H200 at every Qwen3-0.6B shape
@@ -248,7 +248,7 @@ def gemv_triton(
     _check_norm(x, norm_weight, residual, residual_out)
     rows, k = x.shape
     n = weight.shape[0] // 2 if silu_mul else weight.shape[0]
-    block_n, block_k, warps, stages = tile or gemv_tile(n, k, silu_mul)
+    block_n, block_k, warps, stages = tile or gemv_tile(n, k)
     norm_block = min(triton.next_power_of_2(k), NORM_MAX_BLOCK) if norm_weight is not None else 1
     y = torch.empty((rows, n), dtype=x.dtype, device=x.device)  # [M, N]
     launch(_gemv_kernel, (triton.cdiv(n, block_n),),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from types import SimpleNamespace
+from typing import Optional
 
 import pytest
 import torch
@@ -24,8 +25,10 @@ from sglang.srt.model_executor.cuda_graph_runner import (
     largest_fitting,
     padded_batch_size,
 )
+from sglang.srt.layers.logits_processor import LogitsHead
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.model_executor.sampling_graph import GUIDED_GRAPH_MAX_BS
 
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -142,9 +145,10 @@ def test_largest_fitting_batch() -> None:
     assert largest_fitting(64, cost, -5) == 0
 
 
-def _graph_host(vocab: int = 1000, attention_bytes_per_row: int = 24) -> SimpleNamespace:
+def _graph_host(vocab: int = 1000, attention_bytes_per_row: int = 24, softcap: Optional[float] = None) -> SimpleNamespace:
     backend = SimpleNamespace(cuda_graph_state_bytes=lambda bs: attention_bytes_per_row * bs)
-    return SimpleNamespace(vocab_size=vocab, dtype=torch.bfloat16, attn_backend=backend)
+    model = SimpleNamespace(logits_head=LogitsHead(vocab, final_logit_softcapping=softcap))
+    return SimpleNamespace(vocab_size=vocab, dtype=torch.bfloat16, attn_backend=backend, model=model)
 
 
 def test_graph_state_bytes_per_row() -> None:
@@ -153,6 +157,12 @@ def test_graph_state_bytes_per_row() -> None:
     assert graph_state_bytes(host, 10, capture_sampling=False) == 10 * 6024
     # The guided sampling mix's float32 temporaries outweigh the projection in the graph pool.
     assert graph_state_bytes(host, 10, capture_sampling=True) == 10 * (1000 * (4 + 4 * GUIDED_MIX_TEMPORARIES) + 24)
+    # A head that finishes its logits in float32 (here soft-capping) leaves three more float32 rows.
+    assert graph_state_bytes(_graph_host(softcap=30.0), 10, capture_sampling=False) == 10 * (1000 * (4 + 2 + 12) + 24)
+    # Guided variants are captured up to GUIDED_GRAPH_MAX_BS rows only.
+    big = GUIDED_GRAPH_MAX_BS * 4
+    assert graph_state_bytes(host, big, capture_sampling=True) == (
+        big * 1000 * 4 + GUIDED_GRAPH_MAX_BS * 1000 * 4 * GUIDED_MIX_TEMPORARIES + big * 24)
 
 
 def test_graph_sizes_kept_when_memory_holds_them(caplog) -> None:

@@ -256,6 +256,10 @@ class ColumnParallelLinear(LinearBase):
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel projections of the same input in one matmul (gate_proj + up_proj)."""
 
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False, **kwargs) -> None:
+        super().__init__(input_size, sum(output_sizes), bias, **kwargs)
+        self.output_sizes = output_sizes
+
     def fused_silu_mul(self, x: torch.Tensor) -> Optional[torch.Tensor]:
         """silu(gate) * up [N, I / tp] of a gate | up projection in one skinny-matmul launch, with
         the rounding of the matmul followed by the separate activation; None where that kernel
@@ -266,10 +270,6 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     def equal_halves(self) -> bool:
         """Whether the projection is two halves of one size (gate | up)."""
         return len(self.output_sizes) == 2 and self.output_sizes[0] == self.output_sizes[1]
-
-    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False, **kwargs) -> None:
-        super().__init__(input_size, sum(output_sizes), bias, **kwargs)
-        self.output_sizes = output_sizes
 
     def shard_span(self, shard_id: Optional[object] = None) -> tuple[int, int, int]:
         size = self.output_sizes[shard_id] // self.tp_size

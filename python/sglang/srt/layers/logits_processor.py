@@ -92,6 +92,13 @@ class LogitsHead(nn.Module):
             hidden_states=hidden_states if keep_hidden_states else None,
         )
 
+    def scratch_row_bytes(self, dtype: torch.dtype) -> int:
+        """Bytes per row of the [B, V] temporaries a forward's logits leave in a CUDA-graph memory
+        pool: the projection in the model dtype, plus up to three float32 rows where the head
+        finishes the logits (TP shards and their all-gather, a scale, soft-capping)."""
+        finishes = self.tp_all_gather is not None or self.logit_scale is not None or self.final_logit_softcapping is not None
+        return dtype.itemsize + (12 if finishes else 0)
+
     def _converts_only(self, logits: torch.Tensor) -> bool:
         """Whether the projection's logits only need the float32 conversion (one rank, no padding,
         no scale, no soft-capping)."""

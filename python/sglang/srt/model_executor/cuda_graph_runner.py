@@ -35,11 +35,11 @@ from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.graph_host import GraphHost
 from sglang.srt.model_executor.sampling_graph import (
+    GUIDED_GRAPH_MAX_BS,
     GraphVariant,
     SamplingInputBuffers,
     finish_replay,
     graph_variant,
-    GUIDED_GRAPH_MAX_BS,
     graph_variants,
     prepare_capture,
     prepare_replay,
@@ -100,10 +100,13 @@ def decode_chunks(bs: int, batch_sizes: list[int]) -> list[tuple[int, int, int]]
 
 def graph_state_bytes(host: GraphHost, max_bs: int, capture_sampling: bool) -> int:
     """Device bytes the graphs up to `max_bs` rows hold beyond their input buffers: the shared
-    float32 logits, the largest temporaries of their memory pool (the lm_head projection in the
-    model's dtype, or the guided sampling mix's float32 rows), and the attention backend's state."""
+    float32 logits, the largest temporaries of their memory pool (the logits head's rows, or the
+    guided sampling mix's float32 rows), and the attention backend's state. A model without a
+    LogitsHead is counted as one whose head finishes its logits in float32."""
+    head = getattr(host.model, "logits_head", None)
+    head_row = head.scratch_row_bytes(host.dtype) if head is not None else host.dtype.itemsize + 12
     guided_rows = min(max_bs, GUIDED_GRAPH_MAX_BS) if capture_sampling else 0
-    pool = max(max_bs * host.dtype.itemsize, guided_rows * 4 * GUIDED_MIX_TEMPORARIES) * host.vocab_size
+    pool = max(max_bs * head_row, guided_rows * 4 * GUIDED_MIX_TEMPORARIES) * host.vocab_size
     return max_bs * host.vocab_size * 4 + pool + host.attn_backend.cuda_graph_state_bytes(max_bs)
 
 
