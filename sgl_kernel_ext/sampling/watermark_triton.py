@@ -221,6 +221,17 @@ def watermark_select_triton(
     return chosen, ctx, best_p.amax(dim=1)
 
 
+@triton.jit
+def _live_slot(w, rows_ptr, active_ptr, slots_ptr, HAS_ACTIVE: tl.constexpr):
+    """Watermarked row w's batch row, active flag and state slot (0 for an inactive row, whose
+    slot may be padding)."""
+    row = tl.load(rows_ptr + w)
+    live = tl.full([], 1, tl.int1)
+    if HAS_ACTIVE:
+        live = tl.load(active_ptr + w)
+    return row, live, tl.where(live, tl.load(slots_ptr + row), 0)
+
+
 @triton.jit(do_not_specialize=["capacity", "max_probability"])
 def _watermark_admit_kernel(
     rows_ptr,  # [W] int64: each watermark row's batch row
@@ -240,11 +251,7 @@ def _watermark_admit_kernel(
     BLOCK: tl.constexpr,
 ):
     w = tl.program_id(0)
-    row = tl.load(rows_ptr + w)
-    live = tl.full([], 1, tl.int1)
-    if HAS_ACTIVE:
-        live = tl.load(active_ptr + w)
-    slot = tl.where(live, tl.load(slots_ptr + row), 0)  # an inactive row's slot may be padding
+    row, live, slot = _live_slot(w, rows_ptr, active_ptr, slots_ptr, HAS_ACTIVE)
     ctx = tl.load(ctx_ptr + w).to(tl.uint32).to(tl.int32, bitcast=True)
     count = tl.where(live, tl.load(counts_ptr + slot).to(tl.int32), 0)  # <= capacity <= 4096
     seen = tl.zeros([], dtype=tl.int32)
@@ -302,11 +309,7 @@ def _watermark_append_kernel(
     BLOCK_H: tl.constexpr,
 ):
     w = tl.program_id(0)
-    row = tl.load(rows_ptr + w)
-    live = tl.full([], 1, tl.int1)
-    if HAS_ACTIVE:
-        live = tl.load(active_ptr + w)
-    slot = tl.where(live, tl.load(slots_ptr + row), 0)  # an inactive row's slot may be padding
+    row, live, slot = _live_slot(w, rows_ptr, active_ptr, slots_ptr, HAS_ACTIVE)
     cols = tl.arange(0, BLOCK_H)  # [BLOCK_H]
     shifted = tl.load(tails_ptr + slot * WIDTH + cols + 1, mask=cols + 1 < WIDTH, other=0)
     tl.debug_barrier()  # every thread's load of the old tail before any store over it
