@@ -40,6 +40,7 @@ from gpu_tp_check import SEEDED, SHAPES, post_json, wait_healthy, write_checkpoi
 from sglang.test.server_process import free_port  # noqa: E402
 
 CYCLE = list(range(1000, 1016))  # the token cycle the steered rows repeat
+UNCHECKED = "ngram_tp2_unchecked"  # the one run without SGLANG_TP_CHECK_TOKEN_AGREEMENT
 
 
 def build_requests(vocab_size: int, max_new_tokens: int) -> tuple[list[dict], list[str]]:
@@ -65,13 +66,14 @@ def build_requests(vocab_size: int, max_new_tokens: int) -> tuple[list[dict], li
     return bodies, kinds
 
 
-def serve(device: str, model: str, flags: list[str], bodies: list[dict], log_path: str) -> dict[str, Any]:
+def serve(device: str, model: str, flags: list[str], bodies: list[dict], log_path: str,
+          check_agreement: bool = True) -> dict[str, Any]:
     """Start the server, send every body at once, stop it: tokens, spec counters, timings."""
     port = free_port()
     command = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--device", device,
                "--dtype", "float32", "--port", str(port), "--context-length", "1024", "--max-running-requests", "32",
                "--max-total-tokens", "32768", *flags]
-    env = {**os.environ, "SGLANG_TP_CHECK_TOKEN_AGREEMENT": "1"}
+    env = {**os.environ, "SGLANG_TP_CHECK_TOKEN_AGREEMENT": "1" if check_agreement else "0"}
     start = time.perf_counter()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -105,11 +107,13 @@ def runs_to_make(target: str, draft2: str, tp2: bool) -> dict[str, list[str]]:
                               "--speculative-num-steps", "4", *spec],
         # NGRAM sampling eagerly (no graphs) at TP=1, as TP=2 with the agreement check does.
         "ngram_eager": [*ngram, "--disable-cuda-graph"],
+        "ngram_eager_no_overlap": [*ngram, "--disable-cuda-graph", "--disable-overlap-schedule"],
     }
     if tp2:
         runs["standalone_self_tp2"] = [*self_draft, "--tp-size", "2"]
         runs["ngram_tp2"] = [*ngram, "--tp-size", "2"]
         runs["ngram_tp2_no_overlap"] = [*ngram, "--tp-size", "2", "--disable-overlap-schedule"]
+        runs[UNCHECKED] = [*ngram, "--tp-size", "2"]  # without the agreement check: graphs sample
     return runs
 
 
@@ -143,7 +147,8 @@ def main() -> int:
     for name, flags in runs.items():
         started = time.perf_counter()
         try:
-            results[name] = serve(args.device, target, flags, bodies, os.path.join(out_dir, f"server-{name}.log"))
+            results[name] = serve(args.device, target, flags, bodies, os.path.join(out_dir, f"server-{name}.log"),
+                                  check_agreement=name != UNCHECKED)
         except Exception as err:  # noqa: BLE001 - reported, the other runs go on
             results[name] = {"error": repr(err)[-3000:]}
             print(f"{name}: FAILED {err!r}"[:3000], flush=True)

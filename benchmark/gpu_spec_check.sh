@@ -6,9 +6,10 @@
 #              Exit status 1 on a difference.
 #   check-tp2  the same at --tp-size 2 (STANDALONE self-draft, NGRAM; two GPUs, NCCL) against spec
 #              off at TP=1, with the rank agreement check on.
-#   check-tp2-bisect  NGRAM's penalty rows failed check-tp2 (docs/speculative.md, "Known failure"):
-#              NGRAM at TP=1 with graphs off (eager sampling, as TP=2 samples), at TP=2 with the
-#              overlap schedule off, and at TP=2 as in check-tp2 (two GPUs).
+#   check-tp2-bisect  what separated the NGRAM failure at TP=2 (docs/speculative.md, "Fixed"):
+#              NGRAM at TP=1 with graphs off (eager sampling, as TP=2 samples), also without the
+#              overlap schedule; at TP=2 with the overlap schedule off, as in check-tp2, and without
+#              the agreement check (the sampling graphs then run; two GPUs).
 #   bench  benchmark/bench_speculative.py --gpu: tok/s and acceptance of spec off, STANDALONE
 #          (self-draft, 2-layer draft) and NGRAM at N = 1, 16, 64; records in $OUT/spec/gpu.json.
 #   profile  benchmark/gpu_profile_server.py: py-spy over the scheduler process at N=1, spec off
@@ -38,7 +39,7 @@ case "$STAGE" in
     ;;
   check-tp2-bisect)
     timeout 570 python3 benchmark/gpu_spec_check.py --out-dir "$OUT/spec_check_tp2_bisect" \
-      --runs ngram_eager ngram_tp2_no_overlap ngram_tp2
+      --runs ngram_eager ngram_eager_no_overlap ngram_tp2_no_overlap ngram_tp2 ngram_tp2_unchecked
     ;;
   bench)
     timeout 570 python3 benchmark/bench_speculative.py --gpu --tokenizer .carry_engine/tokenizer --out-dir "$OUT/spec"

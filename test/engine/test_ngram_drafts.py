@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.speculative.ngram import ngram_drafts
 
 
@@ -51,14 +52,27 @@ def test_ngram_steps_overlap_unless_the_next_one_may_verify():
     verify, or when the history without the in-flight token already finds drafts."""
     spec = _spec()
     decode, verify = SimpleNamespace(spec=None), SimpleNamespace(spec=object())
-    no_match = SimpleNamespace(reqs=[_req([1, 2, 3]), _req([4, 5])])
-    match = SimpleNamespace(reqs=[_req([1, 2, 3]), _req([4, 5, 4])])
+    no_match = [_req([1, 2, 3]), _req([4, 5])]
+    match = [_req([1, 2, 3]), _req([4, 5, 4])]
     assert spec.overlaps
     assert spec.must_settle(verify, no_match)
     assert not spec.must_settle(decode, no_match)
     assert spec.must_settle(decode, match)
-    assert not spec.must_settle(decode, None)
+    assert not spec.must_settle(decode, [])
     assert not _spec(disable_batch_size=1).must_settle(decode, match)  # decodes without speculation anyway
+
+
+def test_no_verify_while_a_decode_step_of_the_batch_is_in_flight():
+    """The requests' host histories lack the in-flight step's tokens: a verify built now would
+    forward from a stale last token, so the step decodes (a prefill in flight does not matter)."""
+    spec = _spec()
+    spec.builder = SimpleNamespace(decode_step=lambda batch: "decode")
+    spec._refresh_penalties = lambda batch: None
+    spec._verify_step = lambda batch, drafts: "verify"
+    batch = SimpleNamespace(reqs=[_req([1, 2, 3]), _req([4, 5, 4])])
+    assert spec.next_step(batch, SimpleNamespace(mode=ForwardMode.DECODE)) == "decode"
+    assert spec.next_step(batch, SimpleNamespace(mode=ForwardMode.EXTEND)) == "verify"
+    assert spec.next_step(batch) == "verify"
 
 
 def test_a_draftless_finding_is_reused_only_for_unchanged_histories():
@@ -72,9 +86,9 @@ def test_a_draftless_finding_is_reused_only_for_unchanged_histories():
     lookup = spec._drafts
     spec._drafts = lambda reqs: looked_up.append(len(reqs)) or lookup(reqs)
     batch = SimpleNamespace(reqs=[_req([1, 2, 3]), _req([4, 5])])
-    assert not spec.must_settle(SimpleNamespace(spec=None), batch)
+    assert not spec.must_settle(SimpleNamespace(spec=None), batch.reqs)
     assert spec.next_step(batch) == "decode" and looked_up == [2]
     batch.reqs[1].output_ids.append(9)  # its history changed: the finding no longer holds
-    assert not spec.must_settle(SimpleNamespace(spec=None), batch)
+    assert not spec.must_settle(SimpleNamespace(spec=None), batch.reqs)
     batch.reqs[0].output_ids.append(7)
     assert spec.next_step(batch) == "decode" and looked_up == [2, 2, 2]

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
+import threading
 
 import pytest
 import requests
 
-from engine_utils import generate_ok, running_server
+from engine_utils import generate_ok, iter_stream, running_server
 from guidance_utils import save_guidance_tiny, tiny_flags
 from sglang.test.server_process import ServerProcess
 
@@ -31,6 +32,12 @@ VARIANTS = [{"temperature": 0.0}, {**PENALISED, "sampling_seed": 5}, {"temperatu
                                                                      "logit_bias": {"9": 2.0}}]
 BATCH = [(p, {"max_new_tokens": MAX_NEW, "ignore_eos": True, **v}) for p in PROMPTS for v in VARIANTS]
 HISTOGRAM = "sglang:spec_accept_length_per_request"
+# Rows NGRAM finds no drafts in: distinct prompt tokens, then a new token at every step (the bias
+# keeps the choice among 64 tokens, the frequency penalty away from those already drawn).
+DRAFTLESS_PROMPTS = [list(range(150, 190)), [271, 82, 8, 28, 18]]
+DRAFTLESS = dict(max_new_tokens=48, ignore_eos=True, frequency_penalty=2.0, logit_bias={str(t): 30.0 for t in range(200, 264)})
+# Its first token continues its prompt's period: NGRAM has drafts for it from its first decode step on.
+LATE = dict(temperature=0.0, max_new_tokens=MAX_NEW, ignore_eos=True, logit_bias={str(REPEATING[0]): 30.0})
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +73,40 @@ def test_chunked_prompts_give_the_tokens_without_speculation(plain, ngram):
     want, got = _batch(plain), _batch(ngram)
     assert [a["output_ids"] for a in got] == [a["output_ids"] for a in want]
     assert sum(a["meta_info"]["spec_accept_token_num"] for a in got) > 0
+
+
+def _joined_while_decoding(server: ServerProcess) -> tuple[list[list[int]], list[int]]:
+    """Penalised rows without drafts decode (streamed); once each has streamed a chunk, a request
+    whose prompt NGRAM finds drafts in joins them: (the rows' output ids, the late one's)."""
+    early = [{"input_ids": p, "sampling_params": {**DRAFTLESS, **v}} for p in DRAFTLESS_PROMPTS
+             for v in ({"temperature": 0.0}, {"temperature": 0.3, "sampling_seed": 9})]
+    decoding = [threading.Event() for _ in early]
+
+    def run(i: int) -> list[int]:
+        ids: list[int] = []
+        try:
+            for chunk in iter_stream(server, early[i]):
+                decoding[i].set()
+                ids = chunk["output_ids"]
+        finally:
+            decoding[i].set()  # a failed request shows in its result
+        return ids
+
+    with concurrent.futures.ThreadPoolExecutor(len(early)) as pool:
+        futures = [pool.submit(run, i) for i in range(len(early))]
+        assert all(event.wait(TIMEOUT) for event in decoding)
+        late = generate_ok(server, REPEATING, sampling_params=LATE)
+        return [f.result() for f in futures], late["output_ids"]
+
+
+def test_a_request_with_drafts_joining_decoding_rows_gives_the_tokens_without_speculation(plain, ngram):
+    """The late request's prefilled batch joins the running rows while their decode step is in
+    flight (overlap schedule): the step after it verifies only once that step's tokens are on
+    the host, so the rows' verify starts from their latest token."""
+    want, got = _joined_while_decoding(plain), _joined_while_decoding(ngram)
+    assert got == want
+    assert all(len(set(ids)) == DRAFTLESS["max_new_tokens"] for ids in got[0][::2])  # greedy: never a repeat
+    assert got[1][0] == REPEATING[0]
 
 
 def test_a_cached_prefix_written_by_verify_steps_gives_the_tokens_without_speculation(plain, ngram):

@@ -316,7 +316,7 @@ class Scheduler:
 
     def get_next_step(self) -> Optional[Step]:
         self._admit_compiled_grammars()
-        if self.spec is not None and self.in_flight is not None and self.spec.must_settle(self.in_flight[0], self.running.batch):
+        if self.spec is not None and self.in_flight is not None and self.spec.must_settle(self.in_flight[0], self.running.reqs()):
             self._read_in_flight()
         for req in self.running.update(self._wait_in_flight):
             self._release(req)
@@ -329,10 +329,14 @@ class Scheduler:
         self.preemption.run(self.waiting, self.running, self._active_reqs, self._read_in_flight)
         step = self._prefill_step()
         if step is None and self.running.batch is not None and not self._running_ends_in_flight():
-            step = self.builder.decode_step(self.running.batch) if self.spec is None else self.spec.next_step(self.running.batch)
+            step = self._decode_step(self.running.batch)
         if step is not None:
             self.stats.count(step, len(self._active_reqs()), len(self.waiting))
         return step
+
+    def _decode_step(self, batch: Any) -> Step:
+        in_flight = self.in_flight[0] if self.in_flight is not None else None
+        return self.builder.decode_step(batch) if self.spec is None else self.spec.next_step(batch, in_flight)
 
     def _running_ends_in_flight(self) -> bool:
         in_flight = self.in_flight[0] if self.in_flight is not None else None

@@ -60,26 +60,31 @@ class SpecDecoding:
         lookup in the host history (a draft model's forwards need the latest tokens)."""
         return self.draft_source is None
 
-    def must_settle(self, in_flight: Step, batch: Optional[ScheduleBatch]) -> bool:
+    def must_settle(self, in_flight: Step, reqs: list[Req]) -> bool:
         """Overlap: whether the in-flight step's result must be read before the next step is
         built: after a verify (its accepted lengths place the next step), and where the history
         without the in-flight token already finds drafts (the next step then likely verifies,
-        and its drafts must continue the latest token). Otherwise the next decode step overlaps."""
+        and its drafts must continue the latest token). Otherwise the next decode step overlaps.
+        `reqs` are the requests the next step may run: the running batch and the prefilled
+        batches that join it first (their drafts can make that step a verify too)."""
         if in_flight.spec is not None:
             return True
-        if batch is None or len(batch.reqs) > self.disable_batch_size:
+        if not reqs or len(reqs) > self.disable_batch_size:
             return False
-        if any(self._drafts(batch.reqs)):
+        if any(self._drafts(reqs)):
             return True
-        self._draftless = _history_marks(batch.reqs)  # next_step need not look them up again
+        self._draftless = _history_marks(reqs)  # next_step need not look them up again
         return False
 
-    def next_step(self, batch: ScheduleBatch) -> Step:
-        """The running batch's next decode step: a verify step when it speculates."""
+    def next_step(self, batch: ScheduleBatch, in_flight: Optional[Step] = None) -> Step:
+        """The running batch's next decode step: a verify step when it speculates. Never a verify
+        while a decode step of the batch is in flight (`in_flight`, under the overlap schedule):
+        the requests' host histories then lack its tokens, and a verify forwards from the host's
+        last token and prefix length."""
         self._refresh_penalties(batch)
         reqs = batch.reqs
         draftless, self._draftless = self._draftless, None
-        if len(reqs) > self.disable_batch_size or draftless == _history_marks(reqs):
+        if (in_flight is not None and in_flight.mode.is_decode()) or len(reqs) > self.disable_batch_size or draftless == _history_marks(reqs):
             return self.builder.decode_step(batch)
         drafts = self._drafts(reqs)
         if not any(drafts):
