@@ -249,22 +249,20 @@ def _record_input_logprobs(req: Req, entries: list) -> None:
 
 
 def _token_out(req: Req) -> TokenOut:
-    """The request's output since the last send, and its pending logprobs (taken, not copied)."""
+    """The request's output since the last send, and its pending logprobs and reports (taken,
+    not copied). A request that asked for neither, the common case, skips both: their fields
+    keep their None defaults, which is what they would be given."""
     params = req.sampling_params
     first = req.sent_output_len == 0
     new_alphas = req.guidance_alpha[req.sent_output_len :] if req.guidance_alpha else None
     new_ids = req.output_ids[req.sent_output_len :]
     req.sent_output_len = len(req.output_ids)
     completion_tokens, beam_results = len(req.output_ids), None
-    beam = beam_token_fields(req)
-    if beam is not None:
-        new_ids, completion_tokens, beam_results = beam
-    elif req.beam is not None:
-        new_ids = []  # a beam request that failed: its rows' ids are no answer
-    pending, req.pending_logprobs = req.pending_logprobs, type(req.pending_logprobs)()
-    pending_report, req.pending_report = req.pending_report, PendingReport()
-    want = req.logprob
-    return TokenOut(
+    if req.beam is not None:
+        beam = beam_token_fields(req)
+        # A beam request that failed (no results): its rows' ids are no answer.
+        new_ids, completion_tokens, beam_results = beam if beam is not None else ([], completion_tokens, None)
+    out = TokenOut(
         rid=req.rid,
         new_output_ids=new_ids,
         finished_reason=req.finished_reason,
@@ -274,13 +272,6 @@ def _token_out(req: Req) -> TokenOut:
         skip_special_tokens=params.skip_special_tokens,
         spaces_between_special_tokens=params.spaces_between_special_tokens,
         no_stop_trim=params.no_stop_trim,
-        output_token_logprobs=pending.output_token if want else None,
-        output_top_logprobs=pending.output_top if want and want.top_logprobs_num else None,
-        output_token_ids_logprobs=pending.output_token_ids if want and want.token_ids_logprob else None,
-        input_token_logprobs=pending.input_token,
-        input_top_logprobs=pending.input_top if want and want.top_logprobs_num else None,
-        input_token_ids_logprobs=pending.input_token_ids if want and want.token_ids_logprob else None,
-        **pending_report.message_fields(req.sampling_report),
         matched_text=req.matched_text,
         spec_verify_ct=req.spec_verify_ct,
         spec_accept_token_num=req.spec_accept_token_num,
@@ -290,3 +281,32 @@ def _token_out(req: Req) -> TokenOut:
         beam_results=beam_results,
         guidance_alpha=new_alphas,
     )
+    _take_logprobs(req, out)
+    _take_reports(req, out)
+    return out
+
+
+def _take_logprobs(req: Req, out: TokenOut) -> None:
+    """Move the request's pending logprobs into `out` (the ones it asked for)."""
+    pending = req.pending_logprobs
+    want = req.logprob
+    if want is None and pending.input_token is None and not (pending.output_token or pending.output_top or pending.output_token_ids):
+        return
+    req.pending_logprobs = type(pending)()
+    if want:
+        out.output_token_logprobs = pending.output_token
+        out.output_top_logprobs = pending.output_top if want.top_logprobs_num else None
+        out.output_token_ids_logprobs = pending.output_token_ids if want.token_ids_logprob else None
+    out.input_token_logprobs = pending.input_token
+    out.input_top_logprobs = pending.input_top if want and want.top_logprobs_num else None
+    out.input_token_ids_logprobs = pending.input_token_ids if want and want.token_ids_logprob else None
+
+
+def _take_reports(req: Req, out: TokenOut) -> None:
+    """Move the request's pending sampling reports into `out` (the ones it asked for)."""
+    pending = req.pending_report
+    if req.sampling_report is None and not (pending.masks or pending.entropy):
+        return
+    req.pending_report = PendingReport()
+    for name, value in pending.message_fields(req.sampling_report).items():
+        setattr(out, name, value)

@@ -89,6 +89,7 @@ class Req:
         self.retraction_count = 0  # times priority preemption retracted it (meta_info "num_retractions")
         # Speculative decoding (managers/spec_decode.py): verify steps, drafts proposed, drafts accepted.
         self.spec_verify_ct = self.spec_draft_token_num = self.spec_accept_token_num = 0
+        self._ending_ids: Optional[frozenset[int]] = None  # _check_stop_token's set, made at its first call
 
     @property
     def return_logprob(self) -> bool:
@@ -129,12 +130,12 @@ class Req:
             self.finished_reason = {"type": "stop", "matched": last}
 
     def _check_stop_token(self, token: int) -> bool:
-        params = self.sampling_params
-        # ignore_eos ignores EOS only: explicit stop_token_ids still stop.
-        stops = set(params.stop_token_ids or ())
-        if not params.ignore_eos:
-            stops |= self.eos_ids()
-        if token in stops:
+        if self._ending_ids is None:
+            # Built once: the params and the tokenizer are fixed for the request's life.
+            params = self.sampling_params
+            # ignore_eos ignores EOS only: explicit stop_token_ids still stop.
+            self._ending_ids = frozenset(params.stop_token_ids or ()) | (frozenset() if params.ignore_eos else self.eos_ids())
+        if token in self._ending_ids:
             self.finished_reason = {"type": "stop", "matched": token}
             return True
         return False
