@@ -12,6 +12,7 @@
 #   cliff     - bench_serving_gpu.py against one server with default flags: N=512 x 512, N=1024 x 256 and
 #               N=256 x 2048 tokens; then N=1024 x 256 with --cuda-graph-max-bs 256 (chunked replay)
 #   cliff-workers - N=512 x 512 and N=1024 x 256 with four tokenizer workers and two detokenizers
+#   frontend-profile - that server at N=1024 x 256, py-spy over every server process (profile_processes.py)
 #   anchor    - bench_serving_gpu.py, ours beside HF static cache + compile and the floor, N = 1, 64, 256
 # Run through the device tool from the repo root with carry [".carry_engine"]:
 #   bash benchmark/gpu_perf_check.sh profile attention n1
@@ -63,12 +64,14 @@ for phase in "$@"; do
       timeout 300 python3 benchmark/bench_serving_gpu.py --out-dir "$OUT/serving" --tokenizer .carry_engine/tokenizer \
         --checkpoint $CKPT --systems ours weight_read_floor --concurrency 1 --new-tokens 256 --rounds 2 --tag n1
       ;;
-    cliff|cliff-workers)
+    cliff|cliff-workers|frontend-profile)
       # One server per flag set, every workload against it (--url). cliff: default flags (graphs up
       # to the max running requests), then --cuda-graph-max-bs 256 (batches above 256 replay in
-      # chunks); cliff-workers: four HTTP/tokenizer workers and two detokenizer processes.
-      if [ $phase = cliff ]; then sets=("" "--cuda-graph-max-bs 256"); else
-        sets=("--tokenizer-worker-num 4 --detokenizer-mode process --detokenizer-worker-num 2"); fi
+      # chunks); cliff-workers: four HTTP/tokenizer workers and two detokenizer processes;
+      # frontend-profile: that server at N=1024 x 256 for three rounds, with py-spy over the whole
+      # server for 10 s of them (how busy each process is: benchmark/profile_processes.py).
+      workers="--tokenizer-worker-num 4 --detokenizer-mode process --detokenizer-worker-num 2"
+      if [ $phase = cliff ]; then sets=("" "--cuda-graph-max-bs 256"); else sets=("$workers"); fi
       for args in "${sets[@]}"; do
         port=$((30000 + RANDOM % 20000)) tag=$(echo "$args" | tr -dc 'a-z0-9' | cut -c1-24)
         python3 -m sglang.launch_server --model-path $CKPT --port $port --log-level info $args \
@@ -76,13 +79,23 @@ for phase in "$@"; do
         pid=$!
         for _ in $(seq 600); do curl -sf localhost:$port/health >/dev/null && break; sleep 0.5; done
         grep -h "CUDA graphs" "$OUT/server_${phase}_$tag.log"
-        workloads="512x512 1024x256"
+        workloads="512x512 1024x256" rounds=1
         [ "$phase" = cliff ] && { [ -n "$args" ] && workloads="1024x256" || workloads="512x512 1024x256 256x2048"; }
+        if [ "$phase" = frontend-profile ]; then
+          workloads="1024x256" rounds=3
+          (sleep 20; py-spy record --pid $pid --subprocesses --duration 10 --rate 100 --format raw --nonblocking \
+            --output "$OUT/frontend_profile.collapsed" > /dev/null) &
+          spy=$!
+        fi
         for w in $workloads; do
           timeout 300 python3 benchmark/bench_serving_gpu.py --out-dir "$OUT/serving" --url http://127.0.0.1:$port \
-            --checkpoint $CKPT --systems ours --concurrency ${w%x*} --new-tokens ${w#*x} --rounds 1 --client-procs 16 \
+            --checkpoint $CKPT --systems ours --concurrency ${w%x*} --new-tokens ${w#*x} --rounds $rounds --client-procs 16 \
             --tag "${phase}_${tag}_$w"
         done
+        if [ "$phase" = frontend-profile ]; then
+          wait $spy
+          python3 benchmark/profile_processes.py "$OUT/frontend_profile.collapsed" --seconds 10 --rate 100
+        fi
         kill $pid; wait $pid
       done
       ;;
