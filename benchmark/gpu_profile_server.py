@@ -27,6 +27,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_tp_check import post_json, wait_healthy  # noqa: E402
+from profile_processes import read, short  # noqa: E402
 from random_checkpoint import write_preset  # noqa: E402
 from sglang.test.server_process import free_port  # noqa: E402
 
@@ -60,21 +61,17 @@ def keep_busy(url: str, n: int, max_new_tokens: int, bias: str, stop: threading.
 
 def summarise(collapsed: str, top: int) -> list[str]:
     """Inclusive and self sample shares per function over the scheduler process (the process of
-    which some stack passes through managers/scheduler.py; py-spy's first frame names the process)."""
-    stacks: list[tuple[list[str], int]] = []
-    with open(collapsed) as f:
-        for line in f:
-            stack, _, count = line.rstrip("\n").rpartition(" ")
-            stacks.append((stack.split(";"), int(count)))
-    processes = {frames[0] for frames, _ in stacks if any("scheduler.py" in frame for frame in frames)}
+    which some stack passes through managers/scheduler.py)."""
+    stacks = read(collapsed)
+    processes = {process for process, frames, _ in stacks if any("scheduler.py" in frame for frame in frames)}
     inclusive: collections.Counter = collections.Counter()
     own: collections.Counter = collections.Counter()
     total = 0
-    for frames, n in stacks:
-        if frames[0] not in processes:
+    for process, frames, n in stacks:
+        if process not in processes:
             continue
         total += n
-        names = [frame.split(" (")[0] + " " + frame.rsplit("/", 1)[-1].rstrip(")") for frame in frames[1:]]
+        names = [short(frame) for frame in frames]
         for name in set(names):
             inclusive[name] += n
         if names:

@@ -17,13 +17,21 @@ import argparse
 import collections
 
 
-def read(path: str) -> list[tuple[list[str], int]]:
+def read(path: str) -> list[tuple[str, list[str], int]]:
+    """(process frame, its Python frames outermost first, samples) per stack of a raw recording."""
     stacks = []
     with open(path) as f:
         for line in f:
             stack, _, count = line.rstrip("\n").rpartition(" ")
-            if stack:
-                stacks.append((stack.split(";"), int(count)))
+            if not stack:
+                continue
+            frames = stack.split(";")
+            # A child's stacks come under its parent's process frame: the last process frame names it.
+            at = max(i for i, frame in enumerate(frames) if frame.startswith("process "))
+            process, frames = frames[at], frames[at + 1 :]
+            while frames and frames[0].endswith('"'):  # the rest of a command line that held a ';'
+                frames = frames[1:]
+            stacks.append((process, frames, int(count)))
     return stacks
 
 
@@ -42,15 +50,10 @@ def process_label(frame: str) -> str:
     return f"{head}: {command[:60]}"
 
 
-def summarise(stacks: list[tuple[list[str], int]], seconds: float, rate: float, top: int) -> list[str]:
+def summarise(stacks: list[tuple[str, list[str], int]], seconds: float, rate: float, top: int) -> list[str]:
     per_process: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     threads: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    for frames, n in stacks:
-        # A child's stacks come under its parent's process frame: the last process frame names it.
-        at = max(i for i, frame in enumerate(frames) if frame.startswith("process "))
-        process, frames = frames[at], frames[at + 1 :]
-        while frames and frames[0].endswith('"'):  # the rest of a command line that held a ';'
-            frames = frames[1:]
+    for process, frames, n in stacks:
         # The outermost Python frame tells the threads apart (main module vs Thread._bootstrap).
         threads[process][short(frames[0]) if frames else "?"] += n
         if frames:
