@@ -335,12 +335,13 @@ class Scheduler:
         return step
 
     def _decode_step(self, batch: Any) -> Step:
-        in_flight = self.in_flight[0] if self.in_flight is not None else None
-        return self.builder.decode_step(batch) if self.spec is None else self.spec.next_step(batch, in_flight)
+        return self.builder.decode_step(batch) if self.spec is None else self.spec.next_step(batch, self._in_flight_step())
 
     def _running_ends_in_flight(self) -> bool:
-        in_flight = self.in_flight[0] if self.in_flight is not None else None
-        return in_flight_ends_running(in_flight, self.running.batch.reqs)
+        return in_flight_ends_running(self._in_flight_step(), self.running.batch.reqs)
+
+    def _in_flight_step(self) -> Optional[Step]:
+        return self.in_flight[0] if self.in_flight is not None else None
 
     def _prefill_step(self) -> Optional[Step]:
         if self.chunked_req is not None and self.chunked_req.finished():
