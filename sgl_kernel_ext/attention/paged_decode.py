@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel_ext.triton_launch import launch
+from sgl_kernel_ext.triton_launch import launch, pdl_sync
 
 BLOCK_N = 64  # KV positions per inner step
 NUM_WARPS = 4
@@ -114,7 +114,9 @@ def _split_kernel(
     CAP: tl.constexpr,  # logit cap in the scores' base-2 units, 0.0 for none
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -188,7 +190,9 @@ def _merge_kernel(
     BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     b = tl.program_id(0)
     head = tl.program_id(1)
     s = tl.arange(0, SPLITS_PAD)
@@ -285,13 +289,13 @@ def paged_decode_attention(
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK=block_n, NUM_SPLITS=num_kv_splits, WINDOW=sliding_window or 0, CAP=cap_in_log2_units(logit_cap),
         **dot_flags(q.dtype),
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages, pdl=True,
     )
     if num_kv_splits == 1:
         return out
     launch(_merge_kernel, (batch, num_heads),
         partial, lse, out, *partial.stride(), *lse.stride(), *out.stride(),
         HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_kv_splits,
-        SPLITS_PAD=max(2, triton.next_power_of_2(num_kv_splits)), num_warps=NUM_WARPS,
+        SPLITS_PAD=max(2, triton.next_power_of_2(num_kv_splits)), num_warps=NUM_WARPS, pdl=True,
     )
     return out

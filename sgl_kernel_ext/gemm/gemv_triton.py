@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel_ext.norm.rmsnorm_triton import round_to
-from sgl_kernel_ext.triton_launch import launch
+from sgl_kernel_ext.triton_launch import launch, pdl_sync
 
 GEMV_MAX_ROWS = 4
 GEMV_MAX_WEIGHT_ROWS = 16384
@@ -47,19 +47,14 @@ NORM_MAX_BLOCK = 8192
 
 
 @triton.jit
-def _partial_dot(acc, x_ptr, w_ptr, rows, k0, m, live_m, K, stride_xm, stride_wn, BLOCK_K: tl.constexpr):
-    """acc [M_PAD, BN, BK] += x[:, k0:k0+BK] * W[rows, k0:k0+BK] elementwise, in float32."""
-    k = k0 + tl.arange(0, BLOCK_K)
-    live_k = k < K
-    w = tl.load(w_ptr + rows[:, None] * stride_wn + k[None, :], mask=live_k[None, :], other=0.0)  # [BN, BK]
-    x = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=live_m[:, None] & live_k[None, :], other=0.0)
-    return acc + x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+def _weight_tile(w_ptr, rows, k, live_k, stride_wn):
+    """W[rows, k], [BN, BK] in the weight's dtype (dead k read as 0)."""
+    return tl.load(w_ptr + rows[:, None] * stride_wn + k[None, :], mask=live_k[None, :], other=0.0)
 
 
 @triton.jit
-def _weight_dot(acc, x, w_ptr, rows, k, live_k, stride_wn):
-    """acc [M_PAD, BN, BK] += x [M_PAD, BK] (float32) * W[rows, k] elementwise, in float32."""
-    w = tl.load(w_ptr + rows[:, None] * stride_wn + k[None, :], mask=live_k[None, :], other=0.0)  # [BN, BK]
+def _dot_tile(acc, x, w):
+    """acc [M_PAD, BN, BK] += x [M_PAD, BK] (float32) * w [BN, BK] elementwise, in float32."""
     return acc + x[:, None, :] * w.to(tl.float32)[None, :, :]
 
 
@@ -82,16 +77,19 @@ def _row_rstd(x_ptr, res_ptr, res_out_ptr, cols, written, K, eps, k_f,
 
 
 @triton.jit
-def _normed_tile(x_ptr, res_ptr, norm_w_ptr, rstd, m, live_m, k, live_k, K, stride_xm,
-                 DTYPE: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
-    """The rows' normed input at columns k, [M_PAD, BK] in float32: round(round(h * rstd) * w)."""
+def _x_tile(x_ptr, res_ptr, norm_w_ptr, rstd, m, live_m, k, live_k, K, stride_xm,
+            DTYPE: tl.constexpr, HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """The rows' input at columns k, [M_PAD, BK] in float32: x, or with HAS_NORM the normed
+    round(round(h * rstd) * w)."""
     live = live_m[:, None] & live_k[None, :]
     h = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=live, other=0.0).to(tl.float32)
-    if HAS_RESIDUAL:
-        res = tl.load(res_ptr + m[:, None] * K + k[None, :], mask=live, other=0.0).to(tl.float32)
-        h = round_to(h + res, DTYPE)
-    w = tl.load(norm_w_ptr + k, mask=live_k, other=0.0).to(tl.float32)
-    return round_to(round_to(h * rstd[:, None], DTYPE) * w[None, :], DTYPE)
+    if HAS_NORM:
+        if HAS_RESIDUAL:
+            res = tl.load(res_ptr + m[:, None] * K + k[None, :], mask=live, other=0.0).to(tl.float32)
+            h = round_to(h + res, DTYPE)
+        w = tl.load(norm_w_ptr + k, mask=live_k, other=0.0).to(tl.float32)
+        h = round_to(round_to(h * rstd[:, None], DTYPE) * w[None, :], DTYPE)
+    return h
 
 
 @triton.jit
@@ -115,6 +113,7 @@ def _gemv_kernel(
     SILU_MUL: tl.constexpr,
     HAS_NORM: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     dtype = y_ptr.dtype.element_ty
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -122,28 +121,35 @@ def _gemv_kernel(
     n_safe = tl.where(live_n, n, 0).to(tl.int64)  # dead columns read row 0: no mask along N
     m = tl.arange(0, M_PAD)
     live_m = m < M
+    # The first K tile of the weight is loaded before pdl_sync: no kernel writes weights.
+    k = tl.arange(0, BLOCK_K)
+    live_k = k < K
+    w_first = _weight_tile(w_ptr, n_safe, k, live_k, stride_wn)  # [BN, BK]
+    u_first = w_first
+    if SILU_MUL:
+        u_first = _weight_tile(w_ptr, N + n_safe, k, live_k, stride_wn)
+    pdl_sync(PDL)
+    rstd = tl.zeros([M_PAD], tl.float32)
     if HAS_NORM:
-        rstd = tl.zeros([M_PAD], tl.float32)
         for i in tl.static_range(M_PAD):
             cols = tl.where(i < M, K, 0)
             written = tl.where(tl.program_id(0) == 0, cols, 0)  # program 0 alone writes x + residual
             row_rstd = _row_rstd(x_ptr + i * stride_xm, res_ptr + i * K, res_out_ptr + i * K, cols, written,
                                  K, eps, k_f, dtype, HAS_RESIDUAL, NORM_BLOCK)
             rstd = tl.where(m == i, row_rstd, rstd)
-    acc = tl.zeros([M_PAD, BLOCK_N, BLOCK_K], tl.float32)
+    xt = _x_tile(x_ptr, res_ptr, norm_w_ptr, rstd, m, live_m, k, live_k, K, stride_xm, dtype, HAS_NORM, HAS_RESIDUAL)
+    acc = _dot_tile(tl.zeros([M_PAD, BLOCK_N, BLOCK_K], tl.float32), xt, w_first)
     up = tl.zeros([M_PAD, BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K):
-        if HAS_NORM:
-            k = k0 + tl.arange(0, BLOCK_K)
-            live_k = k < K
-            xn = _normed_tile(x_ptr, res_ptr, norm_w_ptr, rstd, m, live_m, k, live_k, K, stride_xm, dtype, HAS_RESIDUAL)
-            acc = _weight_dot(acc, xn, w_ptr, n_safe, k, live_k, stride_wn)
-            if SILU_MUL:
-                up = _weight_dot(up, xn, w_ptr, N + n_safe, k, live_k, stride_wn)
-        else:
-            acc = _partial_dot(acc, x_ptr, w_ptr, n_safe, k0, m, live_m, K, stride_xm, stride_wn, BLOCK_K)
-            if SILU_MUL:
-                up = _partial_dot(up, x_ptr, w_ptr, N + n_safe, k0, m, live_m, K, stride_xm, stride_wn, BLOCK_K)
+    if SILU_MUL:
+        up = _dot_tile(up, xt, u_first)
+    for k0 in tl.range(BLOCK_K, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        live_k = k < K
+        xt = _x_tile(x_ptr, res_ptr, norm_w_ptr, rstd, m, live_m, k, live_k, K, stride_xm, dtype, HAS_NORM,
+                     HAS_RESIDUAL)
+        acc = _dot_tile(acc, xt, _weight_tile(w_ptr, n_safe, k, live_k, stride_wn))
+        if SILU_MUL:
+            up = _dot_tile(up, xt, _weight_tile(w_ptr, N + n_safe, k, live_k, stride_wn))
     y = tl.sum(acc, axis=2)  # [M_PAD, BN]
     if HAS_BIAS:
         y += tl.load(bias_ptr + n_safe).to(tl.float32)[None, :]
@@ -256,7 +262,7 @@ def gemv_triton(
         rows, n, k, x.stride(0), weight.stride(0), y.stride(0), eps, float(k),
         M_PAD=triton.next_power_of_2(rows), BLOCK_N=block_n, BLOCK_K=block_k, NORM_BLOCK=norm_block,
         HAS_BIAS=bias is not None, SILU_MUL=silu_mul, HAS_NORM=norm_weight is not None,
-        HAS_RESIDUAL=residual is not None, num_warps=warps, num_stages=stages,
+        HAS_RESIDUAL=residual is not None, num_warps=warps, num_stages=stages, pdl=True,
     )
     return y
 

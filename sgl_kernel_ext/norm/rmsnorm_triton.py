@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel_ext.triton_launch import launch
+from sgl_kernel_ext.triton_launch import launch, pdl_sync
 
 # A row is held in registers as one block; wider rows (no current model) take the torch path.
 MAX_HIDDEN = 32768
@@ -54,7 +54,9 @@ def _rmsnorm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     dtype = out_ptr.dtype.element_ty
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -107,7 +109,7 @@ def rmsnorm_triton(
         block = triton.next_power_of_2(hidden)
         launch(_rmsnorm_kernel, (out.shape[0],),
             x2d, res2d, weight, out, x2d.stride(0), res2d.stride(0), out.stride(0), hidden, float(hidden), eps,
-            HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=_num_warps(block),
+            HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=_num_warps(block), pdl=True,
         )
     return out.view(x.shape)
 

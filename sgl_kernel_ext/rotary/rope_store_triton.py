@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel_ext.triton_launch import launch
+from sgl_kernel_ext.triton_launch import launch, pdl_sync
 
 from sgl_kernel_ext.norm.rmsnorm_triton import DTYPES, round_to
 
@@ -64,7 +64,9 @@ def _rope_store_kernel(
     HALF: tl.constexpr,  # D / 2
     HALF_PAD: tl.constexpr,
     HAS_NORM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     dtype = qkv_ptr.dtype.element_ty
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)  # q heads, then KV heads: adjacent in qkv as in this grid
@@ -154,7 +156,7 @@ def rope_store_triton(
         qkv.stride(0), cos_sin_cache.stride(0), q.stride(0), q.stride(1),
         k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1), eps,
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HALF=head_dim // 2, HALF_PAD=half_pad,
-        HAS_NORM=has_norm, num_warps=max(1, min(4, half_pad // 64)),
+        HAS_NORM=has_norm, num_warps=max(1, min(4, half_pad // 64)), pdl=True,
     )
     return q
 
