@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel_ext.triton_launch import launch
+from sgl_kernel_ext.triton_launch import launch, pdl_sync
 
 from sgl_kernel_ext.norm.rmsnorm_triton import DTYPES, round_to
 
@@ -27,7 +27,9 @@ def _silu_mul_kernel(
     stride_out,
     inter,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     dtype = out_ptr.dtype.element_ty
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -58,5 +60,6 @@ def silu_mul_triton(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty((rows, inter), dtype=gate_up.dtype, device=gate_up.device)  # [N, I]
     if rows and inter:
         grid = (rows, triton.cdiv(inter, BLOCK))
-        launch(_silu_mul_kernel, grid, gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=BLOCK, num_warps=4)
+        launch(_silu_mul_kernel, grid, gate_up, out, gate_up.stride(0), out.stride(0), inter, BLOCK=BLOCK, num_warps=4,
+               pdl=True)
     return out

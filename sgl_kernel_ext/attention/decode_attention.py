@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel_ext.attention.paged_decode import _soft_cap
-from sgl_kernel_ext.triton_launch import launch
+from sgl_kernel_ext.triton_launch import launch, pdl_sync
 
 BLOCK_N = 64
 
@@ -44,7 +44,9 @@ def _decode_attention_kernel(
     BLOCK: tl.constexpr,
     WINDOW: tl.constexpr,  # sliding window, 0 for none
     CAP: tl.constexpr,  # logit cap, 0.0 for none
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     g = tl.arange(0, GROUP_PAD)
@@ -106,6 +108,6 @@ def decode_attention_triton(
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), req_to_token.stride(0),
         out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=max(2, triton.next_power_of_2(group)), HEAD_DIM=head_dim, BLOCK=BLOCK_N,
-        WINDOW=sliding_window or 0, CAP=0.0 if logit_cap is None else float(logit_cap),
+        WINDOW=sliding_window or 0, CAP=0.0 if logit_cap is None else float(logit_cap), pdl=True,
     )
     return out.to(q.dtype)

@@ -34,7 +34,7 @@ from sgl_kernel_ext.attention.paged_decode import (
     default_num_kv_splits,
     dot_flags,
 )
-from sgl_kernel_ext.triton_launch import launch
+from sgl_kernel_ext.triton_launch import launch, pdl_sync
 
 BLOCK_H = 16  # heads per program (tl.dot needs >= 16 rows)
 BLOCK_N = 32  # latent rows per inner step
@@ -67,7 +67,9 @@ def _mla_split_kernel(
     NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     b = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     split = tl.program_id(2)
@@ -174,11 +176,11 @@ def mla_decode_attention(
         q.stride(0), q.stride(1), kv_buf.stride(0), req_to_token.stride(0), *partial.stride(), *lse.stride(),
         NUM_HEADS=num_heads, RANK=kv_lora_rank, RANK_PAD=rank_pad, ROPE=rope,
         ROPE_PAD=max(16, triton.next_power_of_2(rope)), BLOCK_H=block_h, BLOCK_N=block_n, NUM_SPLITS=num_kv_splits,
-        **dot_flags(q.dtype), num_warps=num_warps, num_stages=num_stages,
+        **dot_flags(q.dtype), num_warps=num_warps, num_stages=num_stages, pdl=True,
     )
     launch(_merge_kernel, (batch, num_heads),
         partial, lse, out, *partial.stride(), *lse.stride(), *out.stride(),
         HEAD_DIM=kv_lora_rank, BLOCK_D=rank_pad, NUM_SPLITS=num_kv_splits,
-        SPLITS_PAD=max(2, triton.next_power_of_2(num_kv_splits)), num_warps=NUM_WARPS,
+        SPLITS_PAD=max(2, triton.next_power_of_2(num_kv_splits)), num_warps=NUM_WARPS, pdl=True,
     )
     return out

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel_ext.triton_launch import launch
+from sgl_kernel_ext.triton_launch import launch, pdl_sync
 
 from sgl_kernel_ext.attention.paged_decode import _dot, _soft_cap, cap_in_log2_units, dot_flags
 
@@ -111,7 +111,9 @@ def _extend_kernel(
     CAP: tl.constexpr,  # logit cap in the scores' base-2 units, 0.0 for none
     DOT_PRECISION: tl.constexpr,
     DOT_UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     b = tl.program_id(0)
     head = tl.program_id(1)
     first_row = tl.program_id(2) * BLOCK_M
@@ -214,6 +216,6 @@ def paged_extend_attention(
         scale * _LOG2E, *q.stride(), *k_buf.stride(), *v_buf.stride(), *out.stride(), req_to_token.stride(0),
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_M=block_m, BLOCK_N=block_n, WINDOW=sliding_window or 0, CAP=cap_in_log2_units(logit_cap),
-        **dot_flags(q.dtype), num_warps=num_warps, num_stages=num_stages,
+        **dot_flags(q.dtype), num_warps=num_warps, num_stages=num_stages, pdl=True,
     )
     return out

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel_ext.gemm.fp8_reference import FP8_DTYPE, FP8_MAX, GROUP, MIN_SCALE
-from sgl_kernel_ext.triton_launch import launch
+from sgl_kernel_ext.triton_launch import launch, pdl_sync
 
 QUANT_CHUNK = 1024  # columns a quantisation program reads at a time
 
@@ -36,9 +36,11 @@ def _quantize_rows_kernel(
     FMAX: tl.constexpr,
     SMIN: tl.constexpr,
     CHUNK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One program per (row, group): max |x| / 448 over the group, then the codes. Rows past
     `rows` (padding) get zero codes and the smallest scale."""
+    pdl_sync(PDL)
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     start = g * group
@@ -70,7 +72,7 @@ def quantize_rows_fp8(x: torch.Tensor, group: int, padded_rows: Optional[int] = 
     if p and k:
         chunk = min(QUANT_CHUNK, triton.next_power_of_2(group))
         launch(_quantize_rows_kernel, (p, groups), x, codes, scales, m, k, x.stride(0), codes.stride(0),
-               scales.stride(0), group, FMAX=FP8_MAX, SMIN=MIN_SCALE, CHUNK=chunk, num_warps=4)
+               scales.stride(0), group, FMAX=FP8_MAX, SMIN=MIN_SCALE, CHUNK=chunk, num_warps=4, pdl=True)
     return codes, scales
 
 
@@ -96,7 +98,9 @@ def _fp8_block_matmul_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -154,7 +158,7 @@ def fp8_block_matmul(
         _fp8_block_matmul_kernel, grid, codes, scales, weight, weight_scale, out if bias is None else bias, out,
         m, n, k, codes.stride(0), scales.stride(0), weight.stride(0), weight_scale.stride(0), out.stride(0),
         SCALE_N=bn, SCALE_K=bk, HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=GROUP,
-        num_warps=warps, num_stages=stages,
+        num_warps=warps, num_stages=stages, pdl=True,
     )
     return out
 

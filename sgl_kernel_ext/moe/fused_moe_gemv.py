@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel_ext.norm.rmsnorm_triton import round_to
-from sgl_kernel_ext.triton_launch import launch
+from sgl_kernel_ext.triton_launch import launch, pdl_sync
 
 # (token, slot) pairs up to which the GEMV path serves a batch.
 GEMV_MAX_PAIRS = 64
@@ -39,7 +39,9 @@ def _gate_up_gemv_kernel(
     top_k, num_experts, hidden, inter,
     stride_x, stride_we, stride_wn, stride_act,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     dtype = act_ptr.dtype.element_ty
     pair = tl.program_id(0).to(tl.int64)
     expert = tl.load(ids_ptr + pair).to(tl.int64)
@@ -74,7 +76,9 @@ def _down_gemv_kernel(
     top_k, num_experts, hidden, inter,
     stride_act, stride_we, stride_wn, stride_out,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     dtype = out_ptr.dtype.element_ty
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
@@ -119,8 +123,8 @@ def fused_experts_gemv(
     act = torch.empty(n * k, inter, dtype=x.dtype, device=x.device)  # [N k, I]; foreign pairs' rows unread
     tiles = dict(BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K_FEW if n * k <= FEW_PAIRS else BLOCK_K_MANY, num_warps=8, num_stages=2)
     launch(_gate_up_gemv_kernel, (n * k, triton.cdiv(inter, BLOCK_N)), x, w13, act, ids,
-           k, num_experts, hidden, inter, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0), **tiles)
+           k, num_experts, hidden, inter, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0), **tiles, pdl=True)
     weights = topk_weights.reshape(-1).float().contiguous()  # [N k]
     launch(_down_gemv_kernel, (n, triton.cdiv(hidden, BLOCK_N)), act, w2, out, weights, ids,
-           k, num_experts, hidden, inter, act.stride(0), w2.stride(0), w2.stride(1), out.stride(0), **tiles)
+           k, num_experts, hidden, inter, act.stride(0), w2.stride(0), w2.stride(1), out.stride(0), **tiles, pdl=True)
     return out

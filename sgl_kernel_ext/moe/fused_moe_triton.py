@@ -22,7 +22,7 @@ from sgl_kernel_ext.attention.paged_decode import _dot, dot_flags
 from sgl_kernel_ext.moe.align import align_to_blocks
 from sgl_kernel_ext.moe.fused_moe_gemv import fused_experts_gemv, fused_experts_gemv_applies
 from sgl_kernel_ext.norm.rmsnorm_triton import DTYPES, round_to
-from sgl_kernel_ext.triton_launch import launch
+from sgl_kernel_ext.triton_launch import launch, pdl_sync
 
 
 @triton.jit
@@ -36,7 +36,9 @@ def _gate_up_kernel(
     stride_x, stride_we, stride_wn, stride_act,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     dtype = act_ptr.dtype.element_ty
     n_blocks = tl.cdiv(inter, BLOCK_N)
     block, col_block = tl.program_id(0) // n_blocks, tl.program_id(0) % n_blocks
@@ -76,7 +78,9 @@ def _down_kernel(
     stride_act, stride_we, stride_wn, stride_out,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     dtype = out_ptr.dtype.element_ty
     n_blocks = tl.cdiv(hidden, BLOCK_N)
     block, col_block = tl.program_id(0) // n_blocks, tl.program_id(0) % n_blocks
@@ -146,11 +150,11 @@ def fused_experts_triton(
     grid = (blocks.block_expert.shape[0] * triton.cdiv(inter, cfg["BLOCK_N"]),)
     launch(_gate_up_kernel, grid, x, w13, act, blocks.sorted_pairs, blocks.block_expert,
            num_pairs, k, num_experts, hidden, inter, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-           **cfg, **flags)
+           **cfg, **flags, pdl=True)
     out = torch.zeros(num_pairs, hidden, dtype=x.dtype, device=x.device)  # [N k, H]; foreign pairs stay 0
     weights = topk_weights.reshape(-1).float().contiguous()  # [N k]
     grid = (blocks.block_expert.shape[0] * triton.cdiv(hidden, cfg["BLOCK_N"]),)
     launch(_down_kernel, grid, act, w2, out, weights, blocks.sorted_pairs, blocks.block_expert,
            num_pairs, num_experts, hidden, inter, act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
-           **cfg, **flags)
+           **cfg, **flags, pdl=True)
     return out.view(n, k, hidden).sum(dim=1, dtype=torch.float32).to(x.dtype)

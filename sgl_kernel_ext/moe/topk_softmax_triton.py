@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel_ext.triton_launch import launch
+from sgl_kernel_ext.triton_launch import launch, pdl_sync
 
 MAX_EXPERTS = 1024  # one program holds a token's whole row
 
@@ -29,7 +29,9 @@ def _softmax_topk_kernel(
     K_PAD: tl.constexpr,
     BLOCK_E: tl.constexpr,
     RENORMALIZE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     token = tl.program_id(0).to(tl.int64)
     experts = tl.arange(0, BLOCK_E)
     live = experts < num_experts
@@ -67,5 +69,5 @@ def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> 
     if n:
         launch(_softmax_topk_kernel, (n,), router_logits, weights, ids, num_experts, router_logits.stride(0),
                TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), BLOCK_E=triton.next_power_of_2(num_experts),
-               RENORMALIZE=renormalize, num_warps=4, num_stages=1)
+               RENORMALIZE=renormalize, num_warps=4, num_stages=1, pdl=True)
     return weights, ids

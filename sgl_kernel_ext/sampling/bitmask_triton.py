@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel_ext.triton_launch import launch
+from sgl_kernel_ext.triton_launch import launch, pdl_sync
 
 WORDS = 32  # per program: 1024 tokens
 BLOCK = WORDS * 32
@@ -27,7 +27,9 @@ def _apply_bitmask_kernel(
     logits_stride,
     num_words,
     WORDS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     row = tl.program_id(0).to(tl.int64)
     word = tl.program_id(1) * WORDS + tl.arange(0, WORDS)  # [WORDS]
     words = tl.load(bitmask_ptr + row * num_words + word, mask=word < num_words, other=0)  # past W: masked
@@ -56,4 +58,5 @@ def apply_token_bitmask_triton(logits: torch.Tensor, bitmask: torch.Tensor) -> N
     rows, vocab = logits.shape
     if rows and vocab:
         grid = (rows, triton.cdiv(vocab, BLOCK))
-        launch(_apply_bitmask_kernel, grid, logits, bitmask, vocab, logits.stride(0), bitmask.shape[1], WORDS=WORDS, num_warps=4)
+        launch(_apply_bitmask_kernel, grid, logits, bitmask, vocab, logits.stride(0), bitmask.shape[1], WORDS=WORDS,
+               num_warps=4, pdl=True)

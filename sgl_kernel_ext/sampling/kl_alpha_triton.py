@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel_ext.sampling.kl_alpha_reference import KL_BISECTION_STEPS
-from sgl_kernel_ext.triton_launch import launch
+from sgl_kernel_ext.triton_launch import launch, pdl_sync
 
 # One program per row at a time: wide tiles keep enough loads in flight (H200 sweep, docs/benchmarks.md).
 BLOCK = 8192
@@ -48,7 +48,8 @@ def _kl_gap_sign_pass(lc_row, diff_row, w, V, BLOCK: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["V"])
-def _kl_alpha_kernel(lc_ptr, diff_ptr, stride, out_ptr, V, STEPS: tl.constexpr, BLOCK: tl.constexpr):
+def _kl_alpha_kernel(lc_ptr, diff_ptr, stride, out_ptr, V, STEPS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_sync(PDL)
     row = tl.program_id(0).to(tl.int64)
     lc_row = lc_ptr + row * stride
     diff_row = diff_ptr + row * stride
@@ -69,5 +70,6 @@ def kl_alpha_triton(lc: torch.Tensor, diff: torch.Tensor, block: int = BLOCK, nu
     lc, diff = lc.contiguous(), diff.contiguous()
     out = torch.empty(K, 1, dtype=torch.float32, device=lc.device)
     if K > 0:
-        launch(_kl_alpha_kernel, (K,), lc, diff, lc.stride(0), out, V, STEPS=KL_BISECTION_STEPS, BLOCK=block, num_warps=num_warps)
+        launch(_kl_alpha_kernel, (K,), lc, diff, lc.stride(0), out, V, STEPS=KL_BISECTION_STEPS, BLOCK=block,
+               num_warps=num_warps, pdl=True)
     return out

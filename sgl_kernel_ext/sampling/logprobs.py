@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel_ext.triton_launch import launch
+from sgl_kernel_ext.triton_launch import launch, pdl_sync
 
 FLOAT32_MIN = -3.4028234663852886e38
 _FLOAT32_MIN = tl.constexpr(FLOAT32_MIN)
@@ -22,7 +22,9 @@ _FLOAT32_MIN = tl.constexpr(FLOAT32_MIN)
 def _token_logprobs_kernel(
     logits_ptr, stride, temps_ptr, lse_ptr, thr_ptr, ids_ptr, out_ptr, L,
     PROCESSED: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     live = offs < L
@@ -55,7 +57,7 @@ def token_logprobs_triton(
     if L > 0:
         launch(_token_logprobs_kernel, (B,),
             logits, logits.stride(0), temperatures.reshape(B), lse, threshold, ids, out, L,
-            PROCESSED=processed, BLOCK=max(triton.next_power_of_2(L), 16),
+            PROCESSED=processed, BLOCK=max(triton.next_power_of_2(L), 16), pdl=True,
         )
     return out
 

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from sgl_kernel_ext.sampling.token_counts import add_token
 from sgl_kernel_ext.sampling.token_counts_reference import token_counts_add_reference
-from sgl_kernel_ext.triton_launch import launch
+from sgl_kernel_ext.triton_launch import launch, pdl_sync
 
 BLOCK = 128
 
@@ -162,7 +162,8 @@ def _additive(row_ptr, table_ptr, base, row, PRESENCE: tl.constexpr, BLOCK: tl.c
 
 
 @triton.jit
-def _apply_kernel(logits_ptr, stride, table_ptr, BLOCK: tl.constexpr):
+def _apply_kernel(logits_ptr, stride, table_ptr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_sync(PDL)
     row = tl.program_id(0)
     if row < tl.load(table_ptr + _N_ROWS):
         row_ptr = logits_ptr + row.to(tl.int64) * stride
@@ -219,7 +220,8 @@ def _record(table_ptr, base, row, tok, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _update_kernel(tokens_ptr, tokens_stride, table_ptr, BLOCK: tl.constexpr):
+def _update_kernel(tokens_ptr, tokens_stride, table_ptr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_sync(PDL)
     row = tl.program_id(0)
     if row < tl.load(table_ptr + _N_ROWS):
         tok = tl.load(tokens_ptr + row.to(tl.int64) * tokens_stride)
@@ -241,14 +243,14 @@ def apply_penalties_triton(logits: torch.Tensor, table: PenaltyTable) -> None:
     batch serves any n_rows up to it."""
     launch(_apply_kernel, (logits.shape[0],), logits, logits.stride(0), table.table, BLOCK=BLOCK,
         # x + (-p) * c must round twice, as the torch path does, not once as a fused multiply-add.
-        enable_fp_fusion=False)
+        enable_fp_fusion=False, pdl=True)
 
 
 def update_penalties_triton(tokens: torch.Tensor, table: PenaltyTable) -> None:
     """Record tokens[b] ([>= n_rows] int64, any stride: a column of a [B, K] draft matrix too;
     negative = none) in row b's histories and count it in its output length, for rows
     [0, n_rows). Every history needs room for one more id per row."""
-    launch(_update_kernel, (tokens.shape[0],), tokens, tokens.stride(0), table.table, BLOCK=BLOCK)
+    launch(_update_kernel, (tokens.shape[0],), tokens, tokens.stride(0), table.table, BLOCK=BLOCK, pdl=True)
 
 
 # ---------------------------------------------------------------------------------- references

@@ -49,7 +49,7 @@ from sgl_kernel_ext.sampling.sample_thresholds import (
     _top_k_bound,
     _top_p_bound,
 )
-from sgl_kernel_ext.triton_launch import launch
+from sgl_kernel_ext.triton_launch import launch, pdl_sync
 
 CHUNK = 2048  # elements per chunk CTA, held in registers (16 per thread at 4 warps)
 # Elements per block whose max and runner-up the chunk pass saves. Small blocks: those are then
@@ -100,7 +100,9 @@ def _scratch(fws, iws, B, NC, NB, MAX_HOT: tl.constexpr, CAP: tl.constexpr):
 def _chunk_kernel(
     logits_ptr, stride, temps_ptr, V, B, NC, fws, iws,
     CHUNK: tl.constexpr, BLOCK_SIZE: tl.constexpr, MAX_HOT: tl.constexpr, CAP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     NSUB: tl.constexpr = CHUNK // BLOCK_SIZE
     NB = NC * NSUB
     cmax_ptr, csum_ptr, cbad_ptr, cvalid_ptr, bmax_ptr, bsec_ptr, _, _, _ = _scratch(fws, iws, B, NC, NB, MAX_HOT, CAP)
@@ -139,7 +141,9 @@ def _row_kernel(
     CHUNK: tl.constexpr, BLOCK_SIZE: tl.constexpr, NCP: tl.constexpr, HOT_TILE: tl.constexpr, MAX_HOT: tl.constexpr,
     BOUND_RANGE: tl.constexpr, BOUND_STEPS: tl.constexpr, CAP: tl.constexpr, SMALL: tl.constexpr,
     MEDIUM: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     NSUB: tl.constexpr = CHUNK // BLOCK_SIZE
     NBP: tl.constexpr = NCP * NSUB
     NB = NC * NSUB
@@ -240,9 +244,11 @@ def _row_kernel(
 def _full_chunk_kernel(
     logits_ptr, stride, temps_ptr, seeds_ptr, pos_ptr, V, B, NC, fws, iws, dws, out_ptr,
     CHUNK: tl.constexpr, BLOCK_SIZE: tl.constexpr, MAX_HOT: tl.constexpr, CAP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """A full-row row's chunk: its best Gumbel score over the kept tokens (lowest id on ties)
     and its kept mass, with the threshold the row kernel stored. Other rows return at once."""
+    pdl_sync(PDL)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     flag_ptr, rowmax_ptr, best_id_ptr, ksum_ptr = _full_scratch(fws, iws, B, NC, NC * (CHUNK // BLOCK_SIZE), MAX_HOT, CAP)
@@ -267,8 +273,10 @@ def _full_chunk_kernel(
 def _full_reduce_kernel(
     ids_ptr, out_ptr, fws, iws, dws, V, B, NC, NCP: tl.constexpr,
     CHUNK: tl.constexpr, BLOCK_SIZE: tl.constexpr, MAX_HOT: tl.constexpr, CAP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """A full-row row's token (best chunk score; the lowest id among equal ones) and kept logsumexp."""
+    pdl_sync(PDL)
     row = tl.program_id(0)
     flag_ptr, rowmax_ptr, best_id_ptr, ksum_ptr = _full_scratch(fws, iws, B, NC, NC * (CHUNK // BLOCK_SIZE), MAX_HOT, CAP)
     if tl.load(flag_ptr + row) != 0:
@@ -283,7 +291,8 @@ def _full_reduce_kernel(
 
 
 @triton.jit
-def _greedy_kernel(logits_ptr, stride, V, ids_ptr, invalid_ptr, BLOCK: tl.constexpr):
+def _greedy_kernel(logits_ptr, stride, V, ids_ptr, invalid_ptr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_sync(PDL)
     row = tl.program_id(0)
     row_ptr = logits_ptr + row.to(tl.int64) * stride
     best = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -362,17 +371,19 @@ def sample_triton(
     temps = temperatures.reshape(B)
     stride = logits.stride(0)
     # Small chunk CTAs: several per SM overlap their loads (one 16-warp CTA per SM cannot).
-    launch(_chunk_kernel, (B, nc), logits, stride, temps, V, B, nc, fws, iws, CHUNK, BLOCK_SIZE, MAX_HOT, CAP, num_warps=4)
+    launch(_chunk_kernel, (B, nc), logits, stride, temps, V, B, nc, fws, iws, CHUNK, BLOCK_SIZE, MAX_HOT, CAP, num_warps=4,
+           pdl=True)
     row_args = (logits, stride, temps, top_ks, top_ps, log_min_ps, seeds, positions, V, B, nc, fws, iws, ids, invalid, out)
     row_consts = (
         CHUNK, BLOCK_SIZE, 1 << (nc - 1).bit_length(), HOT_TILE, MAX_HOT, BOUND_RANGE, BOUND_STEPS, CAP, SMALL, MEDIUM,
         FULL_BLOCK,
     )
-    launch(_row_kernel, (B,), *row_args, *row_consts, num_warps=ROW_WARPS)
+    launch(_row_kernel, (B,), *row_args, *row_consts, num_warps=ROW_WARPS, pdl=True)
     full_consts = (CHUNK, BLOCK_SIZE, MAX_HOT, CAP)
     launch(_full_chunk_kernel, (B, nc), logits, stride, temps, seeds, positions, V, B, nc, fws, iws, dws, out, *full_consts,
-           num_warps=4)
-    launch(_full_reduce_kernel, (B,), ids, out, fws, iws, dws, V, B, nc, 1 << (nc - 1).bit_length(), *full_consts, num_warps=4)
+           num_warps=4, pdl=True)
+    launch(_full_reduce_kernel, (B,), ids, out, fws, iws, dws, V, B, nc, 1 << (nc - 1).bit_length(), *full_consts,
+           num_warps=4, pdl=True)
     # A bool view of the int8 flags costs no kernel, unlike .bool().
     return SampleResult(ids=ids, invalid=invalid.view(torch.bool), lse=out[0], lse_kept=out[1], threshold=out[2])
 
@@ -382,5 +393,5 @@ def greedy_triton(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     B, V = logits.shape
     ids = torch.empty(B, dtype=torch.int64, device=logits.device)
     invalid = torch.empty(B, dtype=torch.int8, device=logits.device)
-    launch(_greedy_kernel, (B,), logits, logits.stride(0), V, ids, invalid, FULL_BLOCK, num_warps=16)
+    launch(_greedy_kernel, (B,), logits, logits.stride(0), V, ids, invalid, FULL_BLOCK, num_warps=16, pdl=True)
     return ids, invalid.view(torch.bool)

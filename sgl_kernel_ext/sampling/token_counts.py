@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sgl_kernel_ext.triton_launch import launch
+from sgl_kernel_ext.triton_launch import launch, pdl_sync
 
 BLOCK = 128
 
@@ -38,7 +38,9 @@ def add_token(ids_ptr, counts_ptr, length_ptr, tok, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _add_kernel(ids_ptr, counts_ptr, lengths_ptr, tokens_ptr, tokens_stride, stride, BLOCK: tl.constexpr):
+def _add_kernel(ids_ptr, counts_ptr, lengths_ptr, tokens_ptr, tokens_stride, stride, BLOCK: tl.constexpr,
+                PDL: tl.constexpr):
+    pdl_sync(PDL)
     row = tl.program_id(0)
     tok = tl.load(tokens_ptr + row.to(tl.int64) * tokens_stride)
     if tok >= 0:  # negative: a row the sampler flagged, nothing to record
@@ -50,4 +52,5 @@ def token_counts_add_triton(ids: torch.Tensor, counts: torch.Tensor, lengths: to
     """In place. ids [B, C] int64 (-1 past each row's length), counts [B, C] float32 (same
     strides), lengths [B, 1] int64 with every length < C, tokens [B] int64 (any stride)."""
     assert ids.stride() == counts.stride() and ids.stride(1) == 1 and lengths.is_contiguous()
-    launch(_add_kernel, (ids.shape[0],), ids, counts, lengths, tokens, tokens.stride(0), ids.stride(0), BLOCK=BLOCK)
+    launch(_add_kernel, (ids.shape[0],), ids, counts, lengths, tokens, tokens.stride(0), ids.stride(0), BLOCK=BLOCK,
+           pdl=True)

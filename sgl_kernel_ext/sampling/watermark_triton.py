@@ -30,7 +30,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from sgl_kernel_ext.sampling.murmur import column_hash, fmix32, mix_word, row_hash_state
-from sgl_kernel_ext.triton_launch import launch
+from sgl_kernel_ext.triton_launch import launch, pdl_sync
 
 BLOCK = 1024  # tokens per block
 SPLIT_BLOCKS = 8  # blocks per program: 8192 tokens
@@ -100,7 +100,9 @@ def _watermark_select_kernel(
     HAS_KEY_B: tl.constexpr,
     BLOCK: tl.constexpr,
     SPLIT_BLOCKS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     splits = tl.num_programs(1)
@@ -214,7 +216,7 @@ def watermark_select_triton(
         keys if active is None else active, slots, tails, state_lengths, windows, keys, best_score, best_id, best_p, ctx,
         vocab, src.stride(0), tails.shape[1], 0 if key_b is None else key_b, threshold,
         FROM_STATS=stats is not None, HAS_ACTIVE=active is not None, HAS_KEY_B=key_b is not None,
-        BLOCK=BLOCK, SPLIT_BLOCKS=SPLIT_BLOCKS, num_warps=4,
+        BLOCK=BLOCK, SPLIT_BLOCKS=SPLIT_BLOCKS, num_warps=4, pdl=True,
     )
     # torch.argmax returns the first maximum: the lowest split, so the lowest id among ties.
     chosen = best_id.gather(1, best_score.argmax(dim=1, keepdim=True)).squeeze(1).to(torch.int64)  # [W]
@@ -249,7 +251,9 @@ def _watermark_admit_kernel(
     max_probability,
     HAS_ACTIVE: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     w = tl.program_id(0)
     row, live, slot = _live_slot(w, rows_ptr, active_ptr, slots_ptr, HAS_ACTIVE)
     ctx = tl.load(ctx_ptr + w).to(tl.uint32).to(tl.int32, bitcast=True)
@@ -292,6 +296,7 @@ def watermark_admit_triton(
             _watermark_admit_kernel, (rows.numel(),),
             rows, rows if active is None else active, slots, chosen, ctx, row_max, state_lengths, windows, history,
             counts, forced, history.shape[1], max_probability, HAS_ACTIVE=active is not None, BLOCK=1024, num_warps=4,
+            pdl=True,
         )
     return forced
 
@@ -307,7 +312,9 @@ def _watermark_append_kernel(
     HAS_ACTIVE: tl.constexpr,
     WIDTH: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_sync(PDL)
     w = tl.program_id(0)
     row, live, slot = _live_slot(w, rows_ptr, active_ptr, slots_ptr, HAS_ACTIVE)
     cols = tl.arange(0, BLOCK_H)  # [BLOCK_H]
@@ -331,5 +338,5 @@ def watermark_append_triton(
         launch(
             _watermark_append_kernel, (rows.numel(),),
             rows, rows if active is None else active, slots, next_ids, tails, state_lengths,
-            HAS_ACTIVE=active is not None, WIDTH=width, BLOCK_H=triton.next_power_of_2(width), num_warps=1,
+            HAS_ACTIVE=active is not None, WIDTH=width, BLOCK_H=triton.next_power_of_2(width), num_warps=1, pdl=True,
         )
