@@ -82,8 +82,12 @@ def summarise(label: str, rows: list[dict], kernel_ms: float, wall_ms: float) ->
         kinds[r["kind"]]["count"] += r["per_call"]
         kinds[r["kind"]]["ms"] += r["ms_per_call"]
     count = sum(k["count"] for k in kinds.values())
+    # Kernels launched with PDL start before the one ahead of them ends and wait inside: their
+    # times then include that wait, they sum to more than the replay, and the gap is an overlap.
+    gap = wall_ms - kernel_ms
+    gap_text = f"gaps {gap:.3f} ms" if gap >= 0 else f"overlap {-gap:.3f} ms (PDL: times include waits)"
     print(f"--- {label}: replay {wall_ms:.3f} ms, kernels {kernel_ms:.3f} ms in {count:.0f} launches, "
-          f"gaps {wall_ms - kernel_ms:.3f} ms ({(wall_ms - kernel_ms) / max(count, 1) * 1e3:.2f} us per launch)")
+          f"{gap_text} ({abs(gap) / max(count, 1) * 1e3:.2f} us per launch)")
     for kind, k in sorted(kinds.items(), key=lambda kv: -kv[1]["ms"]):
         print(f"  {kind:11s} {k['count']:6.0f} launches {k['ms']:.3f} ms ({k['ms'] / k['count'] * 1e3:.2f} us each)")
     for r in rows[:16]:

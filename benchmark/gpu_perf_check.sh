@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 40 (GPU serving past parity) in one script, phases in the order given:
 #   kernels   - the skinny-matmul, paged-attention and fused layer kernels against their references, natively
+#   kernels-all - every kernel and sampling test natively (every kernel launches with PDL on Hopper)
 #   gemv      - benchmark/bench_gemv.py: the library GEMM against gemv_triton on Qwen3-0.6B's and Qwen3-8B's linears
 #   engine    - benchmark/gpu_engine_check.py: bf16 graphs vs eager, deterministic mode, decode step times
 #   profile   - benchmark/gpu_decode_profile.py: the captured decode step kernel by kernel at bs 1 / 64
@@ -36,7 +37,11 @@ for phase in "$@"; do
     kernels)
       timeout 300 python3 -m pytest -q -p no:cacheprovider test/kernels/test_gemv_triton.py \
         test/kernels/test_paged_attention.py test/kernels/test_fused_layer_kernels.py \
-        test/kernels/test_cuda_graph_runner.py test/sampling/test_sampling_graph.py test/models/test_fused_norm_linear.py
+        test/kernels/test_cuda_graph_runner.py test/sampling/test_sampling_graph.py test/models/test_fused_norm_linear.py \
+        test/kernels/test_pdl.py
+      ;;
+    kernels-all)
+      timeout 420 python3 -m pytest -q -p no:cacheprovider -m "not e2e" test/kernels test/sampling
       ;;
     gemv)
       timeout 200 python3 benchmark/bench_gemv.py --out-dir "$OUT"
