@@ -80,7 +80,8 @@ def _decode_attention_kernel(
         l = l * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m = m_new
-    out = acc / l[:, None]
+    # A request of no tokens (a padding row) leaves l = 0: zeros, as paged_decode gives, not NaN.
+    out = acc / tl.where(l > 0.0, l, 1.0)[:, None]
     tl.store(out_ptr + b * stride_o_b + q_heads[:, None] * stride_o_h + d[None, :], out, mask=live_g[:, None])
 
 
@@ -98,7 +99,7 @@ def decode_attention_triton(
 ) -> torch.Tensor:
     """q [B, Hq, D]; k_buf, v_buf [S, Hk, D] -> [B, Hq, D] in q's dtype. Each request attends to its
     KV slots req_to_token[req_pool_indices[b], :seq_lens[b]] (the last sliding_window of them with
-    a window; logit_cap soft-caps the scores)."""
+    a window; logit_cap soft-caps the scores); seq_lens[b] == 0 gives zeros."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
     group = num_heads // num_kv_heads

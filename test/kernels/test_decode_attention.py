@@ -65,3 +65,16 @@ def test_rows_do_not_depend_on_the_batch() -> None:
     assert torch.equal(full[0], alone[0]) and torch.equal(full[3], alone[0])
     flipped = decode_attention_triton(q.flip(0), k, v, r2t, pool.flip(0), seq_lens.flip(0), scale)
     assert torch.equal(flipped.flip(0), full)
+
+
+def test_a_request_of_no_tokens_gives_zeros_and_leaves_the_others_alone() -> None:
+    """A padding row (seq_len 0) comes out as zeros, not NaN; the other rows keep their bits."""
+    head_dim, heads, kv_heads = 16, 4, 2
+    k, v, r2t, pool, seq_lens = _cache(kv_heads, head_dim, [5, 0, 70], torch.float32)
+    q = torch.randn(3, heads, head_dim, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    got = decode_attention_triton(q, k, v, r2t, pool, seq_lens, head_dim**-0.5)
+    assert torch.equal(got[1], torch.zeros_like(got[1]))
+    for row in (0, 2):
+        alone = decode_attention_triton(q[row:row + 1], k, v, r2t, pool[row:row + 1], seq_lens[row:row + 1],
+                                        head_dim**-0.5)
+        assert torch.equal(got[row:row + 1], alone)
