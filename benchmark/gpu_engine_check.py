@@ -12,6 +12,8 @@ Qwen3-0.6B-shaped checkpoint (run through the device tool; output under docs/gpu
 6. Extend (prefill) step time, piecewise graphs vs eager.
 7. The sampling step's share of a decode step (bench_serving.py's mixed sampling list, B = 1, 16,
    64, 256): decode graph alone vs decode graph + sampling graph, and + eager sampling.
+8. `host-eager` (only when named): cProfile of 10 eager decode steps at bs 1 and 256, where the
+   eager step's host time goes.
 
     python benchmark/gpu_engine_check.py --out $OUT
 """
@@ -165,18 +167,24 @@ def check_bf16(folder: str, results: dict) -> None:
           f"(tolerance {BF16_LOGPROB_TOL}) over {len(graph_logits)} steps; argmax differs at {len(mismatches)}", flush=True)
 
 
+def decoding_batch(r: ModelRunner, bs: int, context: int) -> tuple[Driver, list]:
+    """bs requests of `context` prompt tokens prefilled (32 at a time) and decoded three steps."""
+    driver = Driver(r)
+    reqs = [driver.new_req() for _ in range(bs)]
+    for start in range(0, bs, 32):
+        driver.extend(reqs[start:start + 32], [[5] * context] * len(reqs[start:start + 32]))
+    for _ in range(3):
+        driver.decode(reqs, [7] * bs)
+    torch.cuda.synchronize()
+    return driver, reqs
+
+
 def time_decode(folder: str, results: dict, context: int = 256) -> None:
     timings = {}
     for graphs in (True, False):
         r = runner(folder, "bfloat16", graphs=graphs)
         for bs in (1, 16, 64, 256):
-            driver = Driver(r)
-            reqs = [driver.new_req() for _ in range(bs)]
-            for start in range(0, bs, 32):
-                driver.extend(reqs[start:start + 32], [[5] * context] * len(reqs[start:start + 32]))
-            for _ in range(3):
-                driver.decode(reqs, [7] * bs)
-            torch.cuda.synchronize()
+            driver, reqs = decoding_batch(r, bs, context)
             t = time.perf_counter()
             steps = 20
             for _ in range(steps):
@@ -291,6 +299,32 @@ def profile_decode(folder: str, results: dict, context: int = 256) -> None:
     release_gpu()
 
 
+def profile_eager_host(folder: str, results: dict, context: int = 256) -> None:
+    """Where an eager decode step's host time goes: cProfile over 10 steps at bs 1 and 256, the
+    functions with the most own time and the most cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    r = runner(folder, "bfloat16", graphs=False)
+    for bs in (1, 256):
+        driver, reqs = decoding_batch(r, bs, context)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(10):
+            driver.decode(reqs, [7] * bs)
+        torch.cuda.synchronize()
+        prof.disable()
+        for order in ("tottime", "cumulative"):
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats(order).print_stats(28)
+            print(f"--- eager decode, bs {bs}, 10 steps, by {order} ---")
+            print("\n".join(line[:150] for line in text.getvalue().splitlines()[6:]), flush=True)
+        driver.release()
+    r = None
+    release_gpu()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("/tmp/engine_check"))
@@ -302,7 +336,7 @@ def main() -> None:
     if not Path(args.checkpoint, "config.json").exists():
         write_qwen3_checkpoint(args.checkpoint, args.tokenizer, device="cuda")
     results: dict = {"device": torch.cuda.get_device_name()}
-    checks = {"profile": profile_decode, "timing": time_decode, "extend": time_extend, "sampling": time_sampling, "graphs": check_graphs_vs_eager, "deterministic": check_deterministic, "bf16": check_bf16}
+    checks = {"host-eager": profile_eager_host, "profile": profile_decode, "timing": time_decode, "extend": time_extend, "sampling": time_sampling, "graphs": check_graphs_vs_eager, "deterministic": check_deterministic, "bf16": check_bf16}
     for name in args.checks:
         started = time.perf_counter()
         checks[name](args.checkpoint, results)
