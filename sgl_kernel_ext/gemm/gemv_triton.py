@@ -24,6 +24,11 @@ rmsnorm_triton followed by the plain kernel; only the order of the row sum may d
 move rstd by a float32 ulp and, rarely, an output by one ulp of the model dtype. Program 0 alone
 writes h to residual_out, a separate tensor, since the other programs still read the residual.
 
+Under PDL (sgl_kernel_ext/triton_launch.py) each program loads its first weight tile before it
+waits for the kernel ahead of it, so the weight must not be written by the kernel launched just
+before the call on the same stream (a model's weights are written at load, long before a step);
+everything else is read after the wait.
+
 Tiles: gemv_tile(N, K) (measured on an H200: docs/gpu_engine.md).
 """
 
@@ -121,7 +126,7 @@ def _gemv_kernel(
     n_safe = tl.where(live_n, n, 0).to(tl.int64)  # dead columns read row 0: no mask along N
     m = tl.arange(0, M_PAD)
     live_m = m < M
-    # The first K tile of the weight is loaded before pdl_sync: no kernel writes weights.
+    # The first K tile of the weight is loaded before pdl_sync (the module docstring's contract).
     k = tl.arange(0, BLOCK_K)
     live_k = k < K
     w_first = _weight_tile(w_ptr, n_safe, k, live_k, stride_wn)  # [BN, BK]
