@@ -129,10 +129,10 @@ def _moe_gemv_call(x, w13, w2, weights, ids, bn, bk, warps, stages):
     def call():
         launch(moe_gemv._gate_up_gemv_kernel, (n * k, triton.cdiv(INTER, bn)), x, w13, act, flat_ids, k, EXPERTS,
                HIDDEN, INTER, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0), BLOCK_N=bn, BLOCK_K=bk,
-               num_warps=warps, num_stages=stages)
+               num_warps=warps, num_stages=stages, pdl=True)
         launch(moe_gemv._down_gemv_kernel, (n, triton.cdiv(HIDDEN, bn)), act, w2, out, flat_w, flat_ids, k, EXPERTS,
                HIDDEN, INTER, act.stride(0), w2.stride(0), w2.stride(1), out.stride(0), BLOCK_N=bn, BLOCK_K=bk,
-               num_warps=warps, num_stages=stages)
+               num_warps=warps, num_stages=stages, pdl=True)
         return out
 
     return call
@@ -151,10 +151,10 @@ def _moe_grouped_call(x, w13, w2, weights, ids, bm, bn, bk, warps, stages):
     def call():
         launch(moe_grouped._gate_up_kernel, (nblocks * triton.cdiv(INTER, bn),), x, w13, act, blocks.sorted_pairs,
                blocks.block_expert, n * k, k, EXPERTS, HIDDEN, INTER, x.stride(0), w13.stride(0), w13.stride(1),
-               act.stride(0), **cfg, num_warps=warps, num_stages=stages)
+               act.stride(0), **cfg, num_warps=warps, num_stages=stages, pdl=True)
         launch(moe_grouped._down_kernel, (nblocks * triton.cdiv(HIDDEN, bn),), act, w2, out, flat_w,
                blocks.sorted_pairs, blocks.block_expert, n * k, EXPERTS, HIDDEN, INTER, act.stride(0), w2.stride(0),
-               w2.stride(1), out.stride(0), **cfg, num_warps=warps, num_stages=stages)
+               w2.stride(1), out.stride(0), **cfg, num_warps=warps, num_stages=stages, pdl=True)
         return out
 
     return call
