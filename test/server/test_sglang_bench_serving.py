@@ -32,22 +32,22 @@ def _site_packages(python: Path) -> str:
 
 @pytest.fixture(scope="session")
 def sglang_release_python() -> Path:
-    """The interpreter of a venv holding SGLang's release (made once, then reused)."""
+    """The interpreter of a venv holding SGLang's release (made once, then reused), which sees this
+    interpreter's packages (SGLang's dependencies) through a .pth file rewritten on every run: the
+    cache outlives the checkout whose venv it first pointed at."""
     cache = Path(os.environ.get("SGLANG_TEST_CACHE", Path.home() / ".cache" / "sglang-test"))
     venv = cache / f"sglang-{SGLANG_RELEASE}-client"
     python = venv / "bin" / "python"
-    if (venv / ".complete").exists():
-        return python
-    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)], check=True)
-    install = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--no-deps", f"sglang=={SGLANG_RELEASE}"],
-        capture_output=True, text=True, timeout=600,
-    )
-    if install.returncode != 0:
-        pytest.skip(f"sglang=={SGLANG_RELEASE} could not be installed (registry unreachable?): {install.stderr[-500:]}")
-    ours = _site_packages(Path(sys.executable))
-    Path(_site_packages(python), "zz_test_interpreter.pth").write_text(ours + "\n")
-    (venv / ".complete").write_text(SGLANG_RELEASE)
+    if not (venv / ".complete").exists():
+        subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)], check=True)
+        install = subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "--no-deps", f"sglang=={SGLANG_RELEASE}"],
+            capture_output=True, text=True, timeout=600,
+        )
+        if install.returncode != 0:
+            pytest.skip(f"sglang=={SGLANG_RELEASE} could not be installed (registry unreachable?): {install.stderr[-500:]}")
+        (venv / ".complete").write_text(SGLANG_RELEASE)
+    Path(_site_packages(python), "zz_test_interpreter.pth").write_text(_site_packages(Path(sys.executable)) + "\n")
     return python
 
 
