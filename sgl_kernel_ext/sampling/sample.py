@@ -46,6 +46,7 @@ from sgl_kernel_ext.sampling.sample_thresholds import (
     _draw_candidates,
     _full_thresholds,
     _gather_candidates,
+    _search_floor,
     _top_k_bound,
     _top_p_bound,
 )
@@ -59,8 +60,8 @@ CHUNK = 2048  # elements per chunk CTA, held in registers (16 per thread at 4 wa
 BLOCK_SIZE = 32
 HOT_TILE = 128  # hot blocks the row kernel re-reads at once (4096 elements, 8 per thread at 16 warps)
 MAX_HOT = 2048  # hot blocks a row may have on the fast path
-BOUND_RANGE = 64.0  # the bounds are searched within this many units of scaled logit below the max
-# Bisection steps of the bounds: resolution BOUND_RANGE / 2**8 = 0.25 (on the H100, 8 steps beat 12
+BOUND_RANGE = 64.0  # the bounds are searched at most this many units of scaled logit below the max
+# Bisection steps of the bounds: resolution at most BOUND_RANGE / 2**8 = 0.25 (on the H100, 8 steps beat 12
 # at every batch size; at 6 the loose top-p cut leaves more than CAP candidates).
 BOUND_STEPS = 8
 CAP = 2048  # candidates per row on the fast path
@@ -175,14 +176,15 @@ def _row_kernel(
     p = tl.load(top_p_ptr + row)
     log_min_p = tl.load(log_min_p_ptr + row)
     t_m = M + log_min_p
+    floor = _search_floor(bs, M, BOUND_RANGE)
     cut_k = tl.full([], float("-inf"), tl.float32)
     if (k > 1) & (k < V):
-        cut_k = _top_k_bound(bs, bs2, k, M, BOUND_RANGE, BOUND_STEPS)
+        cut_k = _top_k_bound(bs, bs2, k, M, floor, BOUND_RANGE, BOUND_STEPS)
     # A top-k cut of few candidates needs no top-p bound: the exact thresholds come from the
     # candidates either way.
     cut_p = tl.full([], float("-inf"), tl.float32)
     if (k > 1) & (p < 1.0) & ((cut_k == float("-inf")) | (k > SMALL)):
-        cut_p = _top_p_bound(bs, bs2, p, M, Z, BOUND_RANGE, BOUND_STEPS)
+        cut_p = _top_p_bound(bs, bs2, p, M, Z, floor, BOUND_RANGE, BOUND_STEPS)
     cut = tl.maximum(tl.maximum(cut_k, cut_p), t_m)
     hot = live & (bs >= cut)
     n_hot = tl.sum(hot.to(tl.int32), 0)
@@ -386,6 +388,13 @@ def sample_triton(
            num_warps=4, pdl=True)
     # A bool view of the int8 flags costs no kernel, unlike .bool().
     return SampleResult(ids=ids, invalid=invalid.view(torch.bool), lse=out[0], lse_kept=out[1], threshold=out[2])
+
+
+def full_row_flags(workspace: Workspace, B: int, V: int) -> torch.Tensor:
+    """[B] int32 view: which rows of the last sample_triton call on `workspace` took the full-row path."""
+    nc = -(-V // CHUNK)
+    start = 2 * B * nc + B * (MAX_HOT + CAP)  # _full_scratch's flags
+    return workspace[1][start:start + B]
 
 
 def greedy_triton(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

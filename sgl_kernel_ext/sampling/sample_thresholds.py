@@ -21,14 +21,25 @@ def _mass_at_least(bs, ws, bs2, ws2, tau):
 
 
 # The bounds come from the scaled block maxima and runners-up ([NBP] each in bs, bs2; -inf where
-# absent): distinct elements of the row. Each is the largest value tested by bisection within
-# BOUND_RANGE below the max M where they show the filter's condition, -inf where they do not.
+# absent): distinct elements of the row. Each is the largest value tested by bisection between a
+# floor (at most BOUND_RANGE below the max M) and M where they show the filter's condition, -inf
+# where they do not.
 
 
 @triton.jit
-def _top_k_bound(bs, bs2, k, M, BOUND_RANGE: tl.constexpr, BOUND_STEPS: tl.constexpr):
-    """At least k of them at or above it: so at least k elements, and the k-th largest is not below."""
-    lo = M - BOUND_RANGE
+def _search_floor(bs, M, BOUND_RANGE: tl.constexpr):
+    """Where a bound's bisection starts: the lowest finite block maximum, or BOUND_RANGE below the
+    max if that is higher. A row whose block maxima lie within a few hundredths of each other (a
+    near-flat distribution) is then searched at that scale, not in steps of BOUND_RANGE / 2**steps."""
+    lowest = tl.min(tl.where(bs > float("-inf"), bs, M), 0)
+    return tl.maximum(lowest, M - BOUND_RANGE)
+
+
+@triton.jit
+def _top_k_bound(bs, bs2, k, M, floor, BOUND_RANGE: tl.constexpr, BOUND_STEPS: tl.constexpr):
+    """At least k of them at or above it: so at least k elements, and the k-th largest is not below.
+    Searched from `floor` (_search_floor), or from BOUND_RANGE below M where fewer than k lie above it."""
+    lo = tl.where(_count_at_least(bs, bs2, floor) >= k, floor, M - BOUND_RANGE)
     hi = M
     found = _count_at_least(bs, bs2, lo) >= k
     for _ in range(BOUND_STEPS):
@@ -40,14 +51,14 @@ def _top_k_bound(bs, bs2, k, M, BOUND_RANGE: tl.constexpr, BOUND_STEPS: tl.const
 
 
 @triton.jit
-def _top_p_bound(bs, bs2, p, M, Z, BOUND_RANGE: tl.constexpr, BOUND_STEPS: tl.constexpr):
+def _top_p_bound(bs, bs2, p, M, Z, floor, BOUND_RANGE: tl.constexpr, BOUND_STEPS: tl.constexpr):
     """They hold at least top_p of the mass at or above it: every element below it has at least
     that mass strictly above it, so is outside the nucleus (1e-5 of slack for the different
-    order of the fp32 sums)."""
+    order of the fp32 sums). Searched from `floor` as _top_k_bound is."""
     ws = tl.exp(bs - M)
     ws2 = tl.exp(bs2 - M)
     target = (p + 1e-5) * Z
-    lo = M - BOUND_RANGE
+    lo = tl.where(_mass_at_least(bs, ws, bs2, ws2, floor) >= target, floor, M - BOUND_RANGE)
     hi = M
     found = _mass_at_least(bs, ws, bs2, ws2, lo) >= target
     for _ in range(BOUND_STEPS):

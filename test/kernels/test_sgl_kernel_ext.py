@@ -120,6 +120,25 @@ def test_sample_hot_block_tiles_and_overflow(monkeypatch):
     _check_sample(logits, *_params("topk_topp_minp", logits.shape[0], vocab), seed=7)
 
 
+def test_sample_near_flat_rows_take_the_candidate_path():
+    """Logits within a few hundredths of each other (a random-weight model's, or a real one's at a
+    high temperature): the bounds are searched at the row's own scale, so top-k rows gather
+    candidates instead of bisecting over the whole row; the draw equals the reference. A top-p
+    0.99 row keeps nearly every token: the full-row path, as before."""
+    vocab, rows = 20000, 4
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(4)) * 0.01
+    temps = torch.tensor([0.7, 1.0, 0.7, 1.0])
+    ks = torch.tensor([50, 500, 50, vocab], dtype=torch.int32)
+    ps = torch.tensor([0.9, 0.9, 1.0, 0.99])
+    log_min_ps = torch.full((rows,), NEG_INF)
+    _check_sample(logits, temps, ks, ps, log_min_ps)
+    workspace = sample_kernels.new_workspace(rows, vocab, torch.device(DEVICE))
+    args = [t.to(DEVICE) for t in (logits, temps, ks, ps, log_min_ps)]
+    sample_kernels.sample_triton(*args, torch.zeros(rows, dtype=torch.int64, device=DEVICE),
+                                 torch.zeros(rows, dtype=torch.int64, device=DEVICE), workspace=workspace)
+    assert sample_kernels.full_row_flags(workspace, rows, vocab).tolist() == [0, 0, 0, 1]
+
+
 def test_sample_top_p_that_rounds_to_zero_keeps_the_max():
     """top_p = 1e-46 passes validation (> 0) but is 0.0 in fp32: the max token is still kept."""
     logits = torch.arange(8, dtype=torch.float32).unsqueeze(0)
