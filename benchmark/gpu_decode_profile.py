@@ -11,6 +11,11 @@ library GEMM, in a graph that rotates over enough weight copies to defeat the L2
 GB/s against the device's copy bandwidth.
 
     python benchmark/gpu_decode_profile.py --out $OUT --tokenizer .carry_engine/tokenizer --bs 1 64
+
+Other shapes (--preset, dummy weights drawn at load; --quantization fp8 for online FP8 weights):
+
+    python benchmark/gpu_decode_profile.py --out $OUT --tokenizer .carry_engine/tokenizer --bs 1 \
+        --preset qwen3-30b-a3b --checkpoint /tmp/qwen3-30b-a3b-dummy --linear-rows --tag _moe
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +37,7 @@ sys.path.insert(0, str(ROOT / "test"))
 sys.path.insert(0, str(ROOT / "benchmark"))
 
 from bench_serving import SAMPLING  # noqa: E402
-from bench_serving_gpu import copy_bandwidth  # noqa: E402
+from bench_serving_gpu import copy_bandwidth, ensure_checkpoint  # noqa: E402
 from gpu_timing import gpu_ms, graph_us  # noqa: E402
 from random_checkpoint import write_qwen3_checkpoint  # noqa: E402
 from runner_utils import Driver  # noqa: E402
@@ -90,14 +96,16 @@ def summarise(label: str, rows: list[dict], kernel_ms: float, wall_ms: float) ->
           f"{gap_text} ({abs(gap) / max(count, 1) * 1e3:.2f} us per launch)")
     for kind, k in sorted(kinds.items(), key=lambda kv: -kv[1]["ms"]):
         print(f"  {kind:11s} {k['count']:6.0f} launches {k['ms']:.3f} ms ({k['ms'] / k['count'] * 1e3:.2f} us each)")
-    for r in rows[:16]:
+    for r in rows[:24]:
         print(f"    {r['ms_per_call']:.4f} ms {r['per_call']:5.0f}x {r['us_each']:7.2f} us  {r['name'][:90]}")
     return dict(label=label, replay_ms=wall_ms, kernel_ms=kernel_ms, launches=count, kinds=dict(kinds), kernels=rows[:40])
 
 
-def make_runner(folder: str) -> ModelRunner:
+def make_runner(folder: str, dummy: bool = False, quantization: Optional[str] = None,
+                max_bs: int = 256) -> ModelRunner:
     return ModelRunner(folder, device="cuda", dtype="bfloat16", max_total_tokens=200000, max_running_requests=300,
-                       cuda_graph_max_bs=256, sampling_backend="triton")
+                       cuda_graph_max_bs=max_bs, sampling_backend="triton", load_format="dummy" if dummy else "auto",
+                       quantization=quantization)
 
 
 @torch.inference_mode()
@@ -161,18 +169,27 @@ def main() -> None:
     parser.add_argument("--tokenizer", help="tokenizer folder copied into a new checkpoint")
     parser.add_argument("--bs", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--context", type=int, default=256)
-    parser.add_argument("--linear-rows", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--linear-rows", type=int, nargs="*", default=[1, 8, 64],
+                        help="rows of the linears-alone table (dense Qwen3 layers only; none: no table)")
+    parser.add_argument("--preset", help="a bench_serving_gpu.py preset served with dummy weights (config.json only) "
+                        "in --checkpoint, instead of the written 0.6B checkpoint")
+    parser.add_argument("--quantization", help="the runner's --quantization (e.g. fp8: online FP8 weights)")
+    parser.add_argument("--tag", default="", help="suffix of the JSON record's name")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    if not Path(args.checkpoint, "config.json").exists():
+    if args.preset:
+        ensure_checkpoint(args.checkpoint, args.tokenizer, None, args.preset, dummy=True)
+    elif not Path(args.checkpoint, "config.json").exists():
         write_qwen3_checkpoint(args.checkpoint, args.tokenizer, device="cuda")
     copy_gbs = copy_bandwidth("cuda", 1 << 30) / 1e9
     print(f"{torch.cuda.get_device_name()}: device-to-device copy {copy_gbs:.0f} GB/s (read + write)")
-    runner = make_runner(args.checkpoint)
-    result = dict(device=torch.cuda.get_device_name(), copy_gbs=copy_gbs, steps=profile_steps(runner, args.bs, args.context))
-    print("--- linears alone (library GEMM)")
-    result["linears"] = linear_bandwidth(runner, args.linear_rows, copy_gbs)
-    (args.out / "decode_profile.json").write_text(json.dumps(result, indent=1))
+    runner = make_runner(args.checkpoint, bool(args.preset), args.quantization, max(256, *args.bs))
+    result = dict(device=torch.cuda.get_device_name(), copy_gbs=copy_gbs, preset=args.preset or "qwen3-0.6b",
+                  quantization=args.quantization, steps=profile_steps(runner, args.bs, args.context))
+    if args.linear_rows:
+        print("--- linears alone (library GEMM)")
+        result["linears"] = linear_bandwidth(runner, args.linear_rows, copy_gbs)
+    (args.out / f"decode_profile{args.tag}.json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

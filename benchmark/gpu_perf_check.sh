@@ -6,6 +6,7 @@
 #   engine    - benchmark/gpu_engine_check.py: bf16 graphs vs eager, deterministic mode, decode step times
 #   profile   - benchmark/gpu_decode_profile.py: the captured decode step kernel by kernel at bs 1 / 64
 #               (launch gaps, time by kind), the linears alone against the copy bandwidth
+#   profile-models - the same at bs 1 on dummy-weight Qwen3-30B-A3B (MoE), Qwen3-8B bf16 and Qwen3-8B online FP8
 #   attention - benchmark/bench_attention.py: decode attention GB/s against the copy bandwidth, tile
 #               sweep on three shapes, the default tile on the rest
 #   host      - benchmark/gpu_profile_server.py at N=1: where the scheduler's host time goes
@@ -55,6 +56,13 @@ for phase in "$@"; do
     profile)
       timeout 300 python3 benchmark/gpu_decode_profile.py --out "$OUT" --checkpoint $CKPT \
         --tokenizer .carry_engine/tokenizer --bs 1 64
+      ;;
+    profile-models)
+      for run in "qwen3-30b-a3b _moe" "qwen3-8b _8b" "qwen3-8b _8b_fp8 --quantization fp8"; do
+        read -r preset tag extra <<< "$run"
+        timeout 240 python3 benchmark/gpu_decode_profile.py --out "$OUT" --checkpoint /tmp/$preset-dummy \
+          --tokenizer .carry_engine/tokenizer --bs 1 --preset $preset --linear-rows --tag $tag $extra
+      done
       ;;
     attention)
       timeout 300 python3 benchmark/bench_attention.py --out-dir "$OUT" --sweep --shapes 1x4096 64x1024 256x2048
