@@ -5,7 +5,7 @@
    the W8A8 Triton kernel, block-wise torch._scaled_mm; errors against the reference, achieved
    GB/s of weight read.
 2. moe: Qwen3-30B-A3B's experts (128 experts, top-8, hidden 2048, intermediate 768) in bf16:
-   the GEMV kernels at N = 1 and 8 and the grouped GEMM at N = 64 and 256 over their tiles;
+   each GEMV kernel at N = 1 and 8 and the grouped GEMM at N = 64 and 256 over their tiles;
    the whole MoE block (router, routing, experts) replayed from a CUDA graph, GEMV path on and
    off; a torch.profiler table of the block's kernels at N = 1, 64, 256.
 
@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import sys
@@ -28,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmark"))
 
 from gpu_fp8_check import SHAPES, graph_time_ms  # noqa: E402
+from gpu_timing import graph_us  # noqa: E402
 
 from sgl_kernel_ext.gemm import fp8_block_triton as block_mod  # noqa: E402
 from sgl_kernel_ext.gemm.fp8_reference import fp8_linear_reference, quantize_weight_blocks  # noqa: E402
@@ -83,26 +85,27 @@ def _moe_inputs(n: int, gen: torch.Generator):
     return x, weights.float(), ids.to(torch.int32)
 
 
-def moe_sweep() -> dict:
-    gen = torch.Generator(device="cuda").manual_seed(0)
+def _moe_weights(gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     w13 = (torch.randn(EXPERTS, 2 * INTER, HIDDEN, generator=gen, device="cuda") * HIDDEN**-0.5).to(torch.bfloat16)
     w2 = (torch.randn(EXPERTS, HIDDEN, INTER, generator=gen, device="cuda") * INTER**-0.5).to(torch.bfloat16)
+    return w13, w2
+
+
+def moe_sweep(part: str = "all") -> dict:
+    """`part`: all (GEMV and grouped tiles, then the block), gemv or grouped (that sweep alone)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w13, w2 = _moe_weights(gen)
+    summary = moe_gemv_sweep(w13, w2, gen) if part in ("all", "gemv") else {}
+    if part in ("all", "grouped"):
+        summary.update(moe_grouped_sweep(w13, w2, gen))
+    if part == "all":
+        summary["block"] = moe_block_times()
+    return summary
+
+
+def moe_grouped_sweep(w13: torch.Tensor, w2: torch.Tensor, gen: torch.Generator) -> dict:
+    """The grouped GEMM (gate_up and down) over its tiles at N = 64 and 256 tokens."""
     summary = {}
-    for n in (1, 8):
-        x, weights, ids = _moe_inputs(n, gen)
-        best = None
-        for bn, bk, warps, stages in itertools.product((16, 32, 64), (64, 128, 256), (4, 8), (2, 3, 4)):
-            try:
-                ms = graph_time_ms(_moe_gemv_call(x, w13, w2, weights, ids, bn, bk, warps, stages), iters=20, reps=3)
-            except Exception:  # noqa: BLE001  (a tile that does not compile or fit is left out)
-                continue
-            if best is None or ms < best[1]:
-                best = ((bn, bk, warps, stages), ms)
-        default = graph_time_ms(lambda: moe_gemv.fused_experts_gemv(x, w13, w2, weights, ids))
-        bytes_read = len(set(ids.flatten().tolist())) * (w13[0].numel() + w2[0].numel()) * 2
-        summary[f"gemv_N{n}"] = {"default_ms": default, "best_config": best[0], "best_ms": best[1],
-                                 "best_GBps": bytes_read / best[1] / 1e6}
-        emit({"part": "moe_gemv", "N": n, **summary[f"gemv_N{n}"]})
     for n in (64, 256):
         x, weights, ids = _moe_inputs(n, gen)
         results = {}
@@ -116,26 +119,42 @@ def moe_sweep() -> dict:
         default = graph_time_ms(lambda: moe_grouped.fused_experts_triton(x, w13, w2, weights, ids))
         summary[f"grouped_N{n}"] = {"default_ms": default, "best_config": best, "best_ms": results[best]}
         emit({"part": "moe_grouped", "N": n, **summary[f"grouped_N{n}"]})
-    summary["block"] = moe_block_times()
     return summary
 
 
-def _moe_gemv_call(x, w13, w2, weights, ids, bn, bk, warps, stages):
-    n, k = ids.shape
-    act = torch.empty(n * k, INTER, dtype=x.dtype, device=x.device)
-    out = torch.empty(n, HIDDEN, dtype=x.dtype, device=x.device)
-    flat_ids, flat_w = ids.reshape(-1).contiguous(), weights.reshape(-1).contiguous()
-
-    def call():
-        launch(moe_gemv._gate_up_gemv_kernel, (n * k, triton.cdiv(INTER, bn)), x, w13, act, flat_ids, k, EXPERTS,
-               HIDDEN, INTER, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0), BLOCK_N=bn, BLOCK_K=bk,
-               num_warps=warps, num_stages=stages, pdl=True)
-        launch(moe_gemv._down_gemv_kernel, (n, triton.cdiv(HIDDEN, bn)), act, w2, out, flat_w, flat_ids, k, EXPERTS,
-               HIDDEN, INTER, act.stride(0), w2.stride(0), w2.stride(1), out.stride(0), BLOCK_N=bn, BLOCK_K=bk,
-               num_warps=warps, num_stages=stages, pdl=True)
-        return out
-
-    return call
+def moe_gemv_sweep(w13: torch.Tensor, w2: torch.Tensor, gen: torch.Generator) -> dict:
+    """Each GEMV kernel alone over its tiles at N = 1 and 8 tokens, in a graph over 16 routings
+    (different experts each: the weights do not stay in L2); us per call and GB/s of weight read."""
+    summary = {}
+    tiles = [moe_gemv.GemvTile(bn, bk, warps, 1) for bn, bk, warps in itertools.product((2, 4, 8, 16), (256, 512, 1024), (4, 8))]
+    for n in (1, 8):
+        routings = [_moe_inputs(n, gen) for _ in range(16)]
+        act = torch.randn(n * TOP_K, INTER, generator=gen, device="cuda").to(torch.bfloat16)
+        out = torch.empty(n, HIDDEN, dtype=torch.bfloat16, device="cuda")
+        experts = sum(len(set(ids.flatten().tolist())) for _, _, ids in routings) / len(routings)
+        kernels = {
+            "gate_up": (lambda x, w, ids, tile: moe_gemv.gate_up_gemv(x, w13, act, ids.reshape(-1), TOP_K, tile),
+                        experts * w13[0].numel() * 2, moe_gemv.GATE_UP_TILES),
+            "down": (lambda x, w, ids, tile: moe_gemv.down_gemv(act, w2, out, w.reshape(-1), ids.reshape(-1), TOP_K, tile),
+                     experts * w2[0].numel() * 2, moe_gemv.DOWN_TILES),
+        }
+        for name, (run, nbytes, defaults) in kernels.items():
+            results = {}
+            for tile in tiles:
+                if name == "down" and TOP_K * tile.block_n * tile.block_k > moe_gemv.DOWN_ACC_MAX:
+                    continue  # the [k, BN, BK] float32 accumulator would not fit the registers
+                try:
+                    results[tile] = graph_us([functools.partial(run, *r, tile) for r in routings])
+                except Exception as exc:  # noqa: BLE001  (a tile that does not compile or fit is left out)
+                    emit({"part": "moe_gemv_skip", "kernel": name, "tile": list(tile), "error": str(exc)[:120]})
+            best = min(results, key=results.get)
+            default = defaults[n * TOP_K > moe_gemv.FEW_PAIRS]
+            record = {"kernel": name, "N": n, "best_tile": list(best), "best_us": results[best],
+                      "best_GBps": nbytes / results[best] / 1e3, "default_tile": list(default),
+                      "default_us": results.get(default), "all": {",".join(map(str, t)): round(us, 2) for t, us in results.items()}}
+            summary[f"{name}_N{n}"] = record
+            emit({"part": "moe_gemv", **record})
+    return summary
 
 
 def _moe_grouped_call(x, w13, w2, weights, ids, bm, bn, bk, warps, stages):
@@ -186,13 +205,15 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("/tmp/gpu_sweep_out"))
     p.add_argument("--only", choices=("fp8", "moe"))
     p.add_argument("--no-moe-sweep", action="store_true", help="moe: only the block times and profile")
+    p.add_argument("--moe-part", choices=("all", "gemv", "grouped"), default="all",
+                   help="moe: both tile sweeps and the block, or one tile sweep alone")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"device": torch.cuda.get_device_name()}
     if args.only in (None, "fp8"):
         result["fp8"] = fp8_sweep()
     if args.only in (None, "moe"):
-        result["moe"] = {"block": moe_block_times()} if args.no_moe_sweep else moe_sweep()
+        result["moe"] = {"block": moe_block_times()} if args.no_moe_sweep else moe_sweep(args.moe_part)
     (args.out / "gpu_kernel_sweep.json").write_text(json.dumps(result, indent=1, default=str))
 
 

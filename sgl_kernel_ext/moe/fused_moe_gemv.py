@@ -6,14 +6,17 @@ the weight reads. Here:
 1. gate_up: one program per (pair, BLOCK_N columns of the intermediate dim) reads the pair's
    expert id, streams that expert's gate and up rows and writes silu(gate) * up (float32 math,
    rounded to the model dtype) to the pair's row of act [N k, I];
-2. down: one program per (token, BLOCK_N hidden columns) runs the token's k slots in order,
-   each slot's expert row block times its act row, rounds weight * result to the model dtype
+2. down: one program per (token, BLOCK_N hidden columns) streams the row blocks of the token's k
+   slots' experts together, times each slot's act row, rounds weight * result to the model dtype
    and sums the slots in float32 (the grouped GEMM's numbers).
+As in gemm/gemv_triton.py, each lane keeps float32 partial sums along K and reduces once.
 Pairs of another EP rank's experts contribute zero. No host synchronisation: CUDA graphs
 capture both. Numerics: sgl_kernel_ext.moe.reference.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -24,10 +27,24 @@ from sgl_kernel_ext.triton_launch import launch, pdl_sync
 
 # (token, slot) pairs up to which the GEMV path serves a batch.
 GEMV_MAX_PAIRS = 64
-# Tiles measured on the H100 at Qwen3-30B-A3B's shapes (docs/gpu_engine.md): narrow column
-# blocks for many programs in flight, a longer K tile where a handful of pairs leaves few.
-BLOCK_N = 16
-BLOCK_K_FEW, FEW_PAIRS, BLOCK_K_MANY = 256, 8, 128
+
+
+class GemvTile(NamedTuple):
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+# Tiles per kernel and batch size class (pairs <= FEW_PAIRS, more): the best of
+# benchmark/gpu_kernel_sweep.py at Qwen3-30B-A3B's shapes on an H200 at 1 and 8 tokens
+# (docs/gpu_engine.md). Narrow column blocks keep many programs in flight.
+FEW_PAIRS = 8
+GATE_UP_TILES = (GemvTile(2, 1024, 4, 1), GemvTile(2, 512, 4, 1))
+DOWN_TILES = (GemvTile(8, 256, 4, 1), GemvTile(8, 256, 4, 1))
+# Elements of the down kernel's [K_PAD, BLOCK_N, BLOCK_K] float32 accumulator (k = 8 at the tiles
+# above); a larger top-k (Qwen3-Next's 10, padded to 16) shortens the K tile to stay in registers.
+DOWN_ACC_MAX = 16384
 
 
 @triton.jit
@@ -41,6 +58,7 @@ def _gate_up_gemv_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    """Per-lane float32 partial sums over [BLOCK_N, BLOCK_K] tiles, one reduction at the end."""
     pdl_sync(PDL)
     dtype = act_ptr.dtype.element_ty
     pair = tl.program_id(0).to(tl.int64)
@@ -49,20 +67,22 @@ def _gate_up_gemv_kernel(
         return
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
     col_live = cols < inter
+    rows = tl.where(col_live, cols, 0).to(tl.int64)  # dead columns read row 0: no mask along N
     x_row = x_ptr + (pair // top_k) * stride_x
     w_base = w13_ptr + expert * stride_we
-    acc_gate = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    acc_gate = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, hidden, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_live = ks < hidden
         a = tl.load(x_row + ks, mask=k_live, other=0.0).to(tl.float32)[None, :]  # [1, BK]
-        w_mask = col_live[:, None] & k_live[None, :]
-        w_gate = tl.load(w_base + cols[:, None] * stride_wn + ks[None, :], mask=w_mask, other=0.0)  # [BN, BK]
-        w_up = tl.load(w_base + (cols[:, None] + inter) * stride_wn + ks[None, :], mask=w_mask, other=0.0)
-        acc_gate += tl.sum(w_gate.to(tl.float32) * a, axis=1)
-        acc_up += tl.sum(w_up.to(tl.float32) * a, axis=1)
-    act = round_to(acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up, dtype)
+        w_gate = tl.load(w_base + rows[:, None] * stride_wn + ks[None, :], mask=k_live[None, :], other=0.0)  # [BN, BK]
+        w_up = tl.load(w_base + (rows[:, None] + inter) * stride_wn + ks[None, :], mask=k_live[None, :], other=0.0)
+        acc_gate += w_gate.to(tl.float32) * a
+        acc_up += w_up.to(tl.float32) * a
+    gate = tl.sum(acc_gate, axis=1)  # [BN]
+    up = tl.sum(acc_up, axis=1)
+    act = round_to(gate / (1.0 + tl.exp(-gate)) * up, dtype)
     tl.store(act_ptr + pair * stride_act + cols, act.to(dtype), mask=col_live)
 
 
@@ -75,31 +95,32 @@ def _down_gemv_kernel(
     ids_ptr,  # [N k] int32
     top_k, num_experts, hidden, inter,
     stride_act, stride_we, stride_wn, stride_out,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    K_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    """All k slots of a token at once ([K_PAD, BLOCK_N, BLOCK_K] tiles: k times the loads in
+    flight of one slot), per-lane float32 partial sums, one reduction per slot at the end."""
     pdl_sync(PDL)
     dtype = out_ptr.dtype.element_ty
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
     col_live = cols < hidden
-    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for slot in range(0, top_k):
-        pair = token * top_k + slot
-        expert = tl.load(ids_ptr + pair).to(tl.int64)
-        local = (expert >= 0) & (expert < num_experts)
-        w_base = w2_ptr + tl.where(local, expert, 0) * stride_we
-        live_inter = tl.where(local, inter, 0)  # a foreign slot reads nothing
-        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for k0 in range(0, inter, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            k_live = ks < live_inter
-            a = tl.load(act_ptr + pair * stride_act + ks, mask=k_live, other=0.0).to(tl.float32)[None, :]
-            w = tl.load(w_base + cols[:, None] * stride_wn + ks[None, :], mask=col_live[:, None] & k_live[None, :],
-                        other=0.0)  # [BN, BK]
-            acc += tl.sum(w.to(tl.float32) * a, axis=1)
-        weight = tl.load(weights_ptr + pair)
-        total += tl.where(local, round_to(acc * weight, dtype), 0.0)
+    rows = tl.where(col_live, cols, 0).to(tl.int64)
+    slot = tl.arange(0, K_PAD)
+    pairs = token * top_k + slot  # [K_PAD]
+    expert = tl.load(ids_ptr + pairs, mask=slot < top_k, other=-1).to(tl.int64)
+    local = (slot < top_k) & (expert >= 0) & (expert < num_experts)  # a foreign slot reads nothing
+    w_base = w2_ptr + tl.where(local, expert, 0)[:, None, None] * stride_we + rows[None, :, None] * stride_wn
+    acc = tl.zeros((K_PAD, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, inter, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        live = local[:, None] & (ks < inter)[None, :]  # [K_PAD, BK]
+        a = tl.load(act_ptr + pairs[:, None] * stride_act + ks[None, :], mask=live, other=0.0).to(tl.float32)
+        w = tl.load(w_base + ks[None, None, :], mask=live[:, None, :], other=0.0)  # [K_PAD, BN, BK]
+        acc += w.to(tl.float32) * a[:, None, :]
+    y = tl.sum(acc, axis=2)  # [K_PAD, BN]
+    weight = tl.load(weights_ptr + pairs, mask=local, other=0.0)
+    total = tl.sum(tl.where(local[:, None], round_to(y * weight[:, None], dtype), 0.0), axis=0)  # [BN]
     tl.store(out_ptr + token * stride_out + cols, total.to(dtype), mask=col_live)
 
 
@@ -115,16 +136,34 @@ def fused_experts_gemv(
     """x [N, H]; w13 [E, 2I, H]; w2 [E, H, I] (unit last strides); topk_weights [N, k];
     local_ids [N, k] (ids outside [0, E) contribute zero) -> [N, H] in x's dtype."""
     n, k = local_ids.shape
-    num_experts, hidden, inter = w13.shape[0], x.shape[1], w2.shape[2]
-    out = torch.empty(n, hidden, dtype=x.dtype, device=x.device)  # [N, H]
+    inter = w2.shape[2]
+    out = torch.empty(n, x.shape[1], dtype=x.dtype, device=x.device)  # [N, H]
     if n == 0:
         return out
     ids = local_ids.reshape(-1).to(torch.int32).contiguous()  # [N k]
     act = torch.empty(n * k, inter, dtype=x.dtype, device=x.device)  # [N k, I]; foreign pairs' rows unread
-    tiles = dict(BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K_FEW if n * k <= FEW_PAIRS else BLOCK_K_MANY, num_warps=8, num_stages=2)
-    launch(_gate_up_gemv_kernel, (n * k, triton.cdiv(inter, BLOCK_N)), x, w13, act, ids,
-           k, num_experts, hidden, inter, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0), **tiles, pdl=True)
+    many = n * k > FEW_PAIRS
     weights = topk_weights.reshape(-1).float().contiguous()  # [N k]
-    launch(_down_gemv_kernel, (n, triton.cdiv(hidden, BLOCK_N)), act, w2, out, weights, ids,
-           k, num_experts, hidden, inter, act.stride(0), w2.stride(0), w2.stride(1), out.stride(0), **tiles, pdl=True)
+    gate_up_gemv(x, w13, act, ids, k, GATE_UP_TILES[many])
+    down_gemv(act, w2, out, weights, ids, k, DOWN_TILES[many])
     return out
+
+
+def gate_up_gemv(x: torch.Tensor, w13: torch.Tensor, act: torch.Tensor, ids: torch.Tensor, k: int,
+                 tile: GemvTile) -> None:
+    """act[pair] = silu(x[pair // k] @ gate^T) * (x[pair // k] @ up^T) of the pair's expert."""
+    inter = w13.shape[1] // 2
+    launch(_gate_up_gemv_kernel, (ids.numel(), triton.cdiv(inter, tile.block_n)), x, w13, act, ids,
+           k, w13.shape[0], x.shape[1], inter, x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
+           BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, num_warps=tile.num_warps, num_stages=tile.num_stages, pdl=True)
+
+
+def down_gemv(act: torch.Tensor, w2: torch.Tensor, out: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, k: int,
+              tile: GemvTile) -> None:
+    """out[token] = sum over its k slots of round(weight * act[pair] @ W2[expert]^T)."""
+    hidden, k_pad = out.shape[1], triton.next_power_of_2(k)
+    block_k = max(16, min(tile.block_k, DOWN_ACC_MAX // (k_pad * tile.block_n)))  # more slots: a shorter K tile
+    launch(_down_gemv_kernel, (out.shape[0], triton.cdiv(hidden, tile.block_n)), act, w2, out, weights, ids,
+           k, w2.shape[0], hidden, w2.shape[2], act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
+           K_PAD=k_pad, BLOCK_N=tile.block_n, BLOCK_K=block_k, num_warps=tile.num_warps,
+           num_stages=tile.num_stages, pdl=True)
