@@ -1,6 +1,7 @@
 """The MoE experts as two grouped-GEMM Triton kernels for CUDA.
 
-After align_to_blocks sorts the (token, slot) pairs into per-expert blocks of BLOCK_M rows:
+After the alignment (align_triton.py on CUDA up to its pair count, else align.py) sorts the
+(token, slot) pairs into per-expert blocks of BLOCK_M rows:
 1. gate_up: each program multiplies one block's tokens by a BLOCK_N slice of its expert's gate
    and up rows and writes silu(gate) * up (float32 math, rounded to the model dtype) to the
    pair's row of act [N k, I];
@@ -20,6 +21,7 @@ import triton.language as tl
 
 from sgl_kernel_ext.attention.paged_decode import _dot, dot_flags
 from sgl_kernel_ext.moe.align import align_to_blocks
+from sgl_kernel_ext.moe.align_triton import align_to_blocks_triton, align_triton_applies
 from sgl_kernel_ext.moe.fused_moe_gemv import fused_experts_gemv, fused_experts_gemv_applies
 from sgl_kernel_ext.norm.rmsnorm_triton import DTYPES, round_to
 from sgl_kernel_ext.triton_launch import launch, pdl_sync
@@ -111,20 +113,23 @@ def fused_experts_triton_applies(x: torch.Tensor, w13: torch.Tensor) -> bool:
 
 def block_config(num_pairs: int, num_experts: int, dtype: torch.dtype, batch_invariant: bool = False) -> dict:
     """Tiles by the pairs an expert receives on average: BLOCK_M near that count, so that an
-    expert's weights are read by as few blocks as possible without padding most rows (tiles
-    measured on the H100 at Qwen3-30B-A3B's shapes in bf16, docs/gpu_engine.md; float32 halves
-    the K tile to stay in shared memory); one fixed tile when batch_invariant, so that a row's
-    sums never depend on the batch."""
+    expert's weights are read by as few blocks as possible without padding most rows (the best of
+    benchmark/gpu_kernel_sweep.py at Qwen3-30B-A3B's shapes in bf16 on an H200 at 64 and 256
+    tokens, the widest tier on an H100; docs/gpu_engine.md; float32 halves the K tile to stay in
+    shared memory); one fixed tile when batch_invariant, so that a row's sums never depend on the
+    batch."""
     per_expert = num_pairs / max(num_experts, 1)
-    if batch_invariant or per_expert < 16:
-        block_m, block_k = 16, 128
+    if batch_invariant:
+        cfg = dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=3)
+    elif per_expert < 16:
+        cfg = dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=3)
     elif per_expert < 64:
-        block_m, block_k = 32, 128
+        cfg = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=3)
     else:
-        block_m, block_k = 64, 64
+        cfg = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3)
     if dtype == torch.float32:
-        block_k //= 2
-    return dict(BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=block_k, num_warps=8, num_stages=3)
+        cfg["BLOCK_K"] //= 2
+    return cfg
 
 
 def fused_experts_triton(
@@ -144,7 +149,8 @@ def fused_experts_triton(
     if fused_experts_gemv_applies(num_pairs, batch_invariant):
         return fused_experts_gemv(x, w13, w2, topk_weights, local_ids)
     cfg = block_config(num_pairs, num_experts, x.dtype, batch_invariant)
-    blocks = align_to_blocks(local_ids, num_experts, cfg["BLOCK_M"])
+    align = align_to_blocks_triton if align_triton_applies(local_ids) else align_to_blocks
+    blocks = align(local_ids, num_experts, cfg["BLOCK_M"])
     flags = dot_flags(x.dtype)
     act = torch.empty(num_pairs, inter, dtype=x.dtype, device=x.device)  # [N k, I]
     grid = (blocks.block_expert.shape[0] * triton.cdiv(inter, cfg["BLOCK_N"]),)

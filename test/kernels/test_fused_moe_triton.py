@@ -13,6 +13,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from sgl_kernel_ext.moe.align import align_to_blocks, padded_rows  # noqa: E402
+from sgl_kernel_ext.moe.align_triton import align_to_blocks_triton  # noqa: E402
 from sgl_kernel_ext.moe.fused_moe_gemv import GEMV_MAX_PAIRS, fused_experts_gemv  # noqa: E402
 from sgl_kernel_ext.moe.fused_moe_triton import fused_experts_triton  # noqa: E402
 from sgl_kernel_ext.moe.reference import fused_experts_reference  # noqa: E402
@@ -93,3 +94,24 @@ def test_alignment_by_running_count_equals_the_stable_sort(monkeypatch) -> None:
         monkeypatch.undo()
         assert torch.equal(counted.sorted_pairs, sorted_.sorted_pairs)
         assert torch.equal(counted.block_expert, sorted_.block_expert)
+
+
+@pytest.mark.parametrize(
+    "pairs,experts,block_m", [(6, 4, 4), (512, 128, 16), (300, 8, 32), (2048, 128, 32), (40, 60, 16), (640, 512, 16)]
+)
+def test_triton_alignment_equals_torch_alignment(pairs, experts, block_m) -> None:
+    """The two-launch Triton alignment gives align.py's layout: the same rows, padding marks and
+    block experts, foreign ids (negative or >= E) left out, several chunks of pairs."""
+    g = torch.Generator().manual_seed(pairs)
+    ids = torch.randint(-2, experts + 3, (pairs // 2, 2), generator=g).to(torch.int32).to(DEVICE)
+    want = align_to_blocks(ids, experts, block_m)
+    got = align_to_blocks_triton(ids, experts, block_m)
+    assert torch.equal(got.sorted_pairs, want.sorted_pairs)
+    assert torch.equal(got.block_expert, want.block_expert)
+
+
+def test_gemv_path_with_a_large_top_k() -> None:
+    """Top-10 of 64 experts (Qwen3-Next's k, padded to 16 slots: the down kernel's shorter K tile)."""
+    x, w13, w2, weights, ids = _inputs(3, 10, 64, 64, 48, torch.float32, seed=5)
+    gemv = fused_experts_gemv(x, w13, w2, weights, ids)
+    torch.testing.assert_close(gemv, fused_experts_reference(x, w13, w2, weights, ids), atol=1e-5, rtol=1e-5)
