@@ -120,6 +120,9 @@ def stream_one(url: str, payload: dict[str, Any], start: threading.Barrier) -> R
             chunk = json.loads(data)
             if "error" in chunk:
                 raise RuntimeError(f"server error: {chunk['error']}")
+            finish = chunk["meta_info"].get("finish_reason") or {}
+            if finish.get("type") == "abort":  # e.g. NaN logits: the stream ends early with a message
+                raise RuntimeError(f"server aborted the request: {finish.get('message')}")
             now = time.perf_counter()
             added = chunk["meta_info"]["completion_tokens"] - timing.tokens
             if added <= 0:
