@@ -41,6 +41,9 @@ WIDE_HEAD_DIM = 256  # BLOCK_D above this takes the wide tiles
 WIDE_BLOCK_M = 32
 WIDE_BLOCK_N = 32
 WIDE_NUM_STAGES = 1
+# Wide float32 heads (e.g. MLA's 576-wide latent rows, padded to 1024): 32 x 32 tiles ask for
+# 260 KiB of shared memory on sm_90, past Hopper's 227 KiB; 16 x 16 take 129 KiB.
+WIDE_FP32_BLOCK = 16
 _LOG2E = 1.4426950408889634
 
 
@@ -165,8 +168,10 @@ def _extend_kernel(
     tl.store(out_ptr + o_offs, out, mask=q_mask)
 
 
-def extend_tiles(block_d: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_stages) for a padded head width."""
+def extend_tiles(block_d: int, element_size: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_stages) for a padded head width and the q/k/v element size in bytes."""
+    if block_d > WIDE_HEAD_DIM and element_size >= 4:
+        return WIDE_FP32_BLOCK, WIDE_FP32_BLOCK, WIDE_NUM_STAGES
     if block_d > WIDE_HEAD_DIM:
         return WIDE_BLOCK_M, WIDE_BLOCK_N, WIDE_NUM_STAGES
     return BLOCK_M, BLOCK_N, NUM_STAGES
@@ -196,7 +201,7 @@ def paged_extend_attention(
     q_starts[b] + i, i < extend_lens[b], attend to KV slots
     req_to_token[req_pool_indices[b], :prefix_lens[b] + i + 1] (the last sliding_window of them with
     a window; logit_cap soft-caps the scores); other rows of out are left as they were. max_extend_len (>= every extend_lens[b]) only sizes the grid.
-    Tile sizes and stages default by the head width (see extend_tiles)."""
+    Tile sizes and stages default by the head width and dtype (see extend_tiles)."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
     assert num_heads % num_kv_heads == 0 and k_buf.shape[2] == head_dim and q.dtype == k_buf.dtype
@@ -207,7 +212,7 @@ def paged_extend_attention(
     if batch == 0 or max_extend_len <= 0:
         return out
     block_d = max(16, triton.next_power_of_2(head_dim))
-    tiles = extend_tiles(block_d)
+    tiles = extend_tiles(block_d, q.element_size())
     block_m, block_n = block_m or tiles[0], block_n or tiles[1]
     num_stages = num_stages or tiles[2]
     grid = (batch, num_heads, triton.cdiv(max_extend_len, block_m))
