@@ -24,8 +24,10 @@ from sgl_kernel_ext.triton_launch import launch, pdl_sync
 # elements (it stays in registers at 8 warps).
 CHUNK, HITS_TILE = 64, 8192
 ROW_TILE = 16  # chunks' counts summed at once
-# Pairs up to which this path serves (beyond, each program's sum over the chunks' counts grows).
-ALIGN_TRITON_MAX_PAIRS = 16384
+# Every scatter program sums the whole [chunks, E_PAD] count table, so the reads grow as
+# chunks^2 x E_PAD: this path serves up to that many count reads (32 MiB of L2 traffic; e.g.
+# 16k pairs at 128 experts, 2k pairs at 512), align.py the larger batches.
+ALIGN_TRITON_MAX_READS = 1 << 23
 
 
 @triton.jit
@@ -78,8 +80,16 @@ def _scatter_kernel(ids_ptr, counts_ptr, sorted_ptr, block_expert_ptr, num_pairs
             tl.store(block_expert_ptr + b, tl.sum(ended.to(tl.int32), 0), mask=b < n_blocks)
 
 
-def align_triton_applies(local_ids: torch.Tensor) -> bool:
-    return local_ids.is_cuda and local_ids.numel() <= ALIGN_TRITON_MAX_PAIRS
+def _chunking(num_pairs: int, num_experts: int) -> tuple[int, int, int]:
+    """(E_PAD, pairs per chunk, chunks)."""
+    e_pad = triton.next_power_of_2(num_experts)
+    chunk = max(1, min(CHUNK, HITS_TILE // e_pad))
+    return e_pad, chunk, max(1, -(-num_pairs // chunk))
+
+
+def align_triton_applies(local_ids: torch.Tensor, num_experts: int) -> bool:
+    e_pad, _, n_chunks = _chunking(local_ids.numel(), num_experts)
+    return local_ids.is_cuda and n_chunks * n_chunks * e_pad <= ALIGN_TRITON_MAX_READS
 
 
 def align_to_blocks_triton(local_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertBlocks:
@@ -87,9 +97,8 @@ def align_to_blocks_triton(local_ids: torch.Tensor, num_experts: int, block_m: i
     ids = local_ids.reshape(-1).to(torch.int32).contiguous()  # [P]
     num_pairs, device = ids.shape[0], ids.device
     rows = padded_rows(num_pairs, num_experts, block_m)
-    e_pad = triton.next_power_of_2(num_experts)
-    chunk = max(1, min(CHUNK, HITS_TILE // e_pad))
-    n_chunks, n_blocks = max(1, -(-num_pairs // chunk)), rows // block_m
+    e_pad, chunk, n_chunks = _chunking(num_pairs, num_experts)
+    n_blocks = rows // block_m
     counts = torch.empty(n_chunks, e_pad, dtype=torch.int32, device=device)  # [chunks, E_PAD]
     sorted_pairs = torch.empty(rows, dtype=torch.int32, device=device)  # [P_padded]
     block_expert = torch.empty(n_blocks, dtype=torch.int32, device=device)  # [P_padded / BLOCK_M]

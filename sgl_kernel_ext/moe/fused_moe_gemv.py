@@ -25,8 +25,9 @@ import triton.language as tl
 from sgl_kernel_ext.norm.rmsnorm_triton import round_to
 from sgl_kernel_ext.triton_launch import launch, pdl_sync
 
-# (token, slot) pairs up to which the GEMV path serves a batch.
+# (token, slot) pairs up to which the GEMV path serves a batch, and slots a token may have.
 GEMV_MAX_PAIRS = 64
+GEMV_MAX_TOP_K = 16
 
 
 class GemvTile(NamedTuple):
@@ -124,10 +125,10 @@ def _down_gemv_kernel(
     tl.store(out_ptr + token * stride_out + cols, total.to(dtype), mask=col_live)
 
 
-def fused_experts_gemv_applies(num_pairs: int, batch_invariant: bool) -> bool:
-    """Decode-sized batches, outside the batch-invariant mode (whose rows take one path at every
-    batch size)."""
-    return num_pairs <= GEMV_MAX_PAIRS and not batch_invariant
+def fused_experts_gemv_applies(num_pairs: int, top_k: int, batch_invariant: bool) -> bool:
+    """Decode-sized batches with up to GEMV_MAX_TOP_K slots a token (the down kernel's accumulator
+    holds them all), outside the batch-invariant mode (whose rows take one path at every batch size)."""
+    return num_pairs <= GEMV_MAX_PAIRS and top_k <= GEMV_MAX_TOP_K and not batch_invariant
 
 
 def fused_experts_gemv(

@@ -1,6 +1,6 @@
 """The MoE experts as two grouped-GEMM Triton kernels for CUDA.
 
-After the alignment (align_triton.py on CUDA up to its pair count, else align.py) sorts the
+After the alignment (align_triton.py on CUDA up to its count-table size, else align.py) sorts the
 (token, slot) pairs into per-expert blocks of BLOCK_M rows:
 1. gate_up: each program multiplies one block's tokens by a BLOCK_N slice of its expert's gate
    and up rows and writes silu(gate) * up (float32 math, rounded to the model dtype) to the
@@ -146,10 +146,10 @@ def fused_experts_triton(
     num_experts, hidden, inter = w13.shape[0], x.shape[1], w2.shape[2]
     num_pairs = n * k
     w13, w2 = w13.contiguous(), w2.contiguous()
-    if fused_experts_gemv_applies(num_pairs, batch_invariant):
+    if fused_experts_gemv_applies(num_pairs, k, batch_invariant):
         return fused_experts_gemv(x, w13, w2, topk_weights, local_ids)
     cfg = block_config(num_pairs, num_experts, x.dtype, batch_invariant)
-    align = align_to_blocks_triton if align_triton_applies(local_ids) else align_to_blocks
+    align = align_to_blocks_triton if align_triton_applies(local_ids, num_experts) else align_to_blocks
     blocks = align(local_ids, num_experts, cfg["BLOCK_M"])
     flags = dot_flags(x.dtype)
     act = torch.empty(num_pairs, inter, dtype=x.dtype, device=x.device)  # [N k, I]
