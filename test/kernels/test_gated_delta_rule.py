@@ -117,3 +117,58 @@ def test_conv_step_equals_prefill_conv() -> None:
         outs.append(out)
     torch.testing.assert_close(torch.cat(outs), whole, atol=ATOL, rtol=0)
     torch.testing.assert_close(state, whole_state, atol=0, rtol=0)
+
+
+def _fake_fla(calls: list) -> object:
+    """flash-linear-attention 0.6's two entry points by signature (gk and gv sit between g and beta
+    in the recurrent one), computing with the torch reference; each call is recorded."""
+
+    def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=None, scale=None, initial_state=None,
+                                         output_final_state=False, use_qk_l2norm_in_kernel=False, **kwargs):
+        calls.append("recurrent")
+        assert gk is None and gv is None and beta is not None and use_qk_l2norm_in_kernel
+        qn, kn = prepare_qk(q[:, 0], k[:, 0], v.shape[2])
+        out, state = recurrent_step(initial_state, qn, kn, v[:, 0].float(), g[:, 0], beta[:, 0].float())
+        return out.unsqueeze(1), state
+
+    def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                               use_qk_l2norm_in_kernel=False, cu_seqlens=None, cu_seqlens_cpu=None, **kwargs):
+        calls.append("chunk")
+        bounds = cu_seqlens_cpu.tolist()
+        qn, kn = prepare_qk(q[0], k[0], v.shape[2])
+        parts = [chunked_gated_delta_rule(qn[a:b], kn[a:b], v[0, a:b].float(), g[0, a:b], beta[0, a:b].float(),
+                                          initial_state[i]) for i, (a, b) in enumerate(zip(bounds, bounds[1:]))]
+        return torch.cat([o for o, _ in parts]).unsqueeze(0), torch.stack([s for _, s in parts])
+
+    return type("FakeFla", (), {"fused_recurrent_gated_delta_rule": staticmethod(fused_recurrent_gated_delta_rule),
+                                "chunk_gated_delta_rule": staticmethod(chunk_gated_delta_rule)})
+
+
+@pytest.mark.parametrize("decode", [True, False])
+def test_fla_calls_pass_beta_as_beta(decode: bool) -> None:
+    """The layer calls flash-linear-attention by keyword: with 0.6's signatures a positional beta
+    would land in gk (a per-key decay) and the decode step's logits turned NaN on the GPU."""
+    from types import SimpleNamespace
+
+    from sglang.srt.layers.gated_delta_net import _fla_delta_rule
+
+    gen = torch.Generator().manual_seed(7)
+    hk, hv, dk, dv = 2, 4, 8, 8
+    lens = [1, 1] if decode else [3, 5]
+    n = sum(lens)
+    q, k = torch.randn(n, hk, dk, generator=gen), torch.randn(n, hk, dk, generator=gen)
+    v, g, beta = torch.randn(n, hv, dv, generator=gen), -torch.rand(n, hv, generator=gen), torch.rand(n, hv, generator=gen)
+    state = torch.randn(len(lens), hv, dk, dv, generator=gen) * 0.1
+    batch = SimpleNamespace(extend_start_loc=torch.tensor([0, lens[0]]), extend_seq_lens_cpu=lens)
+    calls: list = []
+    out, final = _fla_delta_rule(_fake_fla(calls), q, k, v, g, beta, state, batch, decode)
+    assert calls == (["recurrent"] if decode else ["chunk"])
+    qn, kn = prepare_qk(q, k, hv)
+    if decode:
+        want_out, want_state = recurrent_step(state, qn, kn, v, g, beta)
+    else:
+        parts = [chunked_gated_delta_rule(qn[a:b], kn[a:b], v[a:b], g[a:b], beta[a:b], state[i])
+                 for i, (a, b) in enumerate([(0, 3), (3, 8)])]
+        want_out, want_state = torch.cat([o for o, _ in parts]), torch.stack([s for _, s in parts])
+    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(final, want_state)

@@ -177,17 +177,19 @@ def _fla_delta_rule(
     """flash-linear-attention's kernels (grouped value heads, q/k L2 norm and the Dk^-0.5 scale
     inside): a decode step is B sequences of one token; an extend is one packed sequence split by
     cu_seqlens. -> ([N, Hv, Dv], [B, Hv, Dk, Dv] float32)."""
+    # Keyword arguments only: fla 0.6 put gk and gv between g and beta in the recurrent kernel's
+    # signature, so a positional beta became a per-key decay there (NaN logits at decode).
     common = dict(initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True)
     if decode:
         out, final = fla.fused_recurrent_gated_delta_rule(
-            q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), g.unsqueeze(1), beta.unsqueeze(1), **common
+            q=q.unsqueeze(1), k=k.unsqueeze(1), v=v.unsqueeze(1), g=g.unsqueeze(1), beta=beta.unsqueeze(1), **common
         )  # out [B, 1, Hv, Dv]
         return out[:, 0], final.float()
     n = q.shape[0]
     cu_seqlens = torch.cat([forward_batch.extend_start_loc, forward_batch.extend_start_loc.new_full((1,), n)])  # [B + 1]
     cu_host = torch.tensor([0, *_cumsum(forward_batch.extend_seq_lens_cpu)], dtype=torch.int64)
     out, final = fla.chunk_gated_delta_rule(
-        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0),
+        q=q.unsqueeze(0), k=k.unsqueeze(0), v=v.unsqueeze(0), g=g.unsqueeze(0), beta=beta.unsqueeze(0),
         cu_seqlens=cu_seqlens, cu_seqlens_cpu=cu_host, **common,
     )  # out [1, N, Hv, Dv]
     return out[0], final.float()
