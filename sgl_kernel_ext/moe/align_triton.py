@@ -87,9 +87,14 @@ def _chunking(num_pairs: int, num_experts: int) -> tuple[int, int, int]:
     return e_pad, chunk, max(1, -(-num_pairs // chunk))
 
 
+def align_triton_fits(num_pairs: int, num_experts: int) -> bool:
+    """Whether the scatter programs' count-table reads stay within ALIGN_TRITON_MAX_READS."""
+    e_pad, _, n_chunks = _chunking(num_pairs, num_experts)
+    return n_chunks * n_chunks * e_pad <= ALIGN_TRITON_MAX_READS
+
+
 def align_triton_applies(local_ids: torch.Tensor, num_experts: int) -> bool:
-    e_pad, _, n_chunks = _chunking(local_ids.numel(), num_experts)
-    return local_ids.is_cuda and n_chunks * n_chunks * e_pad <= ALIGN_TRITON_MAX_READS
+    return local_ids.is_cuda and align_triton_fits(local_ids.numel(), num_experts)
 
 
 def align_to_blocks_triton(local_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertBlocks:

@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from sgl_kernel_ext.moe.align import align_to_blocks, padded_rows  # noqa: E402
-from sgl_kernel_ext.moe.align_triton import align_to_blocks_triton  # noqa: E402
+from sgl_kernel_ext.moe.align_triton import align_to_blocks_triton, align_triton_fits  # noqa: E402
 from sgl_kernel_ext.moe.fused_moe_gemv import GEMV_MAX_PAIRS, fused_experts_gemv  # noqa: E402
 from sgl_kernel_ext.moe.fused_moe_triton import fused_experts_triton  # noqa: E402
 from sgl_kernel_ext.moe.reference import fused_experts_reference  # noqa: E402
@@ -108,6 +108,12 @@ def test_triton_alignment_equals_torch_alignment(pairs, experts, block_m) -> Non
     got = align_to_blocks_triton(ids, experts, block_m)
     assert torch.equal(got.sorted_pairs, want.sorted_pairs)
     assert torch.equal(got.block_expert, want.block_expert)
+
+
+def test_triton_alignment_serves_while_its_count_reads_stay_small() -> None:
+    """chunks^2 x experts count reads <= 8M: 16k pairs at 128 experts, 2k at 512, not 4k at 512."""
+    assert align_triton_fits(2048, 128) and align_triton_fits(16384, 128) and not align_triton_fits(16385, 128)
+    assert align_triton_fits(2048, 512) and not align_triton_fits(4096, 512)
 
 
 def test_gemv_path_with_a_large_top_k() -> None:
