@@ -46,7 +46,6 @@ from sgl_kernel_ext.sampling.sample_thresholds import (
     _draw_candidates,
     _full_thresholds,
     _gather_candidates,
-    _search_floor,
     _top_k_bound,
     _top_p_bound,
 )
@@ -176,15 +175,14 @@ def _row_kernel(
     p = tl.load(top_p_ptr + row)
     log_min_p = tl.load(log_min_p_ptr + row)
     t_m = M + log_min_p
-    floor = _search_floor(bs, M, BOUND_RANGE)
     cut_k = tl.full([], float("-inf"), tl.float32)
     if (k > 1) & (k < V):
-        cut_k = _top_k_bound(bs, bs2, k, M, floor, BOUND_RANGE, BOUND_STEPS)
+        cut_k = _top_k_bound(bs, bs2, k, M, BOUND_RANGE, BOUND_STEPS)
     # A top-k cut of few candidates needs no top-p bound: the exact thresholds come from the
     # candidates either way.
     cut_p = tl.full([], float("-inf"), tl.float32)
     if (k > 1) & (p < 1.0) & ((cut_k == float("-inf")) | (k > SMALL)):
-        cut_p = _top_p_bound(bs, bs2, p, M, Z, floor, BOUND_RANGE, BOUND_STEPS)
+        cut_p = _top_p_bound(bs, bs2, p, M, Z, BOUND_RANGE, BOUND_STEPS)
     cut = tl.maximum(tl.maximum(cut_k, cut_p), t_m)
     hot = live & (bs >= cut)
     n_hot = tl.sum(hot.to(tl.int32), 0)

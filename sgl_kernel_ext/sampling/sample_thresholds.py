@@ -36,9 +36,10 @@ def _search_floor(bs, M, BOUND_RANGE: tl.constexpr):
 
 
 @triton.jit
-def _top_k_bound(bs, bs2, k, M, floor, BOUND_RANGE: tl.constexpr, BOUND_STEPS: tl.constexpr):
+def _top_k_bound(bs, bs2, k, M, BOUND_RANGE: tl.constexpr, BOUND_STEPS: tl.constexpr):
     """At least k of them at or above it: so at least k elements, and the k-th largest is not below.
-    Searched from `floor` (_search_floor), or from BOUND_RANGE below M where fewer than k lie above it."""
+    Searched from _search_floor, or from BOUND_RANGE below M where fewer than k lie above that."""
+    floor = _search_floor(bs, M, BOUND_RANGE)
     lo = tl.where(_count_at_least(bs, bs2, floor) >= k, floor, M - BOUND_RANGE)
     hi = M
     found = _count_at_least(bs, bs2, lo) >= k
@@ -51,10 +52,11 @@ def _top_k_bound(bs, bs2, k, M, floor, BOUND_RANGE: tl.constexpr, BOUND_STEPS: t
 
 
 @triton.jit
-def _top_p_bound(bs, bs2, p, M, Z, floor, BOUND_RANGE: tl.constexpr, BOUND_STEPS: tl.constexpr):
+def _top_p_bound(bs, bs2, p, M, Z, BOUND_RANGE: tl.constexpr, BOUND_STEPS: tl.constexpr):
     """They hold at least top_p of the mass at or above it: every element below it has at least
     that mass strictly above it, so is outside the nucleus (1e-5 of slack for the different
-    order of the fp32 sums). Searched from `floor` as _top_k_bound is."""
+    order of the fp32 sums). Searched from _search_floor as _top_k_bound is."""
+    floor = _search_floor(bs, M, BOUND_RANGE)
     ws = tl.exp(bs - M)
     ws2 = tl.exp(bs2 - M)
     target = (p + 1e-5) * Z
