@@ -136,7 +136,7 @@ def moe_gemv_sweep(w13: torch.Tensor, w2: torch.Tensor, gen: torch.Generator) ->
             "gate_up": (lambda x, w, ids, tile: moe_gemv.gate_up_gemv(x, w13, act, ids.reshape(-1), TOP_K, tile),
                         experts * w13[0].numel() * 2, moe_gemv.GATE_UP_TILES),
             "down": (lambda x, w, ids, tile: moe_gemv.down_gemv(act, w2, out, w.reshape(-1), ids.reshape(-1), TOP_K, tile),
-                     experts * w2[0].numel() * 2, moe_gemv.DOWN_TILES),
+                     experts * w2[0].numel() * 2, (moe_gemv.DOWN_TILE,) * 2),
         }
         for name, (run, nbytes, defaults) in kernels.items():
             results = {}

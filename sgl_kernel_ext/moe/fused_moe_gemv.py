@@ -37,12 +37,12 @@ class GemvTile(NamedTuple):
     num_stages: int
 
 
-# Tiles per kernel and batch size class (pairs <= FEW_PAIRS, more): the best of
-# benchmark/gpu_kernel_sweep.py at Qwen3-30B-A3B's shapes on an H200 at 1 and 8 tokens
-# (docs/gpu_engine.md). Narrow column blocks keep many programs in flight.
+# The best of benchmark/gpu_kernel_sweep.py at Qwen3-30B-A3B's shapes on an H200 at 1 and 8
+# tokens (docs/gpu_engine.md): gate_up by batch size class (pairs <= FEW_PAIRS, more), down one
+# tile for both. Narrow column blocks keep many programs in flight.
 FEW_PAIRS = 8
 GATE_UP_TILES = (GemvTile(2, 1024, 4, 1), GemvTile(2, 512, 4, 1))
-DOWN_TILES = (GemvTile(8, 256, 4, 1), GemvTile(8, 256, 4, 1))
+DOWN_TILE = GemvTile(8, 256, 4, 1)
 # Elements of the down kernel's [K_PAD, BLOCK_N, BLOCK_K] float32 accumulator (k = 8 at the tiles
 # above); a larger top-k (Qwen3-Next's 10, padded to 16) shortens the K tile to stay in registers.
 DOWN_ACC_MAX = 16384
@@ -143,10 +143,9 @@ def fused_experts_gemv(
         return out
     ids = local_ids.reshape(-1).to(torch.int32).contiguous()  # [N k]
     act = torch.empty(n * k, inter, dtype=x.dtype, device=x.device)  # [N k, I]; foreign pairs' rows unread
-    many = n * k > FEW_PAIRS
     weights = topk_weights.reshape(-1).float().contiguous()  # [N k]
-    gate_up_gemv(x, w13, act, ids, k, GATE_UP_TILES[many])
-    down_gemv(act, w2, out, weights, ids, k, DOWN_TILES[many])
+    gate_up_gemv(x, w13, act, ids, k, GATE_UP_TILES[n * k > FEW_PAIRS])
+    down_gemv(act, w2, out, weights, ids, k, DOWN_TILE)
     return out
 
 
